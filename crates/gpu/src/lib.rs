@@ -1,0 +1,1 @@
+//! The wgpu device and the WGSL kernels.

@@ -1,0 +1,1 @@
+//! ggml block layouts and CPU kernels over them.

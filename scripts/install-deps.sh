@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a Debian 12 machine: a software Vulkan
+# device (lavapipe) for the GPU tests, and the Python packages used to build
+# reference fixtures. Idempotent; prints what it does and why.
+#
+# Lavapipe comes from bookworm-backports when it can (Mesa 25: ~3x faster
+# compute than bookworm's Mesa 22.3, and Vulkan 1.4). The backports source is
+# derived from the machine's own Debian source entry with the suite changed, so
+# no package host is written here.
+set -euo pipefail
+
+have_vulkan_icd() {
+  ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 \
+    || ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1
+}
+
+install_lavapipe() {
+  if have_vulkan_icd && ldconfig -p | grep -q libvulkan.so.1; then
+    echo "install-deps: a Vulkan driver is already installed"
+    return
+  fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "install-deps: no Vulkan driver found. Install Mesa's lavapipe as root:" >&2
+    echo "  apt-get install mesa-vulkan-drivers libvulkan1" >&2
+    return
+  fi
+  local src=/etc/apt/sources.list.d/debian.sources
+  local bpo=/etc/apt/sources.list.d/lamina-backports.sources
+  local target=()
+  if [ -f "$src" ] && grep -q '^Suites: bookworm' "$src" && [ ! -f "$bpo" ]; then
+    # First stanza of the machine's Debian entry, suite swapped for backports.
+    awk 'BEGIN{RS="";ORS="\n\n"} NR==1' "$src" \
+      | sed -E 's/^Suites:.*/Suites: bookworm-backports/' >"$bpo"
+  fi
+  [ -f "$bpo" ] && target=(-t bookworm-backports)
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  if ! apt-get install -y -qq "${target[@]}" mesa-vulkan-drivers libvulkan1 >/dev/null; then
+    echo "install-deps: backports Mesa failed, falling back to the release one" >&2
+    apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+  fi
+  echo "install-deps: installed $(dpkg-query -W -f='mesa-vulkan-drivers ${Version}' mesa-vulkan-drivers)"
+}
+
+install_python() {
+  # gguf: llama.cpp's own reader and dequantizers, the independent reference.
+  if ! python3 -c 'import gguf, numpy' 2>/dev/null; then
+    python3 -m pip install -q 'gguf>=0.17' numpy
+  fi
+}
+
+install_lavapipe
+install_python
