@@ -55,6 +55,8 @@ pub enum TypeIdError {
     Unknown { id: u32 },
 }
 
+impl std::error::Error for TypeIdError {}
+
 impl fmt::Display for TypeIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -236,7 +238,10 @@ mod tests {
     fn removed_and_unknown_ids_are_named() {
         assert_eq!(
             GgmlType::from_id(4),
-            Err(TypeIdError::Removed { id: 4, name: "Q4_2" })
+            Err(TypeIdError::Removed {
+                id: 4,
+                name: "Q4_2"
+            })
         );
         assert_eq!(GgmlType::from_id(43), Err(TypeIdError::Unknown { id: 43 }));
         assert_eq!(
