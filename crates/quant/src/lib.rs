@@ -11,6 +11,7 @@
 mod block;
 mod error;
 mod float;
+mod kquants;
 mod legacy;
 
 pub use error::QuantError;
@@ -32,6 +33,12 @@ pub(crate) fn decoder(ty: GgmlType) -> Option<Decoder> {
         Q5_1 => legacy::q5_1,
         Q8_0 => legacy::q8_0,
         Q8_1 => legacy::q8_1,
+        Q2K => kquants::q2_k,
+        Q3K => kquants::q3_k,
+        Q4K => kquants::q4_k,
+        Q5K => kquants::q5_k,
+        Q6K => kquants::q6_k,
+        Q8K => kquants::q8_k,
         _ => return None,
     };
     Some(f)
