@@ -11,8 +11,12 @@
 mod block;
 mod error;
 mod float;
+mod fp4;
+pub mod iq_tables;
+mod iquants;
 mod kquants;
 mod legacy;
+mod ternary;
 
 pub use error::QuantError;
 pub use lamina_gguf::GgmlType;
@@ -39,6 +43,19 @@ pub(crate) fn decoder(ty: GgmlType) -> Option<Decoder> {
         Q5K => kquants::q5_k,
         Q6K => kquants::q6_k,
         Q8K => kquants::q8_k,
+        IQ2XXS => iquants::iq2_xxs,
+        IQ2XS => iquants::iq2_xs,
+        IQ2S => iquants::iq2_s,
+        IQ3XXS => iquants::iq3_xxs,
+        IQ3S => iquants::iq3_s,
+        IQ1S => iquants::iq1_s,
+        IQ1M => iquants::iq1_m,
+        IQ4NL => iquants::iq4_nl,
+        IQ4XS => iquants::iq4_xs,
+        TQ1_0 => ternary::tq1_0,
+        TQ2_0 => ternary::tq2_0,
+        MXFP4 => fp4::mxfp4,
+        NVFP4 => fp4::nvfp4,
         _ => return None,
     };
     Some(f)

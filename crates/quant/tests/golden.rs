@@ -61,5 +61,21 @@ fn every_supported_type_matches_its_golden_fixture_bit_for_bit() {
         checked.push(ty.name());
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(checked.len() >= 9, "checked only {checked:?}");
+    assert!(checked.len() >= 28, "checked only {checked:?}");
+}
+
+#[test]
+fn every_fixture_has_a_decoder() {
+    let mut names: Vec<String> = std::fs::read_dir(fixture_dir())
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".blocks").map(str::to_owned))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 28, "only {} fixtures", names.len());
+    for name in names {
+        let ty =
+            GgmlType::from_name(&name).unwrap_or_else(|| panic!("fixture for unknown type {name}"));
+        assert!(supports(ty), "fixture {name} has no decoder");
+    }
 }
