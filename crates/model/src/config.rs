@@ -1,0 +1,256 @@
+//! A model's hyper-parameters, read from the metadata keys of its
+//! architecture (`{arch}.block_count`, …), and what distinguishes each
+//! architecture, as data: llama, qwen2, qwen3 and gemma3 differ in flags and
+//! constants, not in code.
+
+use lamina_gguf::{Model, Value};
+
+use crate::error::ModelError;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3, Mistral-7B-style files, SmolLM.
+    Llama,
+    /// Qwen2/2.5: QKV biases, NeoX RoPE.
+    Qwen2,
+    /// Qwen3: per-head Q/K RMSNorm before RoPE, head dim from key_length.
+    Qwen3,
+    /// Gemma 3: √n_embd embedding scale, Q/K norms, post-norms, GELU-tanh,
+    /// sliding-window layers with their own RoPE base.
+    Gemma3,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "llama" => Self::Llama,
+            "qwen2" => Self::Qwen2,
+            "qwen3" => Self::Qwen3,
+            "gemma3" => Self::Gemma3,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) · up
+    SwiGlu,
+    /// gelu_tanh(gate) · up
+    GeGlu,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub arch: Arch,
+    pub n_layer: usize,
+    pub n_embd: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub context_length: usize,
+    pub rms_eps: f32,
+    /// Dimensions of each head that RoPE rotates (the rest pass through).
+    pub rope_dim: usize,
+    pub rope_base: f32,
+    /// NeoX pairs (x[i], x[i + d/2]) rather than adjacent pairs (x[2i], x[2i+1]).
+    pub rope_neox: bool,
+    /// Sliding window width, for the layers [`Config::is_swa`] says use one.
+    pub sliding_window: Option<usize>,
+    /// RoPE base of sliding-window layers (Gemma 3 hard-codes 10000).
+    pub rope_base_swa: f32,
+    /// Input embeddings multiplied by this (Gemma: √n_embd).
+    pub embed_scale: Option<f32>,
+    pub qk_norm: bool,
+    pub post_norms: bool,
+    pub qkv_bias: bool,
+    pub activation: Activation,
+    /// Multiplies Q·K before softmax.
+    pub attn_scale: f32,
+}
+
+struct Keys<'a> {
+    model: &'a Model,
+    arch: &'a str,
+}
+
+impl Keys<'_> {
+    fn raw(&self, key: &str) -> Option<(String, &Value)> {
+        let full = format!("{}.{key}", self.arch);
+        self.model.get(&full).map(|v| (full, v))
+    }
+
+    /// An integer key, coerced from any integer width as llama.cpp's readers
+    /// would need to be. A per-layer array is accepted when all its entries are
+    /// equal (per-layer variation is not modelled yet).
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ModelError> {
+        let Some((full, v)) = self.raw(key) else {
+            return Ok(None);
+        };
+        let bad = |why: &str| ModelError::BadKey {
+            key: full.clone(),
+            reason: why.to_owned(),
+        };
+        let n = match v {
+            Value::Array(a) => {
+                let vals: Vec<u64> = (0..a.len())
+                    .map(|i| a.get(i).and_then(|x| x.as_u64()))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| bad("is an array of non-integers"))?;
+                match vals.split_first() {
+                    Some((first, rest)) if rest.iter().all(|x| x == first) => *first,
+                    Some(_) => return Err(bad("varies per layer, which is not supported yet")),
+                    None => return Err(bad("is an empty array")),
+                }
+            }
+            v => v
+                .as_u64()
+                .ok_or_else(|| bad(&format!("is {} {v}, expected an unsigned integer", v.value_type())))?,
+        };
+        usize::try_from(n)
+            .ok()
+            .filter(|n| *n <= 1 << 24)
+            .map(Some)
+            .ok_or_else(|| bad(&format!("{n} is out of range")))
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        self.usize_opt(key)?.ok_or_else(|| ModelError::MissingKey {
+            key: format!("{}.{key}", self.arch),
+        })
+    }
+
+    fn f32_opt(&self, key: &str) -> Result<Option<f32>, ModelError> {
+        let Some((full, v)) = self.raw(key) else {
+            return Ok(None);
+        };
+        v.as_f64().map(|x| Some(x as f32)).ok_or(ModelError::BadKey {
+            key: full,
+            reason: format!("is {}, expected a number", v.value_type()),
+        })
+    }
+}
+
+impl Config {
+    pub fn from_gguf(model: &Model) -> Result<Self, ModelError> {
+        let arch_name = model
+            .get("general.architecture")
+            .ok_or(ModelError::MissingKey {
+                key: "general.architecture".into(),
+            })?
+            .as_str()
+            .ok_or(ModelError::BadKey {
+                key: "general.architecture".into(),
+                reason: "is not a string".into(),
+            })?;
+        let arch = Arch::from_name(arch_name)
+            .ok_or_else(|| ModelError::UnsupportedArch(arch_name.to_owned()))?;
+        let k = Keys {
+            model,
+            arch: arch_name,
+        };
+        let n_embd = k.usize("embedding_length")?;
+        let n_head = k.usize("attention.head_count")?;
+        let n_head_kv = k.usize_opt("attention.head_count_kv")?.unwrap_or(n_head);
+        let head_dim = match k.usize_opt("attention.key_length")? {
+            Some(d) => d,
+            None if n_head > 0 => n_embd / n_head,
+            None => 0,
+        };
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 || head_dim == 0 {
+            return Err(ModelError::BadKey {
+                key: format!("{arch_name}.attention.head_count_kv"),
+                reason: format!(
+                    "{n_head} query heads cannot be shared by {n_head_kv} KV heads of dim {head_dim}"
+                ),
+            });
+        }
+        let n_vocab = match k.usize_opt("vocab_size")? {
+            Some(v) => v,
+            None => model
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.as_array())
+                .map(|a| a.len())
+                .ok_or(ModelError::MissingKey {
+                    key: format!("{arch_name}.vocab_size"),
+                })?,
+        };
+        let rope_dim = k.usize_opt("rope.dimension_count")?.unwrap_or(head_dim);
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(ModelError::BadKey {
+                key: format!("{arch_name}.rope.dimension_count"),
+                reason: format!("{rope_dim} must be even and at most the head dim {head_dim}"),
+            });
+        }
+        let gemma = arch == Arch::Gemma3;
+        let default_base = if gemma { 1_000_000.0 } else { 10_000.0 };
+        Ok(Config {
+            arch,
+            n_layer: k.usize("block_count")?,
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff: k.usize("feed_forward_length")?,
+            n_vocab,
+            context_length: k.usize_opt("context_length")?.unwrap_or(2048),
+            rms_eps: k
+                .f32_opt("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(if gemma { 1e-6 } else { 1e-5 }),
+            rope_dim,
+            rope_base: k.f32_opt("rope.freq_base")?.unwrap_or(default_base),
+            rope_neox: arch != Arch::Llama,
+            sliding_window: if gemma {
+                Some(k.usize_opt("attention.sliding_window")?.unwrap_or(512))
+            } else {
+                None
+            },
+            rope_base_swa: 10_000.0,
+            embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            post_norms: gemma,
+            qkv_bias: arch == Arch::Qwen2,
+            activation: if gemma {
+                Activation::GeGlu
+            } else {
+                Activation::SwiGlu
+            },
+            // Gemma 3 27B scales by 1/√(n_embd/n_head) instead (its
+            // query_pre_attn_scalar); the sizes here all use the head dim.
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+        })
+    }
+
+    /// Whether layer `il` attends through a sliding window: Gemma 3's pattern
+    /// is five local layers then one global (`il % 6 < 5`).
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.sliding_window.is_some() && il % 6 < 5
+    }
+
+    pub fn rope_base_for(&self, il: usize) -> f32 {
+        if self.is_swa(il) {
+            self.rope_base_swa
+        } else {
+            self.rope_base
+        }
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}

@@ -1,0 +1,223 @@
+//! The forward pass on the CPU, over the mapped quantized weights.
+//!
+//! One op list for every architecture: the [`Config`] flags decide biases,
+//! Q/K norms, post-norms, the activation, RoPE pairing and sliding windows.
+//! A batch of tokens (a prompt, or one token while decoding) goes through each
+//! layer as one matrix product per weight, so a weight is read once per step.
+
+use rayon::prelude::*;
+
+use crate::config::{Activation, Config};
+use crate::error::ModelError;
+use crate::ops;
+use crate::weights::{Layer, Weights};
+
+/// Keys and values of every layer, for positions `0..len`.
+pub struct KvCache {
+    n_ctx: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new(c: &Config, n_ctx: usize) -> Self {
+        let kv_dim = c.kv_dim();
+        Self {
+            n_ctx,
+            k: vec![vec![0.0; n_ctx * kv_dim]; c.n_layer],
+            v: vec![vec![0.0; n_ctx * kv_dim]; c.n_layer],
+            len: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Forgets positions `len..` (to reuse a shared prefix).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+/// Which positions of a batch get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token (generation).
+    Last,
+    /// Every token from this index of the batch on (teacher forcing, scoring).
+    From(usize),
+}
+
+pub struct CpuModel<'a> {
+    pub config: Config,
+    pub weights: Weights<'a>,
+}
+
+impl<'a> CpuModel<'a> {
+    pub fn load(model: &'a lamina_gguf::Model) -> Result<Self, ModelError> {
+        let config = Config::from_gguf(model)?;
+        let weights = Weights::load(model, &config)?;
+        Ok(Self { config, weights })
+    }
+
+    /// Runs `tokens` at positions `cache.len()..`, appends their keys and
+    /// values, and returns the logits asked for, `n_vocab` per position.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let (n, e) = (tokens.len(), c.n_embd);
+        let pos0 = cache.len;
+        if pos0 + n > cache.n_ctx {
+            return Err(ModelError::ContextFull {
+                pos: pos0 + n,
+                n_ctx: cache.n_ctx,
+            });
+        }
+        let mut x = vec![0.0f32; n * e];
+        for (t, &id) in tokens.iter().enumerate() {
+            if id as usize >= c.n_vocab {
+                return Err(ModelError::BadToken {
+                    id,
+                    n_vocab: c.n_vocab,
+                });
+            }
+            let row = &mut x[t * e..(t + 1) * e];
+            self.weights.token_embd.row(id as usize, row)?;
+            if let Some(s) = c.embed_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        for (il, layer) in self.weights.layers.iter().enumerate() {
+            self.layer(il, layer, &mut x, n, pos0, cache)?;
+        }
+        cache.len = pos0 + n;
+
+        let first = match which {
+            Logits::Last => n.saturating_sub(1),
+            Logits::From(i) => i.min(n),
+        };
+        let mut h = x[first * e..].to_vec();
+        let m = n - first;
+        for row in h.chunks_mut(e) {
+            ops::rms_norm(row, &self.weights.output_norm, c.rms_eps);
+        }
+        let mut logits = vec![0.0f32; m * c.n_vocab];
+        self.weights.output.matmul(&h, m, &mut logits)?;
+        Ok(logits)
+    }
+
+    fn layer(
+        &self,
+        il: usize,
+        l: &Layer<'_>,
+        x: &mut [f32],
+        n: usize,
+        pos0: usize,
+        cache: &mut KvCache,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+
+        let mut h = x.to_vec();
+        h.chunks_mut(e)
+            .for_each(|r| ops::rms_norm(r, &l.attn_norm, c.rms_eps));
+        let mut q = vec![0.0f32; n * qd];
+        let mut k = vec![0.0f32; n * kvd];
+        let mut v = vec![0.0f32; n * kvd];
+        l.wq.matmul(&h, n, &mut q)?;
+        l.wk.matmul(&h, n, &mut k)?;
+        l.wv.matmul(&h, n, &mut v)?;
+        for (buf, bias, dim) in [(&mut q, &l.bq, qd), (&mut k, &l.bk, kvd), (&mut v, &l.bv, kvd)] {
+            if let Some(b) = bias {
+                buf.chunks_mut(dim)
+                    .for_each(|r| r.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+            }
+        }
+        let base = c.rope_base_for(il);
+        for (buf, norm) in [(&mut q, &l.q_norm), (&mut k, &l.k_norm)] {
+            let dim = buf.len() / n;
+            for (t, row) in buf.chunks_mut(dim).enumerate() {
+                for head in row.chunks_mut(hd) {
+                    if let Some(w) = norm {
+                        ops::rms_norm(head, w, c.rms_eps);
+                    }
+                    ops::rope(head, pos0 + t, base, c.rope_dim, c.rope_neox);
+                }
+            }
+        }
+        let kc = &mut cache.k[il];
+        let vc = &mut cache.v[il];
+        kc[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
+        vc[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
+
+        // Attention, one (token, head) pair per task.
+        let group = c.n_head / c.n_head_kv;
+        let window = if c.is_swa(il) { c.sliding_window } else { None };
+        let (kc, vc) = (&cache.k[il], &cache.v[il]);
+        let mut attn = vec![0.0f32; n * qd];
+        attn.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
+            let (t, head) = (i / c.n_head, i % c.n_head);
+            let p = pos0 + t;
+            let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
+            let qh = &q[t * qd + head * hd..][..hd];
+            let kvh = head / group;
+            let mut scores: Vec<f32> = (lo..=p)
+                .map(|j| {
+                    let kj = &kc[j * kvd + kvh * hd..][..hd];
+                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * c.attn_scale
+                })
+                .collect();
+            ops::softmax(&mut scores);
+            out.fill(0.0);
+            for (j, s) in (lo..=p).zip(&scores) {
+                let vj = &vc[j * kvd + kvh * hd..][..hd];
+                out.iter_mut().zip(vj).for_each(|(o, v)| *o += s * v);
+            }
+        });
+        let mut o = vec![0.0f32; n * e];
+        l.wo.matmul(&attn, n, &mut o)?;
+        self.residual(x, &mut o, l.post_attn_norm.as_deref());
+
+        let mut h = x.to_vec();
+        h.chunks_mut(e)
+            .for_each(|r| ops::rms_norm(r, &l.ffn_norm, c.rms_eps));
+        let ff = c.n_ff;
+        let mut g = vec![0.0f32; n * ff];
+        let mut u = vec![0.0f32; n * ff];
+        l.gate.matmul(&h, n, &mut g)?;
+        l.up.matmul(&h, n, &mut u)?;
+        let act: fn(f32) -> f32 = match c.activation {
+            Activation::SwiGlu => ops::silu,
+            Activation::GeGlu => ops::gelu_tanh,
+        };
+        g.iter_mut().zip(&u).for_each(|(g, u)| *g = act(*g) * u);
+        let mut d = vec![0.0f32; n * e];
+        l.down.matmul(&g, n, &mut d)?;
+        self.residual(x, &mut d, l.post_ffn_norm.as_deref());
+        Ok(())
+    }
+
+    /// `x += norm(y)` (Gemma normalises a sub-layer's output before adding it).
+    fn residual(&self, x: &mut [f32], y: &mut [f32], post_norm: Option<&[f32]>) {
+        let e = self.config.n_embd;
+        if let Some(w) = post_norm {
+            y.chunks_mut(e)
+                .for_each(|r| ops::rms_norm(r, w, self.config.rms_eps));
+        }
+        x.iter_mut().zip(y.iter()).for_each(|(a, b)| *a += b);
+    }
+}

@@ -1,0 +1,13 @@
+//! Architectures as data ([`Config`]), their weights found and shape-checked
+//! in the file ([`Weights`]), and the forward pass ([`CpuModel`]).
+
+pub mod config;
+pub mod cpu;
+pub mod error;
+pub mod ops;
+pub mod weights;
+
+pub use config::{Activation, Arch, Config};
+pub use cpu::{CpuModel, KvCache, Logits};
+pub use error::ModelError;
+pub use weights::{Layer, Matrix, Weights};

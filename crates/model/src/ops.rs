@@ -1,0 +1,92 @@
+//! The f32 element-wise operations of the forward pass, on the CPU. Sums
+//! that feed a normalisation run in f64, as ggml's do (`ggml_float`).
+
+/// `x ← x / √(mean(x²) + eps) · w`
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + f64::from(eps)).sqrt()) as f32;
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = *v * scale * g;
+    }
+}
+
+/// Rotates the first `rope_dim` values of one head for position `pos`.
+/// Adjacent pairs (x[2i], x[2i+1]) in normal mode, (x[i], x[i+d/2]) in NeoX
+/// mode. Angles are computed in f64: θᵢ = pos · base^(−2i/d).
+pub fn rope(x: &mut [f32], pos: usize, base: f32, rope_dim: usize, neox: bool) {
+    let half = rope_dim / 2;
+    for i in 0..half {
+        let theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
+        let (s, c) = theta.sin_cos();
+        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (x0, x1) = (f64::from(x[a]), f64::from(x[b]));
+        x[a] = (x0 * c - x1 * s) as f32;
+        x[b] = (x0 * s + x1 * c) as f32;
+    }
+}
+
+/// In-place softmax, subtracting the maximum first.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += f64::from(*v);
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_of_constant_is_weight() {
+        let mut x = vec![3.0f32; 8];
+        rms_norm(&mut x, &[2.0; 8], 0.0);
+        assert!(x.iter().all(|v| (v - 2.0).abs() < 1e-6));
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_pairs() {
+        let orig: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+        for neox in [false, true] {
+            let mut x = orig.clone();
+            rope(&mut x, 7, 10000.0, 8, neox);
+            let n0: f32 = orig.iter().map(|v| v * v).sum();
+            let n1: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n0 - n1).abs() < 1e-4);
+            // Position 0 is the identity.
+            let mut y = orig.clone();
+            rope(&mut y, 0, 10000.0, 8, neox);
+            assert_eq!(y, orig);
+        }
+        // Normal mode rotates (x0, x1) by pos radians for i = 0.
+        let mut x = vec![1.0, 0.0];
+        rope(&mut x, 1, 10000.0, 2, false);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_activations() {
+        let mut x = vec![1.0, 2.0, 3.0, 1000.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[3] > 0.999);
+        assert!((silu(0.0)).abs() < 1e-7 && (silu(10.0) - 10.0).abs() < 1e-3);
+        assert!((gelu_tanh(1.0) - 0.841_192).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,156 @@
+//! The tensors an architecture needs, found by name and checked by shape.
+//! Matrices stay as views of the mapped quantized blocks; only the small
+//! norm and bias vectors are decoded to f32 at load.
+
+use lamina_gguf::{GgmlType, Model, Tensor};
+
+use crate::config::Config;
+use crate::error::ModelError;
+
+/// A weight matrix `W[rows, cols]` (ggml dims `[cols, rows]`), still quantized.
+#[derive(Clone, Debug)]
+pub struct Matrix<'a> {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl Matrix<'_> {
+    /// `y[c] = W · x[c]` for `n` columns laid end to end.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) -> Result<(), ModelError> {
+        lamina_quant::matmul(self.ty, self.data, self.rows, self.cols, x, n, y)?;
+        Ok(())
+    }
+
+    /// Row `r`, dequantized (the embedding lookup).
+    pub fn row(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let rb = self.data.len() / self.rows.max(1);
+        let bytes = self.data.get(r * rb..(r + 1) * rb).ok_or(ModelError::BadToken {
+            id: r as u32,
+            n_vocab: self.rows,
+        })?;
+        lamina_quant::dequantize(self.ty, bytes, out)?;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+pub struct Layer<'a> {
+    pub attn_norm: Vec<f32>,
+    pub wq: Matrix<'a>,
+    pub wk: Matrix<'a>,
+    pub wv: Matrix<'a>,
+    pub wo: Matrix<'a>,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Matrix<'a>,
+    pub up: Matrix<'a>,
+    pub down: Matrix<'a>,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+#[derive(Debug)]
+pub struct Weights<'a> {
+    pub token_embd: Matrix<'a>,
+    pub output_norm: Vec<f32>,
+    /// `output.weight`, or `token_embd` when the file ties them.
+    pub output: Matrix<'a>,
+    pub layers: Vec<Layer<'a>>,
+}
+
+struct Finder<'a> {
+    model: &'a Model,
+}
+
+impl<'a> Finder<'a> {
+    fn get(&self, name: &str, want: &[usize]) -> Result<Tensor<'a>, ModelError> {
+        let t = self.model.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_owned(),
+        })?;
+        let want: Vec<u64> = want.iter().map(|&d| d as u64).collect();
+        if t.info.dims != want {
+            return Err(ModelError::BadShape {
+                name: name.to_owned(),
+                got: t.info.dims.clone(),
+                want,
+            });
+        }
+        if !lamina_quant::supports(t.info.ty) {
+            return Err(ModelError::NoKernel {
+                name: name.to_owned(),
+                ty: t.info.ty,
+            });
+        }
+        Ok(t)
+    }
+
+    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix<'a>, ModelError> {
+        let t = self.get(name, &[cols, rows])?;
+        Ok(Matrix {
+            name: name.to_owned(),
+            ty: t.info.ty,
+            rows,
+            cols,
+            data: t.data,
+        })
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self.get(name, &[len])?;
+        let mut v = vec![0.0; len];
+        lamina_quant::dequantize(t.info.ty, t.data, &mut v)?;
+        Ok(v)
+    }
+
+    fn vector_if(&self, on: bool, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        on.then(|| self.vector(name, len)).transpose()
+    }
+}
+
+impl<'a> Weights<'a> {
+    pub fn load(model: &'a Model, c: &Config) -> Result<Self, ModelError> {
+        let f = Finder { model };
+        let (e, q, kv, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let token_embd = f.matrix("token_embd.weight", e, c.n_vocab)?;
+        let output = if model.tensor("output.weight").is_some() {
+            f.matrix("output.weight", e, c.n_vocab)?
+        } else {
+            token_embd.clone()
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            layers.push(Layer {
+                attn_norm: f.vector(&n("attn_norm.weight"), e)?,
+                wq: f.matrix(&n("attn_q.weight"), e, q)?,
+                wk: f.matrix(&n("attn_k.weight"), e, kv)?,
+                wv: f.matrix(&n("attn_v.weight"), e, kv)?,
+                wo: f.matrix(&n("attn_output.weight"), q, e)?,
+                bq: f.vector_if(c.qkv_bias, &n("attn_q.bias"), q)?,
+                bk: f.vector_if(c.qkv_bias, &n("attn_k.bias"), kv)?,
+                bv: f.vector_if(c.qkv_bias, &n("attn_v.bias"), kv)?,
+                q_norm: f.vector_if(c.qk_norm, &n("attn_q_norm.weight"), c.head_dim)?,
+                k_norm: f.vector_if(c.qk_norm, &n("attn_k_norm.weight"), c.head_dim)?,
+                post_attn_norm: f.vector_if(c.post_norms, &n("post_attention_norm.weight"), e)?,
+                ffn_norm: f.vector(&n("ffn_norm.weight"), e)?,
+                gate: f.matrix(&n("ffn_gate.weight"), e, ff)?,
+                up: f.matrix(&n("ffn_up.weight"), e, ff)?,
+                down: f.matrix(&n("ffn_down.weight"), ff, e)?,
+                post_ffn_norm: f.vector_if(c.post_norms, &n("post_ffw_norm.weight"), e)?,
+            });
+        }
+        Ok(Weights {
+            token_embd,
+            output_norm: f.vector("output_norm.weight", e)?,
+            output,
+            layers,
+        })
+    }
+}
