@@ -41,7 +41,7 @@ def emit_words(name: str, doc: str, words: list[int], width: int) -> str:
     ty = "u64" if width == 8 else "u32"
     digits = 2 * width
     per_line = 4 if width == 8 else 8
-    lines = [f"/// {doc}", "#[rustfmt::skip]", f"pub const {name.upper()}: [{ty}; {len(words)}] = ["]
+    lines = [f"/// {doc}", "#[rustfmt::skip]", f"pub static {name.upper()}: [{ty}; {len(words)}] = ["]
     for i in range(0, len(words), per_line):
         chunk = ", ".join(f"0x{w:0{digits}x}" for w in words[i : i + per_line])
         lines.append(f"    {chunk},")
@@ -50,7 +50,7 @@ def emit_words(name: str, doc: str, words: list[int], width: int) -> str:
 
 
 def emit_bytes(name: str, doc: str, values: list[int], ty: str) -> str:
-    lines = [f"/// {doc}", "#[rustfmt::skip]", f"pub const {name.upper()}: [{ty}; {len(values)}] = ["]
+    lines = [f"/// {doc}", "#[rustfmt::skip]", f"pub static {name.upper()}: [{ty}; {len(values)}] = ["]
     fmt = (lambda v: f"0x{v:02x}") if ty == "u8" else str
     for i in range(0, len(values), 16):
         lines.append("    " + ", ".join(fmt(v) for v in values[i : i + 16]) + ",")

@@ -5,8 +5,8 @@
 //!
 //! | type | weights | bytes | layout (in order) |
 //! | ---- | ------- | ----- | ----------------- |
-//! | MXFP4 | 32 | 17 | e: E8M0 exponent, qs[16] (Q4_0 nibble order) |
-//! | NVFP4 | 64 | 36 | d[4]: one unsigned E4M3 scale per 16 weights, qs[32] (per 16: 8 bytes, low nibbles first) |
+//! | MXFP4 | 32 | 17 | e: E8M0 exponent, `qs[16]` (Q4_0 nibble order) |
+//! | NVFP4 | 64 | 36 | `d[4]`: one unsigned E4M3 scale per 16 weights, `qs[32]` (per 16: 8 bytes, low nibbles first) |
 //!
 //! `kvalues_mxfp4` holds the E2M1 values doubled (so they are integers); both scale
 //! decoders return half the true scale to compensate. Every product is exact.

@@ -7,7 +7,7 @@
 
 /// 7-bit sign index → 8 sign bits; bit 7 makes the count of set bits even.
 #[rustfmt::skip]
-pub const KSIGNS_IQ2XS: [u8; 128] = [
+pub static KSIGNS_IQ2XS: [u8; 128] = [
     0x00, 0x81, 0x82, 0x03, 0x84, 0x05, 0x06, 0x87, 0x88, 0x09, 0x0a, 0x8b, 0x0c, 0x8d, 0x8e, 0x0f,
     0x90, 0x11, 0x12, 0x93, 0x14, 0x95, 0x96, 0x17, 0x18, 0x99, 0x9a, 0x1b, 0x9c, 0x1d, 0x1e, 0x9f,
     0xa0, 0x21, 0x22, 0xa3, 0x24, 0xa5, 0xa6, 0x27, 0x28, 0xa9, 0xaa, 0x2b, 0xac, 0x2d, 0x2e, 0xaf,
@@ -20,25 +20,25 @@ pub const KSIGNS_IQ2XS: [u8; 128] = [
 
 /// Bit j of a sign byte negates weight j.
 #[rustfmt::skip]
-pub const KMASK_IQ2XS: [u8; 8] = [
+pub static KMASK_IQ2XS: [u8; 8] = [
     0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80,
 ];
 
 /// The 16 non-linear levels of IQ4_NL and IQ4_XS.
 #[rustfmt::skip]
-pub const KVALUES_IQ4NL: [i8; 16] = [
+pub static KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// E2M1 values, doubled so that they are integers (MXFP4, NVFP4); the block scale is halved to match.
 #[rustfmt::skip]
-pub const KVALUES_MXFP4: [i8; 16] = [
+pub static KVALUES_MXFP4: [i8; 16] = [
     0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
 ];
 
 /// IQ2_XXS: 256 entries of 8 magnitudes in {8, 25, 43}.
 #[rustfmt::skip]
-pub const IQ2XXS_GRID: [u64; 256] = [
+pub static IQ2XXS_GRID: [u64; 256] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x08080808082b0808,
     0x08080808082b082b, 0x08080808082b2b08, 0x08080808082b2b2b, 0x0808080819080819,
@@ -107,7 +107,7 @@ pub const IQ2XXS_GRID: [u64; 256] = [
 
 /// IQ2_XS: 512 entries of 8 magnitudes in {8, 25, 43}.
 #[rustfmt::skip]
-pub const IQ2XS_GRID: [u64; 512] = [
+pub static IQ2XS_GRID: [u64; 512] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -240,7 +240,7 @@ pub const IQ2XS_GRID: [u64; 512] = [
 
 /// IQ2_S: 1024 entries of 8 magnitudes in {8, 25, 43}.
 #[rustfmt::skip]
-pub const IQ2S_GRID: [u64; 1024] = [
+pub static IQ2S_GRID: [u64; 1024] = [
     0x0808080808080808, 0x080808080808082b, 0x0808080808081919, 0x0808080808082b08,
     0x0808080808082b2b, 0x0808080808190819, 0x0808080808191908, 0x080808080819192b,
     0x0808080808192b19, 0x08080808082b0808, 0x08080808082b082b, 0x08080808082b1919,
@@ -501,7 +501,7 @@ pub const IQ2S_GRID: [u64; 1024] = [
 
 /// IQ3_XXS: 256 entries of 4 magnitudes in {4, 12, …, 62}.
 #[rustfmt::skip]
-pub const IQ3XXS_GRID: [u32; 256] = [
+pub static IQ3XXS_GRID: [u32; 256] = [
     0x04040404, 0x04040414, 0x04040424, 0x04040c0c, 0x04040c1c, 0x04040c3e, 0x04041404, 0x04041414,
     0x04041c0c, 0x04042414, 0x04043e1c, 0x04043e2c, 0x040c040c, 0x040c041c, 0x040c0c04, 0x040c0c14,
     0x040c140c, 0x040c142c, 0x040c1c04, 0x040c1c14, 0x040c240c, 0x040c2c24, 0x040c3e04, 0x04140404,
@@ -538,7 +538,7 @@ pub const IQ3XXS_GRID: [u32; 256] = [
 
 /// IQ3_S: 512 entries of 4 odd magnitudes in 1..=15.
 #[rustfmt::skip]
-pub const IQ3S_GRID: [u32; 512] = [
+pub static IQ3S_GRID: [u32; 512] = [
     0x01010101, 0x01010103, 0x01010105, 0x0101010b, 0x0101010f, 0x01010301, 0x01010303, 0x01010305,
     0x01010309, 0x0101030d, 0x01010501, 0x01010503, 0x0101050b, 0x01010707, 0x01010901, 0x01010905,
     0x0101090b, 0x0101090f, 0x01010b03, 0x01010b07, 0x01010d01, 0x01010d05, 0x01010f03, 0x01010f09,
@@ -607,7 +607,7 @@ pub const IQ3S_GRID: [u32; 512] = [
 
 /// IQ1_S and IQ1_M: 2048 entries of 8 signed bytes in {-1, 0, 1}.
 #[rustfmt::skip]
-pub const IQ1S_GRID: [u64; 2048] = [
+pub static IQ1S_GRID: [u64; 2048] = [
     0xffffffffffffffff, 0xffffffffffffff01, 0xffffffffffff0000, 0xffffffffffff01ff,
     0xffffffffffff0101, 0xffffffffff00ff00, 0xffffffffff000000, 0xffffffffff01ffff,
     0xffffffffff01ff01, 0xffffffffff0101ff, 0xffffffffff010101, 0xffffffff00ff0000,

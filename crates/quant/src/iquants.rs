@@ -4,15 +4,15 @@
 //!
 //! | type | bytes | layout (in order) |
 //! | ---- | ----- | ----------------- |
-//! | IQ2_XXS | 66  | d: f16, qs[64]: per 32 weights two u32: 4 grid bytes, then 4 × 7-bit sign index + 4-bit scale |
-//! | IQ2_XS  | 74  | d: f16, qs[32] u16 (9-bit grid index + 7-bit sign index), scales[8] (two nibbles per 32) |
-//! | IQ2_S   | 82  | d: f16, qs[32] grid index low bits, signs[32], qh[8] (2 high index bits each), scales[8] |
-//! | IQ3_XXS | 98  | d: f16, qs[64] grid indices, 8 × u32 (4 × 7-bit sign index + 4-bit scale) |
-//! | IQ3_S   | 110 | d: f16, qs[64] (low 8 index bits), qh[8] (9th bits), signs[32], scales[4] |
-//! | IQ1_S   | 50  | d: f16, qs[32] (low 8 index bits), qh[8] u16 (4 × 3 high bits, 3-bit scale, delta sign) |
-//! | IQ1_M   | 56  | qs[32], qh[16] (3 high bits + delta sign per nibble), scales[8]: 4 × u16 of 3-bit scales whose top nibbles form the f16 d |
-//! | IQ4_NL  | 18  | d: f16, qs[16] nibbles into `kvalues_iq4nl` (Q4_0 nibble order) |
-//! | IQ4_XS  | 136 | d: f16, scales_h: u16, scales_l[4], qs[128] |
+//! | IQ2_XXS | 66  | d: f16, `qs[64]`: per 32 weights two u32: 4 grid bytes, then 4 × 7-bit sign index + 4-bit scale |
+//! | IQ2_XS  | 74  | d: f16, `qs[32]` u16 (9-bit grid index + 7-bit sign index), `scales[8]` (two nibbles per 32) |
+//! | IQ2_S   | 82  | d: f16, `qs[32]` grid index low bits, `signs[32]`, `qh[8]` (2 high index bits each), `scales[8]` |
+//! | IQ3_XXS | 98  | d: f16, `qs[64]` grid indices, 8 × u32 (4 × 7-bit sign index + 4-bit scale) |
+//! | IQ3_S   | 110 | d: f16, `qs[64]` (low 8 index bits), `qh[8]` (9th bits), `signs[32]`, `scales[4]` |
+//! | IQ1_S   | 50  | d: f16, `qs[32]` (low 8 index bits), `qh[8]` u16 (4 × 3 high bits, 3-bit scale, delta sign) |
+//! | IQ1_M   | 56  | `qs[32]`, `qh[16]` (3 high bits + delta sign per nibble), `scales[8]`: 4 × u16 of 3-bit scales whose top nibbles form the f16 d |
+//! | IQ4_NL  | 18  | d: f16, `qs[16]` nibbles into `kvalues_iq4nl` (Q4_0 nibble order) |
+//! | IQ4_XS  | 136 | d: f16, scales_h: u16, `scales_l[4]`, `qs[128]` |
 //!
 //! Signs are applied by negating the scaled magnitude, which is what ggml's
 //! `· (mask ? -1.f : 1.f)` computes exactly.
@@ -30,8 +30,9 @@ const IQ1_DELTA: f32 = 0.125;
 #[inline(always)]
 fn signed(y: &mut [f32], db: f32, grid: &[u8], signs: u8) {
     for (j, (o, &g)) in y.iter_mut().zip(grid).enumerate() {
-        let v = db * f32::from(g);
-        *o = if signs & (1 << j) != 0 { -v } else { v };
+        // Flipping the sign bit is exactly ggml's `· -1.f`, without a branch.
+        let flip = u32::from((signs >> j) & 1) << 31;
+        *o = f32::from_bits((db * f32::from(g)).to_bits() ^ flip);
     }
 }
 

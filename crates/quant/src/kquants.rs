@@ -4,12 +4,12 @@
 //!
 //! | type | bytes | layout (in order) |
 //! | ---- | ----- | ----------------- |
-//! | Q2_K | 84  | scales[16] (low nibble scale, high nibble min), qs[64], d: f16, dmin: f16 |
-//! | Q3_K | 110 | hmask[32], qs[64], scales[12] (16 × 6 bits), d: f16 |
-//! | Q4_K | 144 | d: f16, dmin: f16, scales[12] (8 scales + 8 mins, 6 bits each), qs[128] |
-//! | Q5_K | 176 | d: f16, dmin: f16, scales[12], qh[32], qs[128] |
-//! | Q6_K | 210 | ql[128], qh[64], scales[16] i8, d: f16 |
-//! | Q8_K | 292 | d: f32, qs[256] i8, bsums[16] i16 |
+//! | Q2_K | 84  | `scales[16]` (low nibble scale, high nibble min), `qs[64]`, d: f16, dmin: f16 |
+//! | Q3_K | 110 | `hmask[32]`, `qs[64]`, `scales[12]` (16 × 6 bits), d: f16 |
+//! | Q4_K | 144 | d: f16, dmin: f16, `scales[12]` (8 scales + 8 mins, 6 bits each), `qs[128]` |
+//! | Q5_K | 176 | d: f16, dmin: f16, `scales[12]`, `qh[32]`, `qs[128]` |
+//! | Q6_K | 210 | `ql[128]`, `qh[64]`, `scales[16]` i8, d: f16 |
+//! | Q8_K | 292 | d: f32, `qs[256]` i8, `bsums[16]` i16 |
 //!
 //! The 2- and 3-bit types walk each 128-weight half as four passes over the same 32
 //! bytes, taking bits 0–1, 2–3, 4–5, 6–7 in turn; the 4- and 5-bit types take low then

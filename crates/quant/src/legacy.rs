@@ -3,12 +3,12 @@
 //!
 //! | type | bytes | layout |
 //! | ---- | ----- | ------ |
-//! | Q4_0 | 18 | d: f16, qs[16] |
-//! | Q4_1 | 20 | d: f16, m: f16, qs[16] |
-//! | Q5_0 | 22 | d: f16, qh: u32, qs[16] |
-//! | Q5_1 | 24 | d: f16, m: f16, qh: u32, qs[16] |
-//! | Q8_0 | 34 | d: f16, qs[32] i8 |
-//! | Q8_1 | 36 | d: f16, s: f16 (= d·Σq, unused here), qs[32] i8 |
+//! | Q4_0 | 18 | d: f16, `qs[16]` |
+//! | Q4_1 | 20 | d: f16, m: f16, `qs[16]` |
+//! | Q5_0 | 22 | d: f16, qh: u32, `qs[16]` |
+//! | Q5_1 | 24 | d: f16, m: f16, qh: u32, `qs[16]` |
+//! | Q8_0 | 34 | d: f16, `qs[32]` i8 |
+//! | Q8_1 | 36 | d: f16, s: f16 (= d·Σq, unused here), `qs[32]` i8 |
 //!
 //! In the 4- and 5-bit types byte j holds weight j in its low nibble and weight
 //! j+16 in its high nibble; bit j of `qh` is the fifth bit of weight j.

@@ -5,10 +5,15 @@
 //! ggml's bit for bit; golden blocks produced by the independent numpy decoders of
 //! the `gguf` Python package check that in `tests/`. Layouts are cited per module.
 //!
+//! [`dot_row`], [`matvec`] and [`matmul`] multiply straight from the quantized blocks,
+//! decoding a chunk at a time (see the `dot` module for the reduction order that makes
+//! them batch invariant).
+//!
 //! Inputs are untrusted: lengths are checked up front and reported as
 //! [`QuantError`]; nothing in this crate panics on a malformed buffer.
 
 mod block;
+mod dot;
 mod error;
 mod float;
 mod fp4;
@@ -56,7 +61,10 @@ pub(crate) fn decoder(ty: GgmlType) -> Option<Decoder> {
         TQ2_0 => ternary::tq2_0,
         MXFP4 => fp4::mxfp4,
         NVFP4 => fp4::nvfp4,
-        _ => return None,
+        // Integer and f64 tensors are not weights; Q1_0 and Q2_0 have no reference
+        // decoder to test against yet. Listed, not wildcarded, so a new type is a
+        // compile error here.
+        I8 | I16 | I32 | I64 | F64 | Q1_0 | Q2_0 => return None,
     };
     Some(f)
 }
@@ -104,4 +112,135 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
     }
     decode(src, dst);
     Ok(())
+}
+
+/// The row kernel of `ty`, or `Unsupported`.
+fn kernel(ty: GgmlType) -> Result<dot::RowKernel, QuantError> {
+    let decode = decoder(ty).ok_or(QuantError::Unsupported { ty })?;
+    let (block_size, type_size) = geometry(ty);
+    Ok(dot::RowKernel {
+        decode,
+        block_size,
+        type_size,
+    })
+}
+
+fn check_len(
+    ty: GgmlType,
+    what: &'static str,
+    expected: usize,
+    actual: usize,
+) -> Result<(), QuantError> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(QuantError::LengthMismatch {
+            ty,
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+/// Bytes of one row of `cols` weights, checking that the row is whole blocks.
+fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize, QuantError> {
+    let (bs, ts) = geometry(ty);
+    if cols % bs != 0 {
+        return Err(QuantError::PartialRow {
+            ty,
+            cols,
+            block_size: bs,
+        });
+    }
+    (cols / bs)
+        .checked_mul(ts)
+        .ok_or(QuantError::Overflow { ty, rows: 1, cols })
+}
+
+/// Checks the weight matrix of `rows` × `cols` and returns the bytes per row.
+fn check_matrix(ty: GgmlType, w: &[u8], rows: usize, cols: usize) -> Result<usize, QuantError> {
+    let rb = row_bytes(ty, cols)?;
+    let total = rows
+        .checked_mul(rb)
+        .ok_or(QuantError::Overflow { ty, rows, cols })?;
+    check_len(ty, "w (bytes)", total, w.len())?;
+    Ok(rb)
+}
+
+/// Dot product of one quantized row with an f32 vector (x.len() == weights in row).
+pub fn dot_row(ty: GgmlType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
+    let k = kernel(ty)?;
+    let n = weights_in(ty, row.len())?;
+    check_len(ty, "x", n, x.len())?;
+    Ok(k.dot(row, x))
+}
+
+/// `y[r] = W[r]·x` for a row-major matrix of `rows` rows, each `cols` weights; multithreaded (rayon).
+///
+/// `w` is `rows` rows of `cols / block_size` blocks each; `cols` must be whole blocks.
+pub fn matvec(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), QuantError> {
+    let k = kernel(ty)?;
+    let rb = check_matrix(ty, w, rows, cols)?;
+    check_len(ty, "x", cols, x.len())?;
+    check_len(ty, "y", rows, y.len())?;
+    k.matvec(w, rb, x, y);
+    Ok(())
+}
+
+/// `Y[c][r] = W[r]·X[c]` for n columns (X and Y column-major: column c of X is
+/// `x[c*cols..(c+1)*cols]`, column c of Y is `y[c*rows..(c+1)*rows]`).
+///
+/// Batch invariant: column c of the result is bit-identical to [`matvec`] of column c
+/// alone (and to [`dot_row`] per row), for every n.
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), QuantError> {
+    let k = kernel(ty)?;
+    let rb = check_matrix(ty, w, rows, cols)?;
+    let x_len = n
+        .checked_mul(cols)
+        .ok_or(QuantError::Overflow { ty, rows: n, cols })?;
+    let y_len = n
+        .checked_mul(rows)
+        .ok_or(QuantError::Overflow { ty, rows, cols: n })?;
+    check_len(ty, "x", x_len, x.len())?;
+    check_len(ty, "y", y_len, y.len())?;
+    k.matmul(w, rows, rb, x, n, y);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each decoder's compile-time block geometry must agree with the type table,
+    /// or it would silently skip weights: decoding three zero blocks must overwrite
+    /// every NaN placeholder.
+    #[test]
+    fn decoders_cover_every_weight_of_every_block() {
+        for ty in GgmlType::ALL.into_iter().filter(|t| supports(*t)) {
+            let (bs, ts) = geometry(ty);
+            let src = vec![0u8; 3 * ts];
+            let mut dst = vec![f32::NAN; 3 * bs];
+            assert_eq!(dequantize(ty, &src, &mut dst), Ok(()));
+            assert!(
+                dst.iter().all(|v| v.is_finite()),
+                "{ty} left weights unwritten"
+            );
+        }
+    }
 }

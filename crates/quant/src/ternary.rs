@@ -4,8 +4,8 @@
 //!
 //! | type | bytes | layout (in order) |
 //! | ---- | ----- | ----------------- |
-//! | TQ1_0 | 54 | qs[48] (5 trits per byte), qh[4] (4 trits per byte), d: f16 |
-//! | TQ2_0 | 66 | qs[64] (4 two-bit values per byte), d: f16 |
+//! | TQ1_0 | 54 | `qs[48]` (5 trits per byte), `qh[4]` (4 trits per byte), d: f16 |
+//! | TQ2_0 | 66 | `qs[64]` (4 two-bit values per byte), d: f16 |
 //!
 //! TQ1_0 packs trits as a base-3 fixed-point fraction of 256: multiplying the byte by
 //! 3ⁿ (mod 256) rotates trit n to the top, and `(q·3) >> 8` reads it.
