@@ -7,6 +7,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use lamina_gguf::{LoadMode, Model};
 
+mod devices;
+mod fit;
 mod inspect;
 
 #[derive(Parser)]
@@ -36,6 +38,23 @@ enum Command {
         #[arg(long)]
         no_mmap: bool,
     },
+    /// Plan layer placement for a GPU memory budget, from the header alone.
+    Fit {
+        /// The .gguf file (for a split model, its first shard).
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        /// GPU memory budget, e.g. 8GiB (default: a table for common card sizes).
+        #[arg(long, value_parser = parse_size)]
+        gpu_memory: Option<u64>,
+        /// Total context in tokens (default: several sizes).
+        #[arg(short = 'c', long = "ctx-size")]
+        ctx: Option<usize>,
+        /// Sequences decoded together.
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// List the GPU adapters wgpu sees, with the limits that matter for inference.
     Devices {
         #[arg(long)]
@@ -63,13 +82,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", inspect::to_text(&model, full));
             }
         }
-        Command::Devices { json } => devices(json).context("listing GPU adapters")?,
+        Command::Fit {
+            file,
+            gpu_memory,
+            ctx,
+            parallel,
+            json,
+        } => fit::run(fit::FitArgs {
+            file: &file,
+            budget: gpu_memory,
+            n_ctx: ctx,
+            n_parallel: parallel.max(1),
+            json,
+        })?,
+        Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())
 }
 
-fn devices(_json: bool) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+fn parse_size(s: &str) -> Result<u64, String> {
+    lamina_model::plan::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size like 8GiB or 512MiB"))
 }
 
 fn main() -> ExitCode {

@@ -114,9 +114,12 @@ impl Keys<'_> {
                     None => return Err(bad("is an empty array")),
                 }
             }
-            v => v
-                .as_u64()
-                .ok_or_else(|| bad(&format!("is {} {v}, expected an unsigned integer", v.value_type())))?,
+            v => v.as_u64().ok_or_else(|| {
+                bad(&format!(
+                    "is {} {v}, expected an unsigned integer",
+                    v.value_type()
+                ))
+            })?,
         };
         usize::try_from(n)
             .ok()
@@ -135,10 +138,12 @@ impl Keys<'_> {
         let Some((full, v)) = self.raw(key) else {
             return Ok(None);
         };
-        v.as_f64().map(|x| Some(x as f32)).ok_or(ModelError::BadKey {
-            key: full,
-            reason: format!("is {}, expected a number", v.value_type()),
-        })
+        v.as_f64()
+            .map(|x| Some(x as f32))
+            .ok_or(ModelError::BadKey {
+                key: full,
+                reason: format!("is {}, expected a number", v.value_type()),
+            })
     }
 }
 

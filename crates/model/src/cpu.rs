@@ -141,7 +141,11 @@ impl<'a> CpuModel<'a> {
         l.wq.matmul(&h, n, &mut q)?;
         l.wk.matmul(&h, n, &mut k)?;
         l.wv.matmul(&h, n, &mut v)?;
-        for (buf, bias, dim) in [(&mut q, &l.bq, qd), (&mut k, &l.bk, kvd), (&mut v, &l.bv, kvd)] {
+        for (buf, bias, dim) in [
+            (&mut q, &l.bq, qd),
+            (&mut k, &l.bk, kvd),
+            (&mut v, &l.bv, kvd),
+        ] {
             if let Some(b) = bias {
                 buf.chunks_mut(dim)
                     .for_each(|r| r.iter_mut().zip(b).for_each(|(a, b)| *a += b));

@@ -5,6 +5,7 @@ pub mod config;
 pub mod cpu;
 pub mod error;
 pub mod ops;
+pub mod plan;
 pub mod weights;
 
 pub use config::{Activation, Arch, Config};

@@ -18,7 +18,11 @@ pub fn rope(x: &mut [f32], pos: usize, base: f32, rope_dim: usize, neox: bool) {
     for i in 0..half {
         let theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
         let (s, c) = theta.sin_cos();
-        let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+        let (a, b) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
         let (x0, x1) = (f64::from(x[a]), f64::from(x[b]));
         x[a] = (x0 * c - x1 * s) as f32;
         x[b] = (x0 * s + x1 * c) as f32;

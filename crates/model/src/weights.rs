@@ -27,10 +27,13 @@ impl Matrix<'_> {
     /// Row `r`, dequantized (the embedding lookup).
     pub fn row(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
         let rb = self.data.len() / self.rows.max(1);
-        let bytes = self.data.get(r * rb..(r + 1) * rb).ok_or(ModelError::BadToken {
-            id: r as u32,
-            n_vocab: self.rows,
-        })?;
+        let bytes = self
+            .data
+            .get(r * rb..(r + 1) * rb)
+            .ok_or(ModelError::BadToken {
+                id: r as u32,
+                n_vocab: self.rows,
+            })?;
         lamina_quant::dequantize(self.ty, bytes, out)?;
         Ok(())
     }
@@ -71,9 +74,12 @@ struct Finder<'a> {
 
 impl<'a> Finder<'a> {
     fn get(&self, name: &str, want: &[usize]) -> Result<Tensor<'a>, ModelError> {
-        let t = self.model.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_owned(),
-        })?;
+        let t = self
+            .model
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_owned(),
+            })?;
         let want: Vec<u64> = want.iter().map(|&d| d as u64).collect();
         if t.info.dims != want {
             return Err(ModelError::BadShape {

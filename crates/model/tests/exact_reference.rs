@@ -19,22 +19,35 @@ use serde_json::Value;
 const TOLERANCE: f64 = 1e-3;
 
 fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("LAMINA_MODELS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
-    });
+    let dir = std::env::var_os("LAMINA_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
+        });
     let p = dir.join(name);
-    assert!(p.exists(), "{} is missing: run scripts/fetch-models.sh", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-models.sh",
+        p.display()
+    );
     p
 }
 
 fn reference(name: &str) -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/exact").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/reference/exact")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
 
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
     logits.iter().map(|&l| l as f64 - lse).collect()
 }
 
@@ -47,17 +60,28 @@ fn check(model_file: &str, reference_file: &str) {
     let mut steps_total = 0;
     for case in r["cases"].as_array().unwrap() {
         let ids = |k: &str| -> Vec<u32> {
-            case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+            case[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
         };
         let prompt = ids("prompt_ids");
         let forced = ids("forced_tokens");
         let mut tokens = prompt.clone();
         tokens.extend_from_slice(&forced[..forced.len() - 1]);
         let mut cache = KvCache::new(&m.config, tokens.len());
-        let logits = m.forward(&tokens, &mut cache, Logits::From(prompt.len() - 1)).unwrap();
+        let logits = m
+            .forward(&tokens, &mut cache, Logits::From(prompt.len() - 1))
+            .unwrap();
         let steps = case["steps"].as_array().unwrap();
         assert_eq!(logits.len(), steps.len() * m.config.n_vocab);
-        for (t, (step, row)) in steps.iter().zip(logits.chunks(m.config.n_vocab)).enumerate() {
+        for (t, (step, row)) in steps
+            .iter()
+            .zip(logits.chunks(m.config.n_vocab))
+            .enumerate()
+        {
             let lp = log_softmax(row);
             for pair in step["top"].as_array().unwrap() {
                 let id = pair[0].as_u64().unwrap() as usize;
@@ -67,10 +91,16 @@ fn check(model_file: &str, reference_file: &str) {
                 assert!(
                     d < TOLERANCE,
                     "{model_file} {:?} step {t} token {id}: {} vs exact {want}",
-                    case["prompt"], lp[id]
+                    case["prompt"],
+                    lp[id]
                 );
             }
-            let ours = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+            let ours = row
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0;
             argmax_agree += usize::from(ours as u64 == step["top"][0][0].as_u64().unwrap());
             steps_total += 1;
         }

@@ -1,0 +1,327 @@
+//! Layer placement, planned from the header alone before anything is
+//! allocated: llama.cpp's current `-ngl` rule and a fitter over a GPU memory
+//! budget.
+//!
+//! Slots `0..n_layer` are the repeating blocks, slot `n_layer` is the output
+//! layer (final norm + head). `-ngl N` puts slots `≥ n_layer + 1 − N` on the
+//! GPU: `-ngl 1` is the head alone (the largest matrix, moved first),
+//! `-ngl k` the head plus the last `k − 1` blocks. The token-embedding lookup
+//! always stays on the CPU. A tied head (no `output.weight`) needs its own GPU
+//! copy of `token_embd`, so it is counted on the GPU while the map keeps the
+//! embedding rows for the lookup.
+
+use lamina_gguf::Model;
+
+use crate::config::Config;
+
+/// Where a slot runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+/// What the plan needs besides the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanParams {
+    /// Total context in tokens, shared by all parallel sequences (as llama.cpp's `-c`).
+    pub n_ctx: usize,
+    /// Sequences decoded together.
+    pub n_parallel: usize,
+    /// Tokens of a prompt processed per step.
+    pub n_batch: usize,
+    /// Bytes per cached key or value element (4 for f32, 2 for f16).
+    pub kv_elem_bytes: usize,
+}
+
+impl Default for PlanParams {
+    fn default() -> Self {
+        Self {
+            n_ctx: 4096,
+            n_parallel: 1,
+            n_batch: 512,
+            kv_elem_bytes: 4,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// `blk.N` or `output`.
+    pub name: String,
+    pub device: Device,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Slots on the GPU (0 ..= n_layer + 1).
+    pub ngl: usize,
+    pub n_layer: usize,
+    pub slots: Vec<Slot>,
+    /// The token embedding, always on the CPU (used in place from the map).
+    pub embd_bytes: u64,
+    /// Activations, attention scores and logits of one step on the GPU (0 when nothing is offloaded).
+    pub gpu_scratch: u64,
+    pub gpu_weights: u64,
+    pub cpu_weights: u64,
+    pub gpu_kv: u64,
+    pub cpu_kv: u64,
+}
+
+impl Plan {
+    pub fn gpu_total(&self) -> u64 {
+        self.gpu_weights + self.gpu_kv + self.gpu_scratch
+    }
+
+    pub fn cpu_total(&self) -> u64 {
+        self.cpu_weights + self.cpu_kv
+    }
+}
+
+/// Bytes of each slot's weights (`n_layer + 1` entries), of the embedding,
+/// and whether the head is tied to the embedding.
+pub fn slot_bytes(model: &Model, c: &Config) -> (Vec<u64>, u64, bool) {
+    let mut slots = vec![0u64; c.n_layer + 1];
+    let mut embd = 0;
+    let mut has_output = false;
+    for t in model.tensors() {
+        let name = &t.info.name;
+        let bytes = t.info.n_bytes;
+        if let Some(rest) = name.strip_prefix("blk.") {
+            let il = rest.split('.').next().and_then(|n| n.parse::<usize>().ok());
+            if let Some(slot) = il.and_then(|il| slots.get_mut(il)) {
+                *slot += bytes;
+                continue;
+            }
+        }
+        match name.as_str() {
+            "token_embd.weight" => embd = bytes,
+            "output.weight" => {
+                has_output = true;
+                slots[c.n_layer] += bytes;
+            }
+            // Output norm and anything else outside the blocks (rope factors …)
+            // travel with the head.
+            _ => slots[c.n_layer] += bytes,
+        }
+    }
+    if !has_output {
+        slots[c.n_layer] += embd;
+    }
+    (slots, embd, !has_output)
+}
+
+/// The plan for `-ngl ngl` (values above `n_layer + 1` mean everything).
+pub fn plan(model: &Model, c: &Config, ngl: usize, p: &PlanParams) -> Plan {
+    let (bytes, embd_bytes, tied) = slot_bytes(model, c);
+    plan_from_bytes(&bytes, embd_bytes, tied, c, ngl, p)
+}
+
+fn plan_from_bytes(
+    bytes: &[u64],
+    embd_bytes: u64,
+    tied: bool,
+    c: &Config,
+    ngl: usize,
+    p: &PlanParams,
+) -> Plan {
+    let n_layer = c.n_layer;
+    let ngl = ngl.min(n_layer + 1);
+    let first_gpu = n_layer + 1 - ngl;
+    let kv_per_layer = 2 * (p.n_ctx * c.kv_dim() * p.kv_elem_bytes) as u64;
+    let mut plan = Plan {
+        ngl,
+        n_layer,
+        slots: Vec::with_capacity(n_layer + 1),
+        embd_bytes,
+        gpu_scratch: 0,
+        gpu_weights: 0,
+        cpu_weights: embd_bytes,
+        gpu_kv: 0,
+        cpu_kv: 0,
+    };
+    for (i, &w) in bytes.iter().enumerate() {
+        let device = if i >= first_gpu {
+            Device::Gpu
+        } else {
+            Device::Cpu
+        };
+        // A tied head on the CPU reads the embedding in place: no extra bytes.
+        let w = if tied && i == n_layer && device == Device::Cpu {
+            w - embd_bytes
+        } else {
+            w
+        };
+        let kv = if i < n_layer { kv_per_layer } else { 0 };
+        match device {
+            Device::Gpu => {
+                plan.gpu_weights += w;
+                plan.gpu_kv += kv;
+            }
+            Device::Cpu => {
+                plan.cpu_weights += w;
+                plan.cpu_kv += kv;
+            }
+        }
+        plan.slots.push(Slot {
+            name: if i < n_layer {
+                format!("blk.{i}")
+            } else {
+                "output".into()
+            },
+            device,
+            weight_bytes: w,
+            kv_bytes: kv,
+        });
+    }
+    if ngl > 0 {
+        plan.gpu_scratch = scratch_bytes(c, p, ngl > 1);
+    }
+    plan
+}
+
+/// One step's GPU working memory: the activations of a prompt batch through a
+/// block (residual, normed input, Q, K, V, attention output, gate, up), the
+/// attention scores of a batch against the whole context, and the logits of
+/// the parallel sequences. An estimate, deliberately generous.
+fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
+    let f = 4u64;
+    let b = p.n_batch as u64;
+    let logits = c.n_vocab as u64 * p.n_parallel.max(1) as u64 * f;
+    if !blocks {
+        return logits + b * c.n_embd as u64 * f;
+    }
+    let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) as u64;
+    let scores = (c.n_head * p.n_ctx) as u64;
+    b * (acts + scores) * f + logits
+}
+
+/// The safety margin kept free of a budget: wgpu reports no free memory, and
+/// drivers, other programs and fragmentation take their share.
+pub fn margin(budget: u64) -> u64 {
+    (budget / 10).min(1 << 30)
+}
+
+/// The largest `-ngl` whose GPU total fits in `budget` less the margin.
+pub fn fit(model: &Model, c: &Config, budget: u64, p: &PlanParams) -> Plan {
+    let (bytes, embd, tied) = slot_bytes(model, c);
+    let usable = budget.saturating_sub(margin(budget));
+    (0..=c.n_layer + 1)
+        .rev()
+        .map(|n| plan_from_bytes(&bytes, embd, tied, c, n, p))
+        .find(|pl| pl.gpu_total() <= usable)
+        .unwrap_or_else(|| plan_from_bytes(&bytes, embd, tied, c, 0, p))
+}
+
+/// Every `-ngl` from 0 to all.
+pub fn all_plans(model: &Model, c: &Config, p: &PlanParams) -> Vec<Plan> {
+    let (bytes, embd, tied) = slot_bytes(model, c);
+    (0..=c.n_layer + 1)
+        .map(|n| plan_from_bytes(&bytes, embd, tied, c, n, p))
+        .collect()
+}
+
+/// Parses `6GiB`, `512MiB`, `8GB`, `1.5G`, or a plain byte count.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        "t" | "tib" => 1024f64.powi(4),
+        "tb" => 1e12,
+        _ => return None,
+    };
+    let bytes = v * mul;
+    (bytes.is_finite() && bytes >= 0.0 && bytes < 2f64.powi(63)).then_some(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(n_layer: usize) -> Config {
+        Config {
+            arch: crate::Arch::Llama,
+            n_layer,
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            n_ff: 128,
+            n_vocab: 1000,
+            context_length: 2048,
+            rms_eps: 1e-5,
+            rope_dim: 16,
+            rope_base: 1e4,
+            rope_neox: false,
+            sliding_window: None,
+            rope_base_swa: 1e4,
+            embed_scale: None,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: false,
+            activation: crate::Activation::SwiGlu,
+            attn_scale: 0.25,
+        }
+    }
+
+    #[test]
+    fn ngl_follows_llama_cpp_rule() {
+        let c = cfg(4);
+        let bytes = [10, 20, 30, 40, 500];
+        let p = PlanParams::default();
+        let dev = |n| -> Vec<Device> {
+            plan_from_bytes(&bytes, 7, false, &c, n, &p)
+                .slots
+                .iter()
+                .map(|s| s.device)
+                .collect()
+        };
+        use Device::*;
+        assert_eq!(dev(0), [Cpu, Cpu, Cpu, Cpu, Cpu]);
+        assert_eq!(dev(1), [Cpu, Cpu, Cpu, Cpu, Gpu]);
+        assert_eq!(dev(2), [Cpu, Cpu, Cpu, Gpu, Gpu]);
+        assert_eq!(dev(5), [Gpu, Gpu, Gpu, Gpu, Gpu]);
+        assert_eq!(dev(99), dev(5));
+        let pl = plan_from_bytes(&bytes, 7, false, &c, 2, &p);
+        assert_eq!(pl.gpu_weights, 540);
+        assert_eq!(pl.cpu_weights, 67);
+        assert_eq!(pl.gpu_kv, 2 * 4096 * 32 * 4);
+        assert_eq!(pl.cpu_kv, 3 * 2 * 4096 * 32 * 4);
+        assert_eq!(plan_from_bytes(&bytes, 7, false, &c, 0, &p).gpu_total(), 0);
+    }
+
+    #[test]
+    fn gpu_total_grows_with_ngl() {
+        let c = cfg(4);
+        let bytes = [10, 20, 30, 40, 500];
+        let p = PlanParams::default();
+        let totals: Vec<u64> = (0..=5)
+            .map(|n| plan_from_bytes(&bytes, 7, false, &c, n, &p).gpu_total())
+            .collect();
+        assert!(totals.windows(2).all(|w| w[0] < w[1]), "{totals:?}");
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("6GiB"), Some(6 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("8GB"), Some(8_000_000_000));
+        assert_eq!(parse_size("1.5G"), Some(3 << 29));
+        assert_eq!(parse_size("1234"), Some(1234));
+        assert_eq!(parse_size("lots"), None);
+        assert_eq!(parse_size("1e400G"), None);
+    }
+}
