@@ -1,0 +1,132 @@
+//! Kernel throughput on the open device, for `lamina bench`-style reports:
+//! mat-vec GB/s per weight type beside a plain copy kernel's GB/s on the same
+//! device (the practical ceiling). Wall-clock timing of `iters` back-to-back
+//! dispatches in one submission after a warm-up run, so per-dispatch
+//! overhead is included, as it is when decoding.
+
+use std::fmt;
+use std::time::Instant;
+
+use lamina_gguf::GgmlType;
+
+use crate::device::Gpu;
+use crate::error::GpuError;
+use crate::ops::MatmulKernel;
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Throughput {
+    /// `copy` or the weight type's name.
+    pub label: String,
+    /// Bytes read per iteration (weight bytes for mat-vec; source bytes for copy).
+    pub bytes_per_iter: u64,
+    pub iters: u32,
+    pub seconds: f64,
+}
+
+impl Throughput {
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes_per_iter as f64 * f64::from(self.iters) / self.seconds / 1e9
+    }
+
+    /// Microseconds per iteration.
+    pub fn micros(&self) -> f64 {
+        self.seconds * 1e6 / f64::from(self.iters)
+    }
+}
+
+impl fmt::Display for Throughput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<8} {:>9.1} MiB  {:>9.1} µs  {:>7.2} GB/s",
+            self.label,
+            self.bytes_per_iter as f64 / (1024.0 * 1024.0),
+            self.micros(),
+            self.gb_per_s()
+        )
+    }
+}
+
+fn time(
+    gpu: &Gpu,
+    iters: u32,
+    mut record: impl FnMut(&mut crate::Batch) -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    let mut warm = gpu.batch();
+    record(&mut warm)?;
+    warm.submit()?;
+    gpu.wait()?;
+    let mut batch = gpu.batch();
+    for _ in 0..iters {
+        record(&mut batch)?;
+    }
+    let start = Instant::now();
+    batch.submit()?;
+    gpu.wait()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// A copy kernel moving `bytes` (rounded to 16) from one buffer to another.
+pub fn copy(gpu: &Gpu, bytes: u64, iters: u32) -> Result<Throughput, GpuError> {
+    let words = (bytes / 16).max(1);
+    let words32 = u32::try_from(words).map_err(|_| GpuError::Shape {
+        op: "bench copy",
+        message: format!("{bytes} bytes is too many"),
+    })?;
+    let src = gpu.tensor(words as usize * 4)?;
+    let dst = gpu.tensor(words as usize * 4)?;
+    let seconds = time(gpu, iters, |b| b.copy_words(&src.buf, &dst.buf, words32))?;
+    Ok(Throughput {
+        label: "copy".into(),
+        bytes_per_iter: words * 16,
+        iters,
+        seconds,
+    })
+}
+
+/// The mat-vec kernel of `ty` over a `rows × cols` weight (zero blocks; the
+/// speed does not depend on the values).
+pub fn matvec(
+    gpu: &Gpu,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    iters: u32,
+) -> Result<Throughput, GpuError> {
+    let row_bytes = crate::buffer::row_bytes(ty, cols).ok_or_else(|| GpuError::Shape {
+        op: "bench matvec",
+        message: format!("{cols} columns is not whole {ty} blocks"),
+    })?;
+    let data = vec![0u8; row_bytes as usize * rows];
+    let w = gpu.upload_weight(ty, rows, cols, &data)?;
+    let x = gpu.tensor(cols)?;
+    let y = gpu.tensor(rows)?;
+    let seconds = time(gpu, iters, |b| {
+        b.matmul_with(MatmulKernel::MatVec, &w, &x, &y, 1)
+    })?;
+    Ok(Throughput {
+        label: ty.name().into(),
+        bytes_per_iter: w.bytes(),
+        iters,
+        seconds,
+    })
+}
+
+/// Copy, then mat-vec for every supported type, on a `rows × cols` weight
+/// (4096 × 4096 is the customary shape).
+pub fn report(
+    gpu: &Gpu,
+    rows: usize,
+    cols: usize,
+    iters: u32,
+) -> Result<Vec<Throughput>, GpuError> {
+    let mut out = Vec::new();
+    let mut largest = 0;
+    for ty in crate::quant::SUPPORTED {
+        out.push(matvec(gpu, ty, rows, cols, iters)?);
+        largest = largest.max(out.last().map_or(0, |t| t.bytes_per_iter));
+    }
+    out.insert(0, copy(gpu, largest, iters)?);
+    Ok(out)
+}

@@ -1,0 +1,339 @@
+//! GPU buffers: f32/u32 activation tensors and quantized weights.
+//!
+//! A weight keeps its ggml blocks byte for byte. A weight larger than the
+//! storage binding limit is split by rows into chunks, each its own buffer
+//! and binding; kernels run once per chunk over its row range. Every chunk
+//! is padded by [`WEIGHT_PAD`] bytes so kernels may read the word after the
+//! last block. Byte offsets inside a chunk are `u32` in the shaders, so a
+//! chunk is also kept below 4 GiB.
+
+use lamina_gguf::GgmlType;
+
+use crate::device::Gpu;
+use crate::error::GpuError;
+use crate::quant;
+
+/// Bytes after the last row of every weight chunk (see module docs).
+pub const WEIGHT_PAD: u64 = 64;
+
+/// Upload pieces: `queue.write_buffer` stages each in its own memory, so
+/// writing in bounded pieces (and letting the queue drain) bounds the staging
+/// held at once.
+const UPLOAD_PIECE: usize = 16 << 20;
+const UPLOAD_FLUSH: usize = 256 << 20;
+
+/// Largest chunk the shaders' u32 byte arithmetic can address.
+const MAX_CHUNK: u64 = (1 << 32) - 4096;
+
+/// A buffer of `len` 32-bit values (f32 activations, or u32 ids).
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    pub(crate) buf: wgpu::Buffer,
+    len: usize,
+}
+
+impl Tensor {
+    /// Number of 32-bit elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The wgpu buffer (at least `4 * len` bytes).
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buf
+    }
+}
+
+/// One binding's worth of weight rows.
+#[derive(Clone, Debug)]
+pub(crate) struct WeightChunk {
+    pub buf: wgpu::Buffer,
+    pub first_row: u32,
+    pub rows: u32,
+}
+
+/// A weight matrix of `rows × cols` in its ggml type, resident on the GPU.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: u64,
+    pub(crate) chunks: Vec<WeightChunk>,
+}
+
+impl Weight {
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Weights per row (the inner dimension).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn row_bytes(&self) -> u64 {
+        self.row_bytes
+    }
+
+    /// Number of buffers (bindings) the rows were split into.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Bytes of weight data (without padding).
+    pub fn bytes(&self) -> u64 {
+        self.row_bytes * self.rows as u64
+    }
+}
+
+/// Bytes of one row of `cols` weights of `ty`, if `cols` is whole blocks.
+pub fn row_bytes(ty: GgmlType, cols: usize) -> Option<u64> {
+    ty.bytes_for(cols as u64)
+}
+
+impl Gpu {
+    fn create_buffer(
+        &self,
+        what: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer, GpuError> {
+        if size > self.limits().max_buffer_size {
+            return Err(GpuError::TooLarge {
+                what: what.to_string(),
+                bytes: size,
+                limit: self.limits().max_buffer_size,
+            });
+        }
+        self.scoped(what, size, || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(what),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// A zero-filled tensor of `len` 32-bit elements.
+    pub fn tensor(&self, len: usize) -> Result<Tensor, GpuError> {
+        let size = (len.max(1) as u64) * 4;
+        let buf = self.create_buffer(
+            "tensor",
+            size,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        )?;
+        Ok(Tensor { buf, len })
+    }
+
+    /// A tensor holding `data`.
+    pub fn upload_f32(&self, data: &[f32]) -> Result<Tensor, GpuError> {
+        let t = self.tensor(data.len())?;
+        self.write_f32(&t, data)?;
+        Ok(t)
+    }
+
+    /// A tensor holding `data` (token ids and other indices).
+    pub fn upload_u32(&self, data: &[u32]) -> Result<Tensor, GpuError> {
+        let t = self.tensor(data.len())?;
+        self.write_bytes(&t, bytemuck::cast_slice(data))?;
+        Ok(t)
+    }
+
+    /// Overwrites the first `data.len()` elements of `t`.
+    pub fn write_f32(&self, t: &Tensor, data: &[f32]) -> Result<(), GpuError> {
+        self.write_bytes(t, bytemuck::cast_slice(data))
+    }
+
+    fn write_bytes(&self, t: &Tensor, bytes: &[u8]) -> Result<(), GpuError> {
+        if bytes.len() > t.len * 4 {
+            return Err(GpuError::Shape {
+                op: "write",
+                message: format!("{} elements into a tensor of {}", bytes.len() / 4, t.len),
+            });
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.scoped("tensor write", bytes.len() as u64, || {
+            self.queue.write_buffer(&t.buf, 0, bytes)
+        })
+    }
+
+    /// Copies `t` back to the host (waits for all submitted work).
+    pub fn read_f32(&self, t: &Tensor) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read_bytes(&t.buf, (t.len as u64) * 4, "tensor")?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Copies `t` back to the host as u32 values.
+    pub fn read_u32(&self, t: &Tensor) -> Result<Vec<u32>, GpuError> {
+        let bytes = self.read_bytes(&t.buf, (t.len as u64) * 4, "tensor")?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    pub(crate) fn read_bytes(
+        &self,
+        buf: &wgpu::Buffer,
+        size: u64,
+        what: &str,
+    ) -> Result<Vec<u8>, GpuError> {
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.create_buffer(
+            "readback",
+            size,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        self.scoped(what, size, || {
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("readback"),
+                });
+            enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+            self.queue.submit([enc.finish()]);
+        })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            // The receiver outlives the wait below; a failed send cannot happen.
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(GpuError::Readback {
+                    what: what.to_string(),
+                    message: e.to_string(),
+                })
+            }
+            Err(e) => {
+                return Err(GpuError::Readback {
+                    what: what.to_string(),
+                    message: e.to_string(),
+                })
+            }
+        }
+        let data = staging
+            .get_mapped_range(..)
+            .map_err(|e| GpuError::Readback {
+                what: what.to_string(),
+                message: e.to_string(),
+            })?
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    /// Uploads a `rows × cols` weight of type `ty` from its ggml bytes (row
+    /// major, `rows * row_bytes(ty, cols)` bytes, e.g. straight from a mapped
+    /// GGUF file). Rows are split over several buffers when the whole would
+    /// exceed [`Gpu::binding_limit`].
+    pub fn upload_weight(
+        &self,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<Weight, GpuError> {
+        if !quant::has_kernel(ty) {
+            return Err(GpuError::NoKernel {
+                ty,
+                op: "weight upload",
+            });
+        }
+        let shape_err = |message: String| GpuError::Shape {
+            op: "weight upload",
+            message,
+        };
+        let row_bytes = row_bytes(ty, cols).ok_or_else(|| {
+            shape_err(format!(
+                "{cols} columns is not a whole number of {ty} blocks of {}",
+                ty.block_size()
+            ))
+        })?;
+        if rows == 0 || cols == 0 {
+            return Err(shape_err(format!("empty weight {rows}×{cols}")));
+        }
+        if rows > u32::MAX as usize || cols > u32::MAX as usize {
+            return Err(shape_err(format!("{rows}×{cols} exceeds u32 indexing")));
+        }
+        let expected = row_bytes.checked_mul(rows as u64);
+        if expected != Some(data.len() as u64) {
+            return Err(shape_err(format!(
+                "{rows}×{cols} {ty} needs {} bytes, got {}",
+                row_bytes as u128 * rows as u128,
+                data.len()
+            )));
+        }
+        let limit = self.binding_limit().min(MAX_CHUNK) & !3;
+        let rows_per_chunk = limit.saturating_sub(WEIGHT_PAD) / row_bytes;
+        if rows_per_chunk == 0 {
+            return Err(GpuError::TooLarge {
+                what: format!("one row of a {ty} weight"),
+                bytes: row_bytes + WEIGHT_PAD,
+                limit,
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut first = 0u64;
+        let mut since_flush = 0usize;
+        while first < rows as u64 {
+            let n = rows_per_chunk.min(rows as u64 - first);
+            let start = (first * row_bytes) as usize;
+            let end = ((first + n) * row_bytes) as usize;
+            let bytes = &data[start..end];
+            let size = (bytes.len() as u64).div_ceil(4) * 4 + WEIGHT_PAD;
+            let buf = self.create_buffer(
+                "weight",
+                size,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            )?;
+            for piece in bytes.chunks(UPLOAD_PIECE) {
+                let offset = (piece.as_ptr() as usize - bytes.as_ptr() as usize) as u64;
+                self.scoped("weight upload", piece.len() as u64, || {
+                    if piece.len() % 4 == 0 {
+                        self.queue.write_buffer(&buf, offset, piece);
+                    } else {
+                        let mut padded = piece.to_vec();
+                        padded.resize(piece.len().div_ceil(4) * 4, 0);
+                        self.queue.write_buffer(&buf, offset, &padded);
+                    }
+                })?;
+                since_flush += piece.len();
+                if since_flush >= UPLOAD_FLUSH {
+                    self.queue.submit([]);
+                    self.wait()?;
+                    since_flush = 0;
+                }
+            }
+            chunks.push(WeightChunk {
+                buf,
+                first_row: first as u32,
+                rows: n as u32,
+            });
+            first += n;
+        }
+        self.queue.submit([]);
+        Ok(Weight {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            chunks,
+        })
+    }
+}

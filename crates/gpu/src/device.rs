@@ -1,0 +1,383 @@
+//! Adapter discovery and the device. [`Gpu::new`] opens one adapter with the
+//! adapter's own limits (not wgpu's defaults, which cap storage bindings at
+//! 128 MiB) and the optional features `SHADER_F16` and `SUBGROUP` where the
+//! adapter has them. wgpu's default uncaptured-error handler panics; here every
+//! fallible call runs inside an error scope and a fallback handler records
+//! anything that escapes, so bad shaders and out-of-memory become
+//! [`GpuError`] values.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde::Serialize;
+
+use crate::error::GpuError;
+use crate::shader::Pipeline;
+
+/// What `lamina devices` prints about one adapter: identity and the limits
+/// that decide which kernels and tensor sizes it can run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AdapterInfo {
+    /// Position in [`list_adapters`] order; pass it as [`GpuOptions::adapter`].
+    pub index: usize,
+    pub name: String,
+    /// `vulkan`, `metal`, `dx12`, `gl` …
+    pub backend: String,
+    /// `discrete`, `integrated`, `virtual`, `cpu` or `other`.
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    /// Whether the adapter runs compute shaders at all (some GL adapters do not).
+    pub compute: bool,
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_compute_workgroup_size_x: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+}
+
+impl AdapterInfo {
+    fn from_adapter(index: usize, adapter: &wgpu::Adapter) -> Self {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features();
+        let downlevel = adapter.get_downlevel_capabilities();
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        AdapterInfo {
+            index,
+            name: info.name,
+            backend: info.backend.to_str().to_string(),
+            device_type: match info.device_type {
+                wgpu::DeviceType::DiscreteGpu => "discrete",
+                wgpu::DeviceType::IntegratedGpu => "integrated",
+                wgpu::DeviceType::VirtualGpu => "virtual",
+                wgpu::DeviceType::Cpu => "cpu",
+                wgpu::DeviceType::Other => "other",
+            }
+            .to_string(),
+            driver: info.driver,
+            driver_info: info.driver_info,
+            compute: downlevel
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS),
+            max_buffer_size: limits.max_buffer_size,
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
+            max_compute_workgroup_size_x: limits.max_compute_workgroup_size_x,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups,
+            subgroup_min_size: if subgroups { info.subgroup_min_size } else { 0 },
+            subgroup_max_size: if subgroups { info.subgroup_max_size } else { 0 },
+        }
+    }
+
+    /// Preference when no adapter is named: real GPUs before software ones.
+    fn rank(&self) -> u32 {
+        let ty = match self.device_type.as_str() {
+            "discrete" => 0,
+            "integrated" => 1,
+            "virtual" => 2,
+            "cpu" => 3,
+            _ => 4,
+        };
+        // GL last within a kind: its compute support is the least complete.
+        ty * 2 + u32::from(self.backend == "gl")
+    }
+}
+
+impl fmt::Display for AdapterInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        writeln!(
+            f,
+            "[{}] {} ({}, {})",
+            self.index, self.name, self.backend, self.device_type
+        )?;
+        writeln!(f, "    driver: {} {}", self.driver, self.driver_info)?;
+        writeln!(
+            f,
+            "    compute: {}   shader-f16: {}   subgroups: {}",
+            yes_no(self.compute),
+            yes_no(self.shader_f16),
+            if self.subgroups {
+                format!(
+                    "yes ({}..{})",
+                    self.subgroup_min_size, self.subgroup_max_size
+                )
+            } else {
+                "no".to_string()
+            }
+        )?;
+        writeln!(
+            f,
+            "    max buffer: {:.0} MiB   max storage binding: {:.0} MiB",
+            mib(self.max_buffer_size),
+            mib(self.max_storage_buffer_binding_size)
+        )?;
+        write!(
+            f,
+            "    workgroup: size x ≤ {}, invocations ≤ {}, storage ≤ {} B, groups/dim ≤ {}",
+            self.max_compute_workgroup_size_x,
+            self.max_compute_invocations_per_workgroup,
+            self.max_compute_workgroup_storage_size,
+            self.max_compute_workgroups_per_dimension
+        )
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// How to open the device.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Index into [`list_adapters`]; `None` picks the best adapter with compute
+    /// (discrete, then integrated, then software).
+    pub adapter: Option<usize>,
+    /// Use at most this many bytes per storage binding even if the adapter
+    /// allows more. Tests set it low (e.g. 1 MiB) to exercise the splitting
+    /// of large weights; it never raises the adapter's own limit.
+    pub max_storage_buffer_binding_size: Option<u64>,
+    /// Do not request `SHADER_F16` and `SUBGROUP` even where available.
+    pub portable: bool,
+}
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+        .collect()
+}
+
+/// Every adapter wgpu finds on this machine, in a stable order.
+pub fn list_adapters() -> Vec<AdapterInfo> {
+    adapters(&instance())
+        .iter()
+        .enumerate()
+        .map(|(i, a)| AdapterInfo::from_adapter(i, a))
+        .collect()
+}
+
+pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
+    pollster::block_on(f)
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: every
+/// structure guarded here stays consistent between statements.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Errors that escaped every error scope (wgpu reports some of them from
+/// other threads or at submit time).
+#[derive(Default)]
+struct Escaped {
+    errors: Vec<String>,
+    lost: Option<String>,
+}
+
+/// An open device with its queue, limits and compiled kernels.
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: AdapterInfo,
+    features: wgpu::Features,
+    limits: wgpu::Limits,
+    binding_limit: u64,
+    escaped: Arc<Mutex<Escaped>>,
+    pub(crate) pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gpu")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("binding_limit", &self.binding_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gpu {
+    /// Opens the adapter `opts` names (or the best one) with its own limits.
+    pub fn new(opts: GpuOptions) -> Result<Gpu, GpuError> {
+        let instance = instance();
+        let all = adapters(&instance);
+        let infos: Vec<AdapterInfo> = all
+            .iter()
+            .enumerate()
+            .map(|(i, a)| AdapterInfo::from_adapter(i, a))
+            .collect();
+        let index = match opts.adapter {
+            Some(index) if index < all.len() => index,
+            Some(index) => {
+                return Err(GpuError::AdapterIndex {
+                    index,
+                    count: all.len(),
+                })
+            }
+            None => infos
+                .iter()
+                .filter(|info| info.compute)
+                .min_by_key(|info| (info.rank(), info.index))
+                .map(|info| info.index)
+                .ok_or_else(|| GpuError::NoAdapter {
+                    backends: format!("{:?}", wgpu::Instance::enabled_backend_features()),
+                })?,
+        };
+        let (adapter, info) = (&all[index], infos[index].clone());
+        if !info.compute {
+            return Err(GpuError::RequestDevice {
+                adapter: info.name,
+                message: "adapter has no compute shaders".into(),
+            });
+        }
+
+        let mut features = wgpu::Features::empty();
+        if !opts.portable {
+            features |=
+                adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        }
+        let limits = adapter.limits();
+        let (device, queue) = block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("lamina"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| GpuError::RequestDevice {
+            adapter: info.name.clone(),
+            message: e.to_string(),
+        })?;
+
+        let escaped = Arc::new(Mutex::new(Escaped::default()));
+        let sink = escaped.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            lock(&sink).errors.push(e.to_string());
+        }));
+        let sink = escaped.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            lock(&sink).lost = Some(format!("{reason:?}: {message}"));
+        });
+
+        let device_limits = device.limits();
+        let mut binding_limit = device_limits.max_storage_buffer_binding_size;
+        if let Some(cap) = opts.max_storage_buffer_binding_size {
+            binding_limit = binding_limit.min(cap);
+        }
+        // Buffers are also bounded by max_buffer_size; weights are split to fit both.
+        binding_limit = binding_limit.min(device_limits.max_buffer_size);
+
+        Ok(Gpu {
+            features: device.features(),
+            device,
+            queue,
+            info,
+            limits: device_limits,
+            binding_limit,
+            escaped,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adapter this device was opened on.
+    pub fn adapter_info(&self) -> &AdapterInfo {
+        &self.info
+    }
+
+    /// Features enabled on the device (a subset of `SHADER_F16 | SUBGROUP`).
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+
+    /// The device's limits (the adapter's own, as requested).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// Largest byte size one storage binding may have here: the device limit,
+    /// or the smaller cap from [`GpuOptions::max_storage_buffer_binding_size`].
+    pub fn binding_limit(&self) -> u64 {
+        self.binding_limit
+    }
+
+    /// The underlying wgpu device, for callers that encode their own work.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The device's queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// Runs `f` inside out-of-memory and validation error scopes and turns what
+    /// they catch (and anything the fallback handler saw meanwhile) into a
+    /// [`GpuError`] about `what`.
+    pub(crate) fn scoped<T>(
+        &self,
+        what: &str,
+        bytes: u64,
+        f: impl FnOnce() -> T,
+    ) -> Result<T, GpuError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let value = f();
+        let internal = block_on(internal.pop());
+        let validation = block_on(validation.pop());
+        let oom = block_on(oom.pop());
+        if let Some(e) = oom.or(validation).or(internal) {
+            return Err(GpuError::from_wgpu(what, bytes, e));
+        }
+        self.check_escaped(what)?;
+        Ok(value)
+    }
+
+    /// Reports errors that reached the fallback handler, and a lost device.
+    pub(crate) fn check_escaped(&self, what: &str) -> Result<(), GpuError> {
+        let mut escaped = lock(&self.escaped);
+        if let Some(message) = escaped.lost.clone() {
+            return Err(GpuError::DeviceLost { message });
+        }
+        if !escaped.errors.is_empty() {
+            let message = escaped.errors.join("; ");
+            escaped.errors.clear();
+            return Err(GpuError::Validation {
+                what: what.to_string(),
+                message,
+            });
+        }
+        Ok(())
+    }
+
+    /// Blocks until all submitted work has finished.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::DeviceLost {
+                message: e.to_string(),
+            })?;
+        self.check_escaped("queued work")
+    }
+}

@@ -1,0 +1,92 @@
+//! The uniform structs handed to kernels, one Rust definition each. Their WGSL
+//! twins live in `shaders/common/params.wgsl`; a test checks that naga lays
+//! each out with the size given here.
+
+use bytemuck::{Pod, Zeroable};
+
+/// `MatParams`: weight × activations (mat-vec, small-N and tiled mat-mul).
+/// Activation column `c` starts at `x_offset + c * x_stride`, output column
+/// `c` at `y_offset + c * y_stride`; this dispatch covers weight rows
+/// `row_offset .. row_offset + rows` (one binding chunk).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct MatParams {
+    pub rows: u32,
+    pub k: u32,
+    pub row_bytes: u32,
+    pub ncols: u32,
+    pub row_offset: u32,
+    pub x_offset: u32,
+    pub x_stride: u32,
+    pub y_offset: u32,
+    pub y_stride: u32,
+    pub _pad: [u32; 3],
+}
+
+/// `RowsParams`: row lookup from one weight chunk holding rows
+/// `row_start .. row_start + rows`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct RowsParams {
+    pub k: u32,
+    pub row_bytes: u32,
+    pub row_start: u32,
+    pub rows: u32,
+    pub n_ids: u32,
+    pub _pad: [u32; 3],
+}
+
+/// `NormParams`: RMSNorm over `rows` rows of `dim` values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct NormParams {
+    pub dim: u32,
+    pub rows: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+/// `RopeParams`: rotary embedding of `n_tokens × n_heads` vectors of `head_dim`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct RopeParams {
+    pub head_dim: u32,
+    pub n_rot: u32,
+    pub n_heads: u32,
+    pub n_tokens: u32,
+    pub pos_offset: u32,
+    pub neox: u32,
+    pub freq_base: f32,
+    pub _pad: u32,
+}
+
+/// `SoftmaxParams`: row-wise softmax of `rows` rows of `cols` values,
+/// inputs multiplied by `scale` first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct SoftmaxParams {
+    pub cols: u32,
+    pub rows: u32,
+    pub scale: f32,
+    pub _pad: u32,
+}
+
+/// `EltParams`: element-wise ops over `n` values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct EltParams {
+    pub n: u32,
+    pub scale: f32,
+    pub _pad: [u32; 2],
+}
+
+/// Sizes naga must report for the WGSL structs of the same names.
+#[cfg(test)]
+pub(crate) const SIZES: &[(&str, usize)] = &[
+    ("MatParams", std::mem::size_of::<MatParams>()),
+    ("RowsParams", std::mem::size_of::<RowsParams>()),
+    ("NormParams", std::mem::size_of::<NormParams>()),
+    ("RopeParams", std::mem::size_of::<RopeParams>()),
+    ("SoftmaxParams", std::mem::size_of::<SoftmaxParams>()),
+    ("EltParams", std::mem::size_of::<EltParams>()),
+];

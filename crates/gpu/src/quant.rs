@@ -1,0 +1,67 @@
+//! Which ggml types have GPU kernels, and their shader files.
+
+use lamina_gguf::GgmlType;
+
+/// Every type with a mat-vec, mat-mul and row-lookup kernel.
+pub const SUPPORTED: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
+];
+
+/// True if weights of this type can be placed on the GPU.
+pub fn has_kernel(ty: GgmlType) -> bool {
+    shader_file(ty).is_some()
+}
+
+/// The decoder under `shaders/quant/` (without `.wgsl`).
+pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q2K => "q2_k",
+        Q3K => "q3_k",
+        Q4K => "q4_k",
+        Q5K => "q5_k",
+        Q6K => "q6_k",
+        IQ4NL => "iq4_nl",
+        IQ4XS => "iq4_xs",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn supported_list_and_decoders_agree() {
+        for ty in GgmlType::ALL {
+            assert_eq!(has_kernel(ty), SUPPORTED.contains(&ty), "{ty}");
+        }
+        for ty in SUPPORTED {
+            // Kernels rely on 16 | block size (or plain elements) and 2 | bytes per block.
+            assert!(ty.block_size() == 1 || ty.block_size() % 32 == 0, "{ty}");
+            assert!(ty.block_size() == 1 || ty.type_size() % 2 == 0, "{ty}");
+        }
+    }
+}

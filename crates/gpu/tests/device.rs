@@ -1,0 +1,103 @@
+//! The device: adapter listing, a first kernel, and errors as values.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use lamina_gguf::GgmlType;
+use lamina_gpu::{list_adapters, GpuError};
+
+#[test]
+fn adapters_are_listed_with_their_limits() {
+    let adapters = list_adapters();
+    assert!(
+        !adapters.is_empty(),
+        "no adapter: install mesa-vulkan-drivers"
+    );
+    for (i, a) in adapters.iter().enumerate() {
+        assert_eq!(a.index, i);
+        assert!(!a.name.is_empty());
+        assert!(a.max_storage_buffer_binding_size > 0);
+        let text = a.to_string();
+        assert!(
+            text.contains(&a.name) && text.contains("max storage binding"),
+            "{text}"
+        );
+        if a.subgroups {
+            assert!(a.subgroup_min_size >= 1 && a.subgroup_min_size <= a.subgroup_max_size);
+        }
+    }
+    let (_turn, gpu) = common::gpu();
+    let info = gpu.adapter_info();
+    assert!(info.compute);
+    // The device runs with the adapter's own limits, not wgpu's defaults.
+    assert_eq!(
+        gpu.limits().max_storage_buffer_binding_size,
+        info.max_storage_buffer_binding_size
+    );
+    eprintln!("{info}");
+}
+
+#[test]
+fn smoke_a_kernel_doubles_an_array() {
+    let (_turn, gpu) = common::gpu();
+    let x: Vec<f32> = (0..1000).map(|i| i as f32 - 500.5).collect();
+    let xt = gpu.upload_f32(&x).unwrap();
+    let y = common::poisoned(gpu, x.len());
+    let mut b = gpu.batch();
+    b.scale(&xt, &y, 2.0).unwrap();
+    b.submit().unwrap();
+    let got = gpu.read_f32(&y).unwrap();
+    let want: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn types_without_kernels_are_named() {
+    let (_turn, gpu) = common::gpu();
+    for ty in [
+        GgmlType::IQ2XXS,
+        GgmlType::IQ1S,
+        GgmlType::TQ1_0,
+        GgmlType::MXFP4,
+    ] {
+        let bytes = vec![0u8; ty.type_size() as usize];
+        let err = gpu
+            .upload_weight(ty, 1, ty.block_size() as usize, &bytes)
+            .unwrap_err();
+        assert!(
+            matches!(err, GpuError::NoKernel { ty: t, .. } if t == ty),
+            "{err}"
+        );
+        assert!(err.to_string().contains(ty.name()), "{err}");
+    }
+}
+
+#[test]
+fn bad_shapes_and_oversized_buffers_are_errors() {
+    let (_turn, gpu) = common::gpu();
+    // Columns that are not whole blocks.
+    let err = gpu
+        .upload_weight(GgmlType::Q4_0, 2, 48, &[0u8; 54])
+        .unwrap_err();
+    assert!(matches!(err, GpuError::Shape { .. }), "{err}");
+    // Byte count that does not match the shape.
+    let err = gpu
+        .upload_weight(GgmlType::F32, 2, 4, &[0u8; 31])
+        .unwrap_err();
+    assert!(matches!(err, GpuError::Shape { .. }), "{err}");
+    // A buffer beyond max_buffer_size is an error value, not a panic.
+    let too_big = (gpu.limits().max_buffer_size / 4 + 1) as usize;
+    let err = gpu.tensor(too_big).unwrap_err();
+    assert!(matches!(err, GpuError::TooLarge { .. }), "{err}");
+    // Mismatched operands.
+    let w = gpu.upload_weight(GgmlType::F32, 3, 4, &[0u8; 48]).unwrap();
+    let x = gpu.tensor(4).unwrap();
+    let y = gpu.tensor(2).unwrap();
+    let err = gpu.batch().matmul(&w, &x, &y, 1).unwrap_err();
+    assert!(matches!(err, GpuError::Shape { .. }), "{err}");
+    let err = gpu.batch().add(&x, &y, &x).unwrap_err();
+    assert!(matches!(err, GpuError::Shape { .. }), "{err}");
+    // The device is still healthy.
+    let t = gpu.upload_f32(&[3.0]).unwrap();
+    assert_eq!(gpu.read_f32(&t).unwrap(), [3.0]);
+}

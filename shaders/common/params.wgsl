@@ -1,0 +1,60 @@
+// Uniform parameter structs, one per kernel family. Each has a Rust twin in
+// crates/gpu/src/params.rs with the same field order; a test checks the sizes.
+
+struct MatParams {
+    rows: u32,        // weight rows in this dispatch (one binding chunk)
+    k: u32,           // weights per row
+    row_bytes: u32,   // bytes per weight row
+    ncols: u32,       // activation columns
+    row_offset: u32,  // first output row of this chunk
+    x_offset: u32,    // activations: column c starts at x_offset + c * x_stride
+    x_stride: u32,
+    y_offset: u32,    // outputs: column c starts at y_offset + c * y_stride
+    y_stride: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+struct RowsParams {
+    k: u32,           // weights per row
+    row_bytes: u32,
+    row_start: u32,   // first weight row held by this chunk
+    rows: u32,        // rows held by this chunk
+    n_ids: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+struct NormParams {
+    dim: u32,
+    rows: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+struct RopeParams {
+    head_dim: u32,
+    n_rot: u32,       // leading dimensions rotated; the rest pass through
+    n_heads: u32,
+    n_tokens: u32,
+    pos_offset: u32,  // position of token 0
+    neox: u32,        // 0: pairs (2i, 2i+1); 1: pairs (i, i + n_rot/2)
+    freq_base: f32,
+    _pad: u32,
+}
+
+struct SoftmaxParams {
+    cols: u32,
+    rows: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+struct EltParams {
+    n: u32,
+    scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+}

@@ -1,0 +1,14 @@
+// Q4_0, 18 bytes per 32 weights: d (f16), qs[16]. Byte j: low nibble is
+// weight j, high nibble weight j+16; w = (q - 8) * d.
+
+fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
+    let b = row + 18u * (g >> 1u);
+    let d = wb_f16(b);
+    let shift = 4u * (g & 1u);
+    var o: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        let q = (wb_u32(b + 2u + 4u * i) >> shift) & 0x0f0f0f0fu;
+        o[i] = (u8x4(q) - 8.0) * d;
+    }
+    return o;
+}

@@ -1,0 +1,27 @@
+// Q6_K, 210 bytes per 256 weights: ql[128] (low 4 bits), qh[64] (high 2
+// bits), scales[16] (int8), d (f16) at the end; w = d * sc * (q6 - 32).
+// Group G, with n = G/8, t = (G%8)/2, l0 = 16*(G%2): ql bytes
+// 64n + 32*(t%2) + l0 .. +16, nibble t/2; qh bytes 128 + 32n + l0 .. +16,
+// bit pair t; scale G (ggml's is + 2t indexing, spelled out).
+
+fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
+    let b = row + 210u * (g >> 4u);
+    let G = g & 15u;
+    let n = G >> 3u;
+    let t = (G & 7u) >> 1u;
+    let l0 = 16u * (G & 1u);
+    let d = wb_f16(b + 208u);
+    let sc = f32((bitcast<i32>(wb_u8(b + 192u + G)) << 24u) >> 24u);
+    let dl = d * sc;
+    let lb = b + 64u * n + 32u * (t & 1u) + l0;
+    let hb = b + 128u + 32u * n + l0;
+    let lshift = 4u * (t >> 1u);
+    let hshift = 2u * t;
+    var o: array<vec4<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        let ql = (wb_u32(lb + 4u * i) >> lshift) & 0x0f0f0f0fu;
+        let qh = (wb_u32(hb + 4u * i) >> hshift) & 0x03030303u;
+        o[i] = dl * (u8x4(ql | (qh << 4u)) - 32.0);
+    }
+    return o;
+}
