@@ -10,6 +10,8 @@ use lamina_gguf::{LoadMode, Model};
 mod devices;
 mod fit;
 mod inspect;
+mod run;
+mod sample;
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +37,38 @@ enum Command {
         #[arg(long)]
         full: bool,
         /// Read the file into memory instead of mapping it.
+        #[arg(long)]
+        no_mmap: bool,
+    },
+    /// Generate a continuation of one prompt, streamed to stdout, then the timings.
+    Run {
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        #[arg(short = 'p', long)]
+        prompt: String,
+        /// Tokens to generate at most.
+        #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+        n_predict: usize,
+        #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
+        ctx: usize,
+        /// 0 is greedy.
+        #[arg(long = "temp", default_value_t = 0.8)]
+        temperature: f32,
+        /// 0 disables.
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        #[arg(long, default_value_t = 0.95)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0.05)]
+        min_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// CPU threads (default: all cores).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        /// Print one JSON object instead of streaming.
+        #[arg(long)]
+        json: bool,
         #[arg(long)]
         no_mmap: bool,
     },
@@ -81,6 +115,40 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 print!("{}", inspect::to_text(&model, full));
             }
+        }
+        Command::Run {
+            file,
+            prompt,
+            n_predict,
+            ctx,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            seed,
+            threads,
+            json,
+            no_mmap,
+        } => {
+            if let Some(t) = threads {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t.max(1))
+                    .build_global()
+                    .context("starting the CPU thread pool")?;
+            }
+            run::run(run::RunArgs {
+                file,
+                prompt,
+                n_predict,
+                n_ctx: ctx,
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                seed,
+                json,
+                no_mmap,
+            })?
         }
         Command::Fit {
             file,

@@ -1,0 +1,152 @@
+//! `lamina run`: one prompt, streamed continuation, then the timings, as
+//! llama-cli prints them. Runs the CPU forward pass over the mapped weights
+//! (the GPU forward pass and placement come next).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use lamina_gguf::{LoadMode, Model};
+use lamina_model::{CpuModel, KvCache, Logits};
+use lamina_tokenizer::{Detokenizer, Tokenizer};
+use serde_json::json;
+
+pub struct RunArgs {
+    pub file: PathBuf,
+    pub prompt: String,
+    pub n_predict: usize,
+    pub n_ctx: usize,
+    pub temperature: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u64,
+    pub json: bool,
+    pub no_mmap: bool,
+}
+
+/// What a generation produced, and how long each phase took.
+pub struct Generation {
+    pub prompt_tokens: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub load_ms: f64,
+    pub prompt_ms: f64,
+    pub predict_ms: f64,
+}
+
+pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Generation> {
+    let t0 = Instant::now();
+    let mode = if a.no_mmap {
+        LoadMode::Read
+    } else {
+        LoadMode::Mmap
+    };
+    let file = Model::open(&a.file, mode)?;
+    let model = CpuModel::load(&file).context("loading the model")?;
+    let tok = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
+    let load_ms = ms(t0);
+
+    let prompt = tok.encode(&a.prompt, true, true);
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt is empty after tokenization");
+    }
+    let n_ctx = a
+        .n_ctx
+        .min(model.config.context_length)
+        .max(prompt.len() + 1);
+    let budget = a.n_predict.min(n_ctx - prompt.len());
+    let mut cache = KvCache::new(&model.config, n_ctx);
+    let mut sampler = crate::sample::Sampler::new(a.temperature, a.top_k, a.top_p, a.min_p, a.seed);
+
+    let t1 = Instant::now();
+    let mut logits = model.forward(&prompt, &mut cache, Logits::Last)?;
+    let prompt_ms = ms(t1);
+
+    let t2 = Instant::now();
+    let mut detok = Detokenizer::new();
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    while tokens.len() < budget {
+        let id = sampler.sample(&logits);
+        if tok.is_eog(id) {
+            break;
+        }
+        tokens.push(id);
+        let piece = detok.push(&tok, id);
+        on_text(&piece);
+        text.push_str(&piece);
+        if tokens.len() == budget {
+            break;
+        }
+        logits = model.forward(&[id], &mut cache, Logits::Last)?;
+    }
+    let rest = detok.finish();
+    on_text(&rest);
+    text.push_str(&rest);
+    Ok(Generation {
+        prompt_tokens: prompt,
+        tokens,
+        text,
+        load_ms,
+        prompt_ms,
+        predict_ms: ms(t2),
+    })
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1e3 / ms
+    } else {
+        0.0
+    }
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    let stream = !a.json;
+    let g = generate(&a, |s| {
+        if stream {
+            print!("{s}");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    let (pn, gn) = (g.prompt_tokens.len(), g.tokens.len());
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "prompt_tokens": g.prompt_tokens,
+                "tokens": g.tokens,
+                "text": g.text,
+                "timings": {
+                    "load_ms": g.load_ms,
+                    "prompt_n": pn,
+                    "prompt_ms": g.prompt_ms,
+                    "prompt_per_second": per_second(pn, g.prompt_ms),
+                    "predicted_n": gn,
+                    "predicted_ms": g.predict_ms,
+                    "predicted_per_second": per_second(gn, g.predict_ms),
+                }
+            })
+        );
+        return Ok(());
+    }
+    println!();
+    eprintln!("\nload time   = {:10.2} ms", g.load_ms);
+    eprintln!(
+        "prompt eval = {:10.2} ms / {pn:5} tokens ({:8.2} tokens per second)",
+        g.prompt_ms,
+        per_second(pn, g.prompt_ms)
+    );
+    eprintln!(
+        "eval        = {:10.2} ms / {gn:5} tokens ({:8.2} tokens per second)",
+        g.predict_ms,
+        per_second(gn, g.predict_ms)
+    );
+    Ok(())
+}
