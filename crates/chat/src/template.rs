@@ -35,8 +35,8 @@ const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_p
 /// Bounds on one render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// minijinja fuel: roughly one unit per instruction plus one per byte
-    /// allocated or written.
+    /// minijinja fuel: roughly one unit per instruction executed and one per
+    /// 64 bytes allocated or written.
     pub fuel: u64,
     /// Deepest nesting of macro calls (and other recursion) allowed.
     pub recursion: usize,
@@ -46,12 +46,14 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        // The heaviest real template in the golden corpus (tool schemas
-        // rendered through recursive macros) takes well under a million units
-        // on a short conversation; 100 million leaves room for long chats
-        // and still stops a runaway loop in about a second.
+        // One unit of fuel is about one instruction or 64 bytes allocated.
+        // Every rendering of the golden corpus (tool schemas through
+        // recursive macros included) takes under 1,000; 5 million leaves
+        // room for conversations thousands of times longer, yet stops a
+        // runaway loop within a second and caps what a template can
+        // allocate at a few hundred MiB.
         Limits {
-            fuel: 100_000_000,
+            fuel: 5_000_000,
             recursion: 100,
             max_output_bytes: 16 * 1024 * 1024,
         }
