@@ -1,0 +1,350 @@
+//! Choosing the next token from a logits vector, in the order of
+//! llama.cpp's default sampler chain (`common/sampling.cpp`):
+//! logit bias → repetition penalties → top-k → top-p → min-p → temperature
+//! → a seeded draw from the softmax. Temperature ≤ 0 is greedy: the argmax
+//! after bias and penalties, ties to the lowest id.
+//!
+//! Top-p and min-p see probabilities at temperature 1, as in llama.cpp,
+//! where temperature comes after them. Candidates are ordered by logit and
+//! then by id, so every step is deterministic for a given seed (llama.cpp's
+//! unstable sorts and its mt19937 draws are not reproduced bit for bit).
+//!
+//! No GPU, no tokenizer: ids are indices into the logits slice.
+
+mod error;
+pub mod rng;
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+pub use error::SamplingError;
+use rng::Xoshiro256;
+
+/// Sampling parameters; the defaults are llama.cpp's (`common_params_sampling`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// ≤ 0: greedy.
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens below `min_p` × the top token's probability; 0 keeps all.
+    pub min_p: f32,
+    /// Divides positive logits (multiplies negative ones) of recent tokens; 1 is off.
+    pub repeat_penalty: f32,
+    /// How many of the latest history tokens the penalties look at; 0 is
+    /// off, -1 is the whole history.
+    pub repeat_last_n: i32,
+    /// Subtracted once from the logit of any recent token.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of recent tokens.
+    pub frequency_penalty: f32,
+    /// `None`: seeded from the process's randomness.
+    pub seed: Option<u64>,
+    /// Added to a token's logit before anything else (-inf bans it).
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+impl SamplerConfig {
+    /// Greedy decoding with no penalties.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        if !self.temperature.is_finite() {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SamplingError::MinP(self.min_p));
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(SamplingError::RepeatPenalty(self.repeat_penalty));
+        }
+        if self.repeat_last_n < -1 {
+            return Err(SamplingError::RepeatLastN(self.repeat_last_n));
+        }
+        if !self.presence_penalty.is_finite() {
+            return Err(SamplingError::PresencePenalty(self.presence_penalty));
+        }
+        if !self.frequency_penalty.is_finite() {
+            return Err(SamplingError::FrequencyPenalty(self.frequency_penalty));
+        }
+        for &(token, bias) in &self.logit_bias {
+            if bias.is_nan() || bias == f32::INFINITY {
+                return Err(SamplingError::LogitBias { token, bias });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One sequence's sampler: the config and its random stream.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    cfg: SamplerConfig,
+    rng: Xoshiro256,
+}
+
+/// A token still in the running.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    id: u32,
+    logit: f32,
+}
+
+/// Descending logit, then ascending id; NaN sorts last.
+fn by_logit_desc(a: &Candidate, b: &Candidate) -> Ordering {
+    let key = |c: &Candidate| {
+        if c.logit.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            c.logit
+        }
+    };
+    key(b).total_cmp(&key(a)).then(a.id.cmp(&b.id))
+}
+
+impl Sampler {
+    pub fn new(cfg: SamplerConfig) -> Result<Self, SamplingError> {
+        cfg.validate()?;
+        let seed = cfg.seed.unwrap_or_else(random_seed);
+        Ok(Self {
+            cfg,
+            rng: Xoshiro256::seed_from_u64(seed),
+        })
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// Picks the next token. `logits` is modified in place by the bias and
+    /// penalties; `history` is the sequence so far (prompt and generated),
+    /// oldest first. An empty `logits` gives 0.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.apply_bias(logits);
+        self.apply_penalties(logits, history);
+        if self.cfg.temperature <= 0.0 {
+            return argmax(logits);
+        }
+
+        let mut cands: Vec<Candidate> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &logit)| Candidate {
+                id: i as u32,
+                logit,
+            })
+            .filter(|c| !c.logit.is_nan() && c.logit != f32::NEG_INFINITY)
+            .collect();
+        if cands.is_empty() {
+            // Everything banned: fall back to the (penalised) argmax.
+            return argmax(logits);
+        }
+        top_k(&mut cands, self.cfg.top_k);
+        top_p(&mut cands, self.cfg.top_p);
+        min_p(&mut cands, self.cfg.min_p);
+        for c in &mut cands {
+            c.logit /= self.cfg.temperature;
+        }
+        self.draw(&cands)
+    }
+
+    fn apply_bias(&self, logits: &mut [f32]) {
+        for &(id, bias) in &self.cfg.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+    }
+
+    /// llama.cpp's `penalties` sampler over the last `repeat_last_n` tokens.
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let c = &self.cfg;
+        let off =
+            c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0;
+        if off || c.repeat_last_n == 0 {
+            return;
+        }
+        let window = match usize::try_from(c.repeat_last_n) {
+            Ok(n) => &history[history.len().saturating_sub(n)..],
+            Err(_) => history,
+        };
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for &t in window {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&id, &count) in &counts {
+            let Some(l) = logits.get_mut(id as usize) else {
+                continue;
+            };
+            // Dividing a negative logit would raise it, so those are multiplied.
+            if *l <= 0.0 {
+                *l *= c.repeat_penalty;
+            } else {
+                *l /= c.repeat_penalty;
+            }
+            *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
+        }
+    }
+
+    /// A draw from the softmax of the candidates' logits.
+    fn draw(&mut self, cands: &[Candidate]) -> u32 {
+        let max = cands
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = cands
+            .iter()
+            .map(|c| f64::from(c.logit - max).exp())
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let first = cands.first().map_or(0, |c| c.id);
+        if !(total.is_finite() && total > 0.0) {
+            return first;
+        }
+        let mut u = self.rng.next_f64() * total;
+        for (c, w) in cands.iter().zip(&weights) {
+            if u < *w {
+                return c.id;
+            }
+            u -= w;
+        }
+        // Rounding left u just above the last weight.
+        cands.last().map_or(first, |c| c.id)
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is keyed from the OS's randomness once per process and
+    // advanced per instance: enough for an unseeded request.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6C61_6D69_6E61);
+    h.finish()
+}
+
+/// The highest logit, ties to the lowest id, NaN ignored; 0 when empty.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+fn top_k(cands: &mut Vec<Candidate>, k: usize) {
+    if k == 0 || k >= cands.len() {
+        cands.sort_unstable_by(by_logit_desc);
+        return;
+    }
+    // Partition first: a full sort of a 262k vocabulary each step is waste.
+    cands.select_nth_unstable_by(k - 1, by_logit_desc);
+    cands.truncate(k);
+    cands.sort_unstable_by(by_logit_desc);
+}
+
+/// Probabilities at temperature 1 of candidates sorted by logit.
+fn softmax(cands: &[Candidate]) -> Vec<f64> {
+    let max = cands.first().map_or(0.0, |c| f64::from(c.logit));
+    let exps: Vec<f64> = cands
+        .iter()
+        .map(|c| (f64::from(c.logit) - max).exp())
+        .collect();
+    let total: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| e / total).collect()
+}
+
+/// Keeps the shortest prefix whose probability reaches `p` (at least one).
+fn top_p(cands: &mut Vec<Candidate>, p: f32) {
+    if p >= 1.0 || cands.len() <= 1 {
+        return;
+    }
+    let probs = softmax(cands);
+    let mut cum = 0.0;
+    for (i, q) in probs.iter().enumerate() {
+        cum += q;
+        if cum >= f64::from(p) {
+            cands.truncate(i + 1);
+            return;
+        }
+    }
+}
+
+/// Keeps tokens whose probability is at least `p` × the top one's.
+fn min_p(cands: &mut Vec<Candidate>, p: f32) {
+    if p <= 0.0 || cands.len() <= 1 {
+        return;
+    }
+    let Some(top) = cands.first().map(|c| c.logit) else {
+        return;
+    };
+    // p_i >= p * p_max  ⇔  logit_i >= logit_max + ln p.
+    let floor = top + p.ln();
+    let keep = cands.iter().take_while(|c| c.logit >= floor).count().max(1);
+    cands.truncate(keep);
+}
+
+/// The `n` most likely tokens of a logits vector with their log-probability
+/// (logit − logsumexp over the whole vocabulary, in f64), most likely first,
+/// ties to the lowest id: what the API's `logprobs` reports.
+pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let finite = logits.iter().filter(|l| !l.is_nan());
+    let max = finite.clone().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if n == 0 || max == f32::NEG_INFINITY {
+        return Vec::new();
+    }
+    let lse = f64::from(max)
+        + finite
+            .map(|&l| (f64::from(l) - f64::from(max)).exp())
+            .sum::<f64>()
+            .ln();
+    let mut cands: Vec<Candidate> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.is_nan())
+        .map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+        })
+        .collect();
+    top_k(&mut cands, n);
+    cands
+        .into_iter()
+        .take(n)
+        .map(|c| (c.id, (f64::from(c.logit) - lse) as f32))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

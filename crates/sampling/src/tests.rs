@@ -1,0 +1,357 @@
+//! Unit tests on hand-made logits.
+
+use super::*;
+
+fn cfg() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: Some(42),
+        ..SamplerConfig::default()
+    }
+}
+
+fn sampler(c: SamplerConfig) -> Sampler {
+    Sampler::new(c).unwrap()
+}
+
+/// Logits whose softmax is exactly `probs`.
+fn logits_of(probs: &[f64]) -> Vec<f32> {
+    probs.iter().map(|p| p.ln() as f32).collect()
+}
+
+fn counts(c: SamplerConfig, logits: &[f32], draws: usize) -> Vec<usize> {
+    let mut s = sampler(c);
+    let mut n = vec![0; logits.len()];
+    for _ in 0..draws {
+        let mut l = logits.to_vec();
+        n[s.sample(&mut l, &[]) as usize] += 1;
+    }
+    n
+}
+
+#[test]
+fn greedy_picks_the_argmax_and_the_lowest_id_on_ties() {
+    let mut s = sampler(SamplerConfig::greedy());
+    assert_eq!(s.sample(&mut [0.1, 3.0, -2.0, 2.9], &[]), 1);
+    assert_eq!(s.sample(&mut [1.0, 5.0, 5.0, 5.0], &[]), 1);
+    assert_eq!(s.sample(&mut [f32::NAN, -1.0, f32::NAN], &[]), 1);
+    assert_eq!(s.sample(&mut [], &[]), 0);
+    let mut neg = sampler(SamplerConfig {
+        temperature: -1.0,
+        ..SamplerConfig::default()
+    });
+    assert_eq!(neg.sample(&mut [0.0, 0.5, 0.25], &[]), 1);
+}
+
+#[test]
+fn top_k_one_equals_greedy() {
+    let mut s = sampler(SamplerConfig { top_k: 1, ..cfg() });
+    let mut state = 12345u64;
+    for _ in 0..200 {
+        let logits: Vec<f32> = (0..50)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 40) as f32 / 1e5
+            })
+            .collect();
+        assert_eq!(s.sample(&mut logits.clone(), &[]), argmax(&logits));
+    }
+}
+
+#[test]
+fn top_k_keeps_exactly_k() {
+    let logits = logits_of(&[0.4, 0.3, 0.2, 0.1]);
+    let n = counts(SamplerConfig { top_k: 2, ..cfg() }, &logits, 2000);
+    assert!(n[0] > 0 && n[1] > 0 && n[2] == 0 && n[3] == 0, "{n:?}");
+}
+
+#[test]
+fn top_p_keeps_the_smallest_prefix_reaching_p() {
+    let logits = logits_of(&[0.5, 0.3, 0.15, 0.05]);
+    // 0.5 < 0.75 <= 0.8: the first two.
+    let n = counts(
+        SamplerConfig {
+            top_p: 0.75,
+            ..cfg()
+        },
+        &logits,
+        3000,
+    );
+    assert!(n[0] > 0 && n[1] > 0 && n[2] == 0 && n[3] == 0, "{n:?}");
+    // Exactly reaching p stops there.
+    let mut c: Vec<Candidate> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+        })
+        .collect();
+    top_p(&mut c, 0.5);
+    assert_eq!(c.len(), 1);
+    // A tiny p still keeps one token.
+    let n = counts(
+        SamplerConfig {
+            top_p: 1e-6,
+            ..cfg()
+        },
+        &logits,
+        200,
+    );
+    assert_eq!(n[0], 200);
+}
+
+#[test]
+fn min_p_drops_tokens_below_the_fraction_of_the_top() {
+    let logits = logits_of(&[0.5, 0.3, 0.15, 0.05]);
+    // Floor 0.2 × 0.5 = 0.1: 0.05 goes, 0.15 stays.
+    let n = counts(
+        SamplerConfig {
+            min_p: 0.2,
+            ..cfg()
+        },
+        &logits,
+        4000,
+    );
+    assert!(n[2] > 0 && n[3] == 0, "{n:?}");
+    let n = counts(
+        SamplerConfig {
+            min_p: 0.9,
+            ..cfg()
+        },
+        &logits,
+        500,
+    );
+    assert_eq!(n[0], 500);
+}
+
+#[test]
+fn repeat_penalty_moves_away_from_recent_tokens() {
+    let c = SamplerConfig {
+        repeat_penalty: 1.2,
+        ..SamplerConfig::greedy()
+    };
+    // Positive logit divided: 2.0 / 1.2 < 1.9.
+    assert_eq!(sampler(c.clone()).sample(&mut [2.0, 1.9], &[0]), 1);
+    // Negative logit multiplied: -1.0 × 1.2 < -1.1.
+    assert_eq!(sampler(c.clone()).sample(&mut [-1.0, -1.1], &[0]), 1);
+    // Without the token in history nothing changes.
+    assert_eq!(sampler(c.clone()).sample(&mut [2.0, 1.9], &[5]), 0);
+    // Only the last `repeat_last_n` tokens count.
+    let short = SamplerConfig {
+        repeat_last_n: 1,
+        ..c.clone()
+    };
+    assert_eq!(sampler(short).sample(&mut [2.0, 1.9], &[0, 1]), 0);
+    let all = SamplerConfig {
+        repeat_last_n: -1,
+        ..c
+    };
+    assert_eq!(sampler(all).sample(&mut [2.0, 1.9], &[0, 1, 1, 1]), 0);
+}
+
+#[test]
+fn presence_and_frequency_penalties_subtract() {
+    let presence = SamplerConfig {
+        presence_penalty: 0.5,
+        ..SamplerConfig::greedy()
+    };
+    let mut l = [1.0, 0.9];
+    assert_eq!(sampler(presence).sample(&mut l, &[0, 0, 0]), 1);
+    assert_eq!(l, [0.5, 0.9]);
+
+    let frequency = SamplerConfig {
+        frequency_penalty: 0.2,
+        ..SamplerConfig::greedy()
+    };
+    assert_eq!(sampler(frequency.clone()).sample(&mut [1.0, 0.5], &[0]), 0);
+    let mut l = [1.0, 0.5];
+    assert_eq!(sampler(frequency).sample(&mut l, &[0, 0, 0]), 1);
+    assert!((l[0] - 0.4).abs() < 1e-6);
+}
+
+#[test]
+fn logit_bias_comes_first() {
+    let ban = SamplerConfig {
+        logit_bias: vec![(1, f32::NEG_INFINITY), (99, 5.0)],
+        ..SamplerConfig::greedy()
+    };
+    assert_eq!(sampler(ban).sample(&mut [0.0, 3.0, 1.0], &[]), 2);
+    let boost = SamplerConfig {
+        logit_bias: vec![(0, 10.0)],
+        ..cfg()
+    };
+    let n = counts(boost, &[0.0, 3.0, 1.0], 100);
+    assert!(n[0] > 90, "{n:?}");
+}
+
+#[test]
+fn same_seed_same_sequence_different_seed_different() {
+    let flat = vec![0.0f32; 1000];
+    let run = |seed| {
+        let mut s = sampler(SamplerConfig {
+            seed: Some(seed),
+            ..cfg()
+        });
+        (0..64)
+            .map(|_| s.sample(&mut flat.clone(), &[]))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+    // Every token of a flat distribution is reachable.
+    let distinct: std::collections::BTreeSet<_> = run(3).into_iter().collect();
+    assert!(distinct.len() > 50);
+}
+
+#[test]
+fn temperature_one_matches_softmax_frequencies() {
+    let probs = [0.1, 0.2, 0.3, 0.4];
+    let draws = 10_000;
+    let n = counts(cfg(), &logits_of(&probs), draws);
+    let chi2: f64 = n
+        .iter()
+        .zip(probs)
+        .map(|(&o, p)| {
+            let e = p * draws as f64;
+            (o as f64 - e).powi(2) / e
+        })
+        .sum();
+    // 3 degrees of freedom: P(chi2 > 16.27) = 0.001.
+    assert!(chi2 < 16.27, "chi2 {chi2} for {n:?}");
+}
+
+#[test]
+fn temperature_sharpens_and_flattens() {
+    let logits = logits_of(&[0.1, 0.2, 0.3, 0.4]);
+    let cold = counts(
+        SamplerConfig {
+            temperature: 0.1,
+            ..cfg()
+        },
+        &logits,
+        2000,
+    );
+    // p^10 normalised: the top token has about 94.7 %.
+    assert!(cold[3] > 1800, "{cold:?}");
+    let hot = counts(
+        SamplerConfig {
+            temperature: 10.0,
+            ..cfg()
+        },
+        &logits,
+        4000,
+    );
+    assert!(hot.iter().all(|&c| c > 800), "{hot:?}");
+}
+
+#[test]
+fn everything_banned_falls_back_to_argmax() {
+    let mut s = sampler(cfg());
+    assert_eq!(s.sample(&mut [f32::NEG_INFINITY; 3], &[]), 0);
+}
+
+#[test]
+fn invalid_configs_name_the_field() {
+    let bad = [
+        (
+            SamplerConfig {
+                top_p: 0.0,
+                ..cfg()
+            },
+            "top_p",
+        ),
+        (
+            SamplerConfig {
+                top_p: 1.5,
+                ..cfg()
+            },
+            "top_p",
+        ),
+        (
+            SamplerConfig {
+                top_p: f32::NAN,
+                ..cfg()
+            },
+            "top_p",
+        ),
+        (
+            SamplerConfig {
+                min_p: -0.1,
+                ..cfg()
+            },
+            "min_p",
+        ),
+        (
+            SamplerConfig {
+                temperature: f32::NAN,
+                ..cfg()
+            },
+            "temperature",
+        ),
+        (
+            SamplerConfig {
+                repeat_penalty: 0.0,
+                ..cfg()
+            },
+            "repeat_penalty",
+        ),
+        (
+            SamplerConfig {
+                repeat_last_n: -2,
+                ..cfg()
+            },
+            "repeat_last_n",
+        ),
+        (
+            SamplerConfig {
+                presence_penalty: f32::INFINITY,
+                ..cfg()
+            },
+            "presence_penalty",
+        ),
+        (
+            SamplerConfig {
+                frequency_penalty: f32::NAN,
+                ..cfg()
+            },
+            "frequency_penalty",
+        ),
+        (
+            SamplerConfig {
+                logit_bias: vec![(3, f32::NAN)],
+                ..cfg()
+            },
+            "logit_bias",
+        ),
+    ];
+    for (c, field) in bad {
+        let err = Sampler::new(c).unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
+    assert!(SamplerConfig::default().validate().is_ok());
+}
+
+#[test]
+fn top_logprobs_are_log_softmax() {
+    let logits = [1.0f32, 3.0, 2.0, 3.0, f32::NAN];
+    let top = top_logprobs(&logits, 3);
+    let lse = [1.0f64, 3.0, 2.0, 3.0]
+        .iter()
+        .map(|l| l.exp())
+        .sum::<f64>()
+        .ln();
+    let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+    assert_eq!(ids, [1, 3, 2]);
+    for (id, lp) in top {
+        assert!((f64::from(lp) - (f64::from(logits[id as usize]) - lse)).abs() < 1e-6);
+    }
+    assert_eq!(top_logprobs(&logits, 10).len(), 4);
+    assert!(top_logprobs(&logits, 0).is_empty());
+    assert!(top_logprobs(&[], 3).is_empty());
+}
