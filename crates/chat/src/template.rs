@@ -117,7 +117,7 @@ impl ChatTemplate {
         config: TemplateConfig,
     ) -> Result<Self, ChatError> {
         let mut env = build_environment(&config);
-        env.add_template_owned(TEMPLATE_NAME, source.to_owned())
+        env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(source))
             .map_err(|err| ChatError::Syntax {
                 line: err.line(),
                 message: describe(&err),
@@ -210,6 +210,68 @@ impl ChatTemplate {
             },
         }
     }
+}
+
+/// transformers' `AssistantTracker` extension adds `{% generation %}` …
+/// `{% endgeneration %}`, which marks assistant text for training masks and
+/// renders its body unchanged. minijinja has no such tag, so each becomes
+/// `if true` / `endif`, keeping its whitespace-control markers and its
+/// line breaks (error lines stay right).
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start + 2..];
+        match parse_generation_tag(tag) {
+            Some((open_ctrl, lead, keyword, trail, close_ctrl, len)) => {
+                let replacement = if keyword == "generation" {
+                    "if true"
+                } else {
+                    "endif"
+                };
+                out.push_str("{%");
+                out.push_str(open_ctrl);
+                out.push_str(lead);
+                out.push_str(replacement);
+                out.push_str(trail);
+                out.push_str(close_ctrl);
+                out.push_str("%}");
+                rest = &tag[len..];
+            }
+            None => {
+                out.push_str("{%");
+                rest = tag;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Parses `[-+]? ws (generation|endgeneration) ws [-+]? %}` at the start of
+/// `tag` (the text after `{%`); returns its parts and its length.
+fn parse_generation_tag(tag: &str) -> Option<(&str, &str, &str, &str, &str, usize)> {
+    let ctrl_len = |s: &str| usize::from(s.starts_with('-') || s.starts_with('+'));
+    let ws_len = |s: &str| s.len() - s.trim_start().len();
+    let open_ctrl = &tag[..ctrl_len(tag)];
+    let mut pos = open_ctrl.len();
+    let lead = &tag[pos..pos + ws_len(&tag[pos..])];
+    pos += lead.len();
+    let keyword = ["endgeneration", "generation"]
+        .into_iter()
+        .find(|k| tag[pos..].starts_with(k))?;
+    pos += keyword.len();
+    let trail = &tag[pos..pos + ws_len(&tag[pos..])];
+    if trail.is_empty() && !tag[pos..].starts_with(['-', '+', '%']) {
+        return None; // a longer name, such as `generation_prompt`
+    }
+    pos += trail.len();
+    let close_ctrl = &tag[pos..pos + ctrl_len(&tag[pos..])];
+    pos += close_ctrl.len();
+    tag[pos..]
+        .starts_with("%}")
+        .then_some((open_ctrl, lead, keyword, trail, close_ctrl, pos + 2))
 }
 
 /// The kind and detail of a minijinja error, without the template name.

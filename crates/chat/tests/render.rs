@@ -263,3 +263,14 @@ fn one_compiled_template_serves_many_threads() -> Result<(), ChatError> {
     }
     Ok(())
 }
+
+#[test]
+fn generation_tags_of_transformers_render_their_body() -> Result<(), ChatError> {
+    assert_eq!(
+        render("{% for m in messages %}{%- generation -%} [{{ m.content }}] {%- endgeneration %}{% endfor %}")?,
+        "[hi]"
+    );
+    // Only the exact tag names are rewritten.
+    assert!(render("{% generation_x %}").is_err());
+    Ok(())
+}
