@@ -2,7 +2,8 @@
 //! (llama.cpp's `tokenizer_st_partition`). Each special token, longest text
 //! first, cuts every remaining raw fragment at each of its occurrences, left
 //! to right. User-defined tokens are always cut out; control and unknown
-//! tokens only when special-token parsing is on.
+//! tokens only when special-token parsing is on. Tokens marked LSTRIP /
+//! RSTRIP also take the ASCII whitespace beside them.
 
 use crate::vocab::{attr, Vocab};
 
@@ -43,17 +44,29 @@ pub(crate) fn partition(vocab: &Vocab, text: &str, parse_special: bool) -> Vec<F
                 out.push(f);
                 continue;
             };
+            let a = vocab.attr(id);
             let mut pos = start;
             while let Some(found) = text.get(pos..end).and_then(|s| s.find(needle.as_str())) {
                 let at = pos + found;
-                if at > pos {
+                let mut left_end = at;
+                if a & attr::LSTRIP != 0 {
+                    while left_end > pos && is_c_space(text.as_bytes()[left_end - 1]) {
+                        left_end -= 1;
+                    }
+                }
+                if left_end > pos {
                     out.push(Fragment::Text {
                         start: pos,
-                        end: at,
+                        end: left_end,
                     });
                 }
                 out.push(Fragment::Token(id));
                 pos = at + needle.len();
+                if a & attr::RSTRIP != 0 {
+                    while pos < end && is_c_space(text.as_bytes()[pos]) {
+                        pos += 1;
+                    }
+                }
             }
             if pos < end {
                 out.push(Fragment::Text { start: pos, end });
@@ -62,4 +75,9 @@ pub(crate) fn partition(vocab: &Vocab, text: &str, parse_special: bool) -> Vec<F
         frags = out;
     }
     frags
+}
+
+/// C's `isspace` in the "C" locale, which llama.cpp's strip uses.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
 }

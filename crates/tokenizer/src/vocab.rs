@@ -20,6 +20,10 @@ pub(crate) mod attr {
     pub const CONTROL: u16 = 1 << 3;
     pub const USER_DEFINED: u16 = 1 << 4;
     pub const BYTE: u16 = 1 << 5;
+    /// Whitespace before the token in the input is swallowed with it.
+    pub const LSTRIP: u16 = 1 << 7;
+    /// Whitespace after the token in the input is swallowed with it.
+    pub const RSTRIP: u16 = 1 << 8;
 }
 
 /// `tokenizer.ggml.token_type` values (gguf.md) mapped to attributes.
@@ -313,6 +317,8 @@ impl Vocab {
                 .then(a.cmp(&b))
         });
 
+        apply_model_quirks(meta, &token_to_id, &mut attrs, &special_cache)?;
+
         Ok(Self {
             kind,
             pre,
@@ -346,6 +352,40 @@ impl Vocab {
         }
         None
     }
+}
+
+/// Per-model token attributes llama.cpp sets by name because files lack
+/// them: Phi-3 swallows whitespace after its special tokens.
+fn apply_model_quirks(
+    meta: &dyn Metadata,
+    token_to_id: &HashMap<String, u32>,
+    attrs: &mut [u16],
+    special_cache: &[u32],
+) -> Result<(), TokenizerError> {
+    let name = meta::string(meta, "general.name")?
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return Ok(());
+    }
+    for &id in special_cache {
+        attrs[id as usize] |= attr::RSTRIP;
+    }
+    let mut set = |text: &str, on: bool| {
+        if let Some(&id) = token_to_id.get(text) {
+            let a = &mut attrs[id as usize];
+            *a = if on {
+                *a | attr::RSTRIP
+            } else {
+                *a & !attr::RSTRIP
+            };
+        }
+    };
+    set("</s>", true);
+    for t in ["<unk>", "<s>", "<|endoftext|>"] {
+        set(t, false);
+    }
+    Ok(())
 }
 
 /// Reads the special-id keys over the defaults. Out-of-range ids are

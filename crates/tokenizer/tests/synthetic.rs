@@ -154,6 +154,32 @@ fn special_tokens_are_split_out_first() {
 }
 
 #[test]
+fn phi3_special_tokens_swallow_following_whitespace() {
+    let mut m = spm(&[
+        ("▁", -1.0, 1),
+        ("h", -1.0, 1),
+        ("i", -1.0, 1),
+        ("▁hi", -0.5, 1),
+        ("hi", -0.6, 1),
+        ("<|user|>", 0.0, 3),
+    ]);
+    let plain = Tokenizer::from_metadata(&m).unwrap();
+    let with_space = texts(&plain, &plain.encode("<|user|> hi", false, true));
+    assert_eq!(with_space, ["<|user|>", "▁", "▁hi"]);
+    m.insert("general.name".into(), Value::String("Phi-3 mini".into()));
+    let phi = Tokenizer::from_metadata(&m).unwrap();
+    assert_eq!(
+        texts(&phi, &phi.encode("<|user|> \n hi", false, true)),
+        ["<|user|>", "▁hi"]
+    );
+    // BOS is exempt.
+    assert_eq!(
+        texts(&phi, &phi.encode("<s> hi", false, true)),
+        ["<s>", "▁", "▁hi"]
+    );
+}
+
+#[test]
 fn end_of_generation_tokens_found_by_text() {
     let m = spm(&[
         ("<end_of_turn>", 0.0, 1),
