@@ -11,7 +11,6 @@ mod devices;
 mod fit;
 mod inspect;
 mod run;
-mod sample;
 
 #[derive(Parser)]
 #[command(
@@ -63,6 +62,12 @@ enum Command {
         min_p: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// 1 is off.
+        #[arg(long, default_value_t = 1.0)]
+        repeat_penalty: f32,
+        /// Wrap the prompt in the model's chat template as one user turn.
+        #[arg(long)]
+        chat: bool,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -126,6 +131,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             top_p,
             min_p,
             seed,
+            repeat_penalty,
+            chat,
             threads,
             json,
             no_mmap,
@@ -146,6 +153,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 top_p,
                 min_p,
                 seed,
+                repeat_penalty,
+                chat,
                 json,
                 no_mmap,
             })?

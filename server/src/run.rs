@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use lamina_chat::{builtin_for, ChatTemplate, RenderOptions};
 use lamina_gguf::{LoadMode, Model};
 use lamina_model::{CpuModel, KvCache, Logits};
+use lamina_sampling::{Sampler, SamplerConfig};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
 use serde_json::json;
 
@@ -22,6 +24,9 @@ pub struct RunArgs {
     pub top_p: f32,
     pub min_p: f32,
     pub seed: u64,
+    pub repeat_penalty: f32,
+    /// Render the prompt as one user turn with the model's chat template.
+    pub chat: bool,
     pub json: bool,
     pub no_mmap: bool,
 }
@@ -48,7 +53,17 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
     let tok = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let load_ms = ms(t0);
 
-    let prompt = tok.encode(&a.prompt, true, true);
+    let prompt = if a.chat {
+        let text = render_chat(&file, &tok, &a.prompt)?;
+        // Templates usually write BOS themselves; never add a second one.
+        let starts_with_bos = tok
+            .bos()
+            .and_then(|b| tok.token_text(b))
+            .is_some_and(|b| text.starts_with(b));
+        tok.encode(&text, !starts_with_bos, true)
+    } else {
+        tok.encode(&a.prompt, true, true)
+    };
     if prompt.is_empty() {
         anyhow::bail!("the prompt is empty after tokenization");
     }
@@ -58,7 +73,16 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         .max(prompt.len() + 1);
     let budget = a.n_predict.min(n_ctx - prompt.len());
     let mut cache = KvCache::new(&model.config, n_ctx);
-    let mut sampler = crate::sample::Sampler::new(a.temperature, a.top_k, a.top_p, a.min_p, a.seed);
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        seed: Some(a.seed),
+        ..SamplerConfig::default()
+    })?;
+    let mut history = prompt.clone();
 
     let t1 = Instant::now();
     let mut logits = model.forward(&prompt, &mut cache, Logits::Last)?;
@@ -69,11 +93,12 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
     let mut tokens = Vec::new();
     let mut text = String::new();
     while tokens.len() < budget {
-        let id = sampler.sample(&logits);
+        let id = sampler.sample(&mut logits, &history);
         if tok.is_eog(id) {
             break;
         }
         tokens.push(id);
+        history.push(id);
         let piece = detok.push(&tok, id);
         on_text(&piece);
         text.push_str(&piece);
@@ -93,6 +118,35 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         prompt_ms,
         predict_ms: ms(t2),
     })
+}
+
+/// The file's chat template, or the built-in one its architecture and
+/// vocabulary call for, rendered for one user message.
+fn render_chat(file: &Model, tok: &Tokenizer, user: &str) -> anyhow::Result<String> {
+    let piece = |id: Option<u32>| {
+        id.and_then(|i| tok.token_text(i))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let source = match file.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+        Some(s) => s.to_owned(),
+        None => {
+            let arch = file
+                .get("general.architecture")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default();
+            builtin_for(arch, |t| tok.token_id(t).is_some())
+                .source()
+                .to_owned()
+        }
+    };
+    let template = ChatTemplate::new(&source, &piece(tok.bos()), &piece(tok.eos()))?;
+    let messages = json!([{"role": "user", "content": user}]);
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    };
+    Ok(template.render(&messages, &opts)?)
 }
 
 fn ms(t: Instant) -> f64 {
