@@ -6,8 +6,9 @@
 // group cg) takes unit l of the step for all TR rows and its CPT columns, so
 // every dequantized weight is reused by TC columns. Per output, lane l sees
 // units l, l + LANES, ... in increasing order, each unit summed as
-// fma(w[j], x[j], s) for j ascending, and the lanes are combined by the same
-// tree as matvec.wgsl: the result is bit-identical to the mat-vec product.
+// fma(w[j], x[j], s) for j ascending, and the lanes are combined by
+// lane_tree as in matvec.wgsl: the result is bit-identical to the mat-vec
+// product.
 
 #include "common/params.wgsl"
 
@@ -18,6 +19,7 @@
 
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
+#include "common/lane_tree.wgsl"
 
 const LANES: u32 = 32u;
 const WG: u32 = 256u;
@@ -28,8 +30,8 @@ const TC: u32 = CG * CPT;            // columns per tile (64)
 const ACC: u32 = TR * CPT;
 
 // TR x LANES units x 32 weights during the walk (16 KiB); reused for the
-// lane reduction of one tile row at the end (TC x LANES values).
-var<workgroup> tile: array<f32, 4096>;
+// lane partials of two tile rows at the end (2 x TC x LANES values).
+var<workgroup> wgmem: array<f32, 4096>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -65,10 +67,10 @@ fn main(
                 let v = dq16((r0 + tr) * p.row_bytes, 2u * u + h);
                 let base = (tr * LANES + ul) * 32u + 16u * h;
                 for (var i = 0u; i < 4u; i++) {
-                    tile[base + 4u * i] = v[i].x;
-                    tile[base + 4u * i + 1u] = v[i].y;
-                    tile[base + 4u * i + 2u] = v[i].z;
-                    tile[base + 4u * i + 3u] = v[i].w;
+                    wgmem[base + 4u * i] = v[i].x;
+                    wgmem[base + 4u * i + 1u] = v[i].y;
+                    wgmem[base + 4u * i + 2u] = v[i].z;
+                    wgmem[base + 4u * i + 3u] = v[i].w;
                 }
             }
         }
@@ -81,7 +83,7 @@ fn main(
             for (var j = 0u; j < n; j++) {
                 var wr: array<f32, TR>;
                 for (var t = 0u; t < TR; t++) {
-                    wr[t] = tile[(t * LANES + lane) * 32u + j];
+                    wr[t] = wgmem[(t * LANES + lane) * 32u + j];
                 }
                 for (var i = 0u; i < CPT; i++) {
                     let xv = x[xb[i] + k0 + j];
@@ -97,28 +99,20 @@ fn main(
         workgroupBarrier();
     }
 
-    // Lane tree per output, one tile row at a time: tile[(column slot) * LANES + lane].
+    // Lane partials of two tile rows at a time; then invocation o < 2 * TC
+    // combines output (row o / TC, column o % TC) with lane_tree.
     let slot = (li / LANES) * CPT;
-    for (var t = 0u; t < TR; t++) {
-        for (var i = 0u; i < CPT; i++) {
-            tile[(slot + i) * LANES + lane] = acc[t * CPT + i];
+    for (var h = 0u; h < TR; h += 2u) {
+        for (var t = 0u; t < 2u; t++) {
+            for (var i = 0u; i < CPT; i++) {
+                wgmem[(t * TC + slot + i) * LANES + lane] = acc[(h + t) * CPT + i];
+            }
         }
         workgroupBarrier();
-        for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-            if (lane < s) {
-                for (var i = 0u; i < CPT; i++) {
-                    let a = (slot + i) * LANES + lane;
-                    tile[a] = tile[a] + tile[a + s];
-                }
-            }
-            workgroupBarrier();
-        }
-        if (lane == 0u && r0 + t < p.rows) {
-            for (var i = 0u; i < CPT; i++) {
-                if (c0 + i < p.ncols) {
-                    y[p.y_offset + (c0 + i) * p.y_stride + p.row_offset + r0 + t] = tile[(slot + i) * LANES];
-                }
-            }
+        let row = r0 + h + li / TC;
+        let col = wid.z * TC + li % TC;
+        if (li < 2u * TC && row < p.rows && col < p.ncols) {
+            y[p.y_offset + col * p.y_stride + p.row_offset + row] = lane_tree(li * LANES);
         }
         workgroupBarrier();
     }

@@ -1,12 +1,13 @@
-// y[c][r] = sum_k W[r][k] * x[c][k] for NCOLS = {{NCOLS}} activation columns
-// (1: decode mat-vec; 2..8: the small-batch variant that decodes each weight
-// once for all columns). W is type {{TYPE}}, kept in its ggml blocks.
+// y[c][r] = sum_k W[r][k] * x[c][k] for p.ncols <= MAXC = {{MAXC}} activation
+// columns (MAXC 1: the decode mat-vec; 8: the small-batch variant that
+// decodes each weight once for all columns). W is type {{TYPE}}, kept in its
+// ggml blocks.
 //
 // A workgroup owns ROWS rows; each row has LANES lanes. Lane l sums the
 // 32-weight units l, l + LANES, l + 2*LANES ... in increasing order, each
-// unit's partial computed by unit_dot; then the lanes are combined by the
-// fixed tree v[l] += v[l + s] for s = LANES/2 .. 1. This is the canonical
-// order that matmul_tiled.wgsl reproduces (crates/gpu/src/ops.rs).
+// unit's partial computed by unit_dot; then the lanes are combined by
+// lane_tree. This is the canonical order that matmul_tiled.wgsl reproduces
+// (crates/gpu/src/ops.rs).
 
 #include "common/params.wgsl"
 
@@ -18,13 +19,15 @@
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/unit_dot.wgsl"
+#include "common/lane_tree.wgsl"
 
-const NCOLS: u32 = {{NCOLS}}u;
+const MAXC: u32 = {{MAXC}}u;
 const LANES: u32 = 32u;
 const WG: u32 = 256u;
 const ROWS: u32 = WG / LANES;
 
-var<workgroup> red: array<f32, WG * NCOLS>;
+// Lane partials: column c of local row rl, lane l at c * WG + rl * LANES + l.
+var<workgroup> wgmem: array<f32, WG * MAXC>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -34,34 +37,29 @@ fn main(
 ) {
     let lane = li % LANES;
     let r = (wid.x + wid.y * nwg.x) * ROWS + li / LANES;
-    var acc: array<f32, NCOLS>;
+    var acc: array<f32, MAXC>;
     if (r < p.rows) {
         let row = r * p.row_bytes;
         let units = (p.k + 31u) / 32u;
         for (var u = lane; u < units; u += LANES) {
             let lo = dq16(row, 2u * u);
             let hi = dq16(row, 2u * u + 1u);
-            for (var c = 0u; c < NCOLS; c++) {
-                acc[c] = acc[c] + unit_dot(lo, hi, p.x_offset + c * p.x_stride, 32u * u);
+            for (var c = 0u; c < MAXC; c++) {
+                if (c < p.ncols) {
+                    acc[c] = acc[c] + unit_dot(lo, hi, p.x_offset + c * p.x_stride, 32u * u);
+                }
             }
         }
     }
-    for (var c = 0u; c < NCOLS; c++) {
-        red[c * WG + li] = acc[c];
+    for (var c = 0u; c < MAXC; c++) {
+        if (c < p.ncols) {
+            wgmem[c * WG + li] = acc[c];
+        }
     }
     workgroupBarrier();
-    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            for (var c = 0u; c < NCOLS; c++) {
-                let i = c * WG + li;
-                red[i] = red[i] + red[i + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && r < p.rows) {
-        for (var c = 0u; c < NCOLS; c++) {
-            y[p.y_offset + c * p.y_stride + p.row_offset + r] = red[c * WG + li];
-        }
+    // Lane c of each row combines column c.
+    if (lane < p.ncols && r < p.rows) {
+        let v = lane_tree(lane * WG + li - lane);
+        y[p.y_offset + lane * p.y_stride + p.row_offset + r] = v;
     }
 }

@@ -80,10 +80,12 @@ pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, 
     quant::shader_file(ty).ok_or(GpuError::NoKernel { ty, op })
 }
 
-pub(crate) fn matvec_spec(ty: GgmlType, ncols: usize) -> KernelSpec {
+/// The mat-vec kernel (`maxc` 1) or the small-N kernel (`maxc` 8, any
+/// column count up to 8 chosen at run time).
+pub(crate) fn matvec_spec(ty: GgmlType, maxc: usize) -> KernelSpec {
     KernelSpec::new("matvec.wgsl")
         .def("TYPE", quant::shader_file(ty).unwrap_or("none"))
-        .def("NCOLS", ncols.to_string())
+        .def("MAXC", maxc.to_string())
 }
 
 pub(crate) fn tiled_spec(ty: GgmlType) -> KernelSpec {
@@ -287,7 +289,8 @@ impl<'g> Batch<'g> {
                     self.push(&tiled_spec(w.ty()), &buffers, &params, [gx, gy, gz])?;
                 } else {
                     let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(MATVEC_ROWS_PER_WG));
-                    self.push(&matvec_spec(w.ty(), nc), &buffers, &params, [gx, gy, 1])?;
+                    let maxc = if nc == 1 { 1 } else { MAX_SMALL_COLS };
+                    self.push(&matvec_spec(w.ty(), maxc), &buffers, &params, [gx, gy, 1])?;
                 }
             }
             c0 += nc;

@@ -1,7 +1,7 @@
 //! Shared pieces of the GPU tests: one device per test binary (lavapipe runs
 //! every dispatch on the same few cores, so tests take turns), a seeded RNG,
 //! random valid ggml blocks and the CPU reference.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code)]
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 

@@ -1,7 +1,6 @@
 //! The device: adapter listing, a first kernel, and errors as values.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use super::common;
 
 use lamina_gguf::GgmlType;
 use lamina_gpu::{list_adapters, GpuError};

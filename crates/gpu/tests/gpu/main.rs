@@ -1,0 +1,11 @@
+//! GPU tests, in one binary so every kernel is compiled once per run (a
+//! software Vulkan device spends far longer compiling than running them).
+//! They share one device and take turns on it (see `common::gpu`).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod device;
+mod invariance;
+mod matmul;
+mod rows;
+mod split;

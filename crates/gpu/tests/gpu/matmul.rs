@@ -1,0 +1,84 @@
+//! Mat-vec and mat-mul for every supported type against the CPU reference
+//! (`lamina_quant::dequantize`, then f64 dot products).
+
+use super::common;
+
+use common::Rng;
+use lamina_gguf::GgmlType;
+use lamina_gpu::{MatmulKernel, SUPPORTED};
+
+/// Bound on ‖gpu − ref‖ / ‖ref‖ for the f32-accumulated kernels. The GPU
+/// dequantizes to the same f32 weights as the reference (up to one rounding
+/// where it fuses `q·d + m`) and sums ~1100–1300 products in f32 over 32
+/// lanes; for random signs the rounding error is ≈ ε·√(K/P)·small factor,
+/// about 1e-7 relative. 1e-5 leaves two orders of magnitude and still
+/// catches any wrong weight, scale or index (those give errors ≥ 1e-3).
+const MATMUL_REL_TOL: f64 = 1e-5;
+
+/// Rows chosen so no kernel's row tiling divides them.
+const ROWS: [usize; 2] = [37, 129];
+
+/// Columns: several blocks, so lanes wrap and the tiled kernel takes more
+/// than one step (> 32 units of 32). Float rows get a length that is not a
+/// multiple of 32 (a short last unit) and is odd (F16/BF16 rows then start
+/// at 2 mod 4 bytes).
+fn cols_for(ty: GgmlType) -> usize {
+    match ty.block_size() {
+        1 => 1101,
+        32 => 32 * 37,
+        _ => 256 * 5,
+    }
+}
+
+fn check(kernel: MatmulKernel, rows: usize, n: usize, seed: u64) {
+    let (_turn, gpu) = common::gpu();
+    let mut failures = Vec::new();
+    for ty in SUPPORTED {
+        let cols = cols_for(ty);
+        let mut rng = Rng::new(seed ^ ty.id() as u64);
+        let data = common::random_weight(&mut rng, ty, rows, cols);
+        let x = rng.vec(cols * n);
+        let want = common::reference_matmul(
+            &common::dequantize(ty, &data, rows, cols),
+            rows,
+            cols,
+            &x,
+            n,
+        );
+        let t0 = std::time::Instant::now();
+        let w = gpu.upload_weight(ty, rows, cols, &data).unwrap();
+        let xt = gpu.upload_f32(&x).unwrap();
+        let y = common::poisoned(gpu, rows * n);
+        let mut b = gpu.batch();
+        b.matmul_with(kernel, &w, &xt, &y, n).unwrap();
+        b.submit().unwrap();
+        let got = gpu.read_f32(&y).unwrap();
+        let err = common::rel_err(&got, &want);
+        eprintln!("{kernel:?} {ty}: {err:e} in {:?}", t0.elapsed());
+        // `!(err < tol)` so that NaN (an unwritten output) fails too.
+        if !(err < MATMUL_REL_TOL) {
+            failures.push(format!("{ty}: relative error {err:e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{kernel:?} {rows} rows × {n} columns:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn matvec_matches_reference_for_every_type() {
+    check(MatmulKernel::MatVec, ROWS[0], 1, 1);
+}
+
+#[test]
+fn small_n_matches_reference_for_every_type() {
+    check(MatmulKernel::Small, ROWS[1], 3, 2);
+}
+
+#[test]
+fn tiled_matches_reference_for_every_type() {
+    // 70 columns: one full 64-column tile and a partial one.
+    check(MatmulKernel::Tiled, ROWS[0], 70, 3);
+}
