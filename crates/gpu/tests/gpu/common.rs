@@ -154,3 +154,8 @@ pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
 pub fn poisoned(gpu: &Gpu, n: usize) -> Tensor {
     gpu.upload_f32(&vec![f32::NAN; n]).unwrap()
 }
+
+/// `err < tol`, false for NaN (an unwritten output).
+pub fn within(err: f64, tol: f64) -> bool {
+    err.is_finite() && err < tol
+}

@@ -5,6 +5,7 @@
 
 mod common;
 mod device;
+mod elementwise;
 mod invariance;
 mod matmul;
 mod rows;

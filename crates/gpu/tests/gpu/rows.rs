@@ -40,7 +40,7 @@ fn rows_match_reference_for_every_type() {
         b.get_rows(&w, &idt, &y).unwrap();
         b.submit().unwrap();
         let err = common::rel_err(&gpu.read_f32(&y).unwrap(), &want);
-        if !(err < ROWS_REL_TOL) {
+        if !common::within(err, ROWS_REL_TOL) {
             failures.push(format!("{ty}: relative error {err:e}"));
         }
     }

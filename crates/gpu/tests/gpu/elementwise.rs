@@ -1,0 +1,226 @@
+//! The f32 element-wise kernels against f64 references.
+
+use super::common;
+
+use common::Rng;
+use lamina_gpu::{Gpu, Rope, Tensor};
+
+/// RMSNorm: a 1000-term f32 sum of squares (relative error ≲ 1000·ε/√3 in
+/// the worst order, far less in a tree), a divide, a square root and two
+/// products per element; 1e-6 is ~10 ε of headroom over what that costs.
+const RMS_NORM_REL_TOL: f64 = 1e-6;
+/// RoPE: the angle pos·base^(−2i/n) is formed in f32 (positions ≤ 104
+/// here, so ≈ 104·ε ≈ 1e-5 rad), plus exp2/log2 and cos/sin in WGSL
+/// precision. The bound is on the vector norm.
+const ROPE_REL_TOL: f64 = 2e-5;
+/// Softmax: exp in WGSL precision (≈ 2 ulp for the small arguments here) and a
+/// 1000-term f32 sum.
+const SOFTMAX_REL_TOL: f64 = 1e-6;
+/// SiLU / GELU gating: one exp, one divide and two products per element.
+const GLU_REL_TOL: f64 = 1e-6;
+
+fn run(gpu: &Gpu, n: usize, record: impl FnOnce(&mut lamina_gpu::Batch, &Tensor)) -> Vec<f32> {
+    let y = common::poisoned(gpu, n);
+    let mut b = gpu.batch();
+    record(&mut b, &y);
+    b.submit().unwrap();
+    gpu.read_f32(&y).unwrap()
+}
+
+fn check(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    let err = common::rel_err(got, want);
+    assert!(
+        common::within(err, tol),
+        "{what}: relative error {err:e} ≥ {tol:e}"
+    );
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(11);
+    let (rows, dim, eps) = (3, 1000, 1e-6f32);
+    let x: Vec<f32> = rng.vec(rows * dim).iter().map(|v| v * 3.0).collect();
+    let w = rng.vec(dim);
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row = &x[r * dim..(r + 1) * dim];
+        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / dim as f64;
+        let scale = 1.0 / (ms + eps as f64).sqrt();
+        want.extend(
+            row.iter()
+                .zip(&w)
+                .map(|(&v, &g)| v as f64 * scale * g as f64),
+        );
+    }
+    let (xt, wt) = (gpu.upload_f32(&x).unwrap(), gpu.upload_f32(&w).unwrap());
+    let got = run(gpu, x.len(), |b, y| {
+        b.rms_norm(&xt, &wt, y, dim, eps).unwrap()
+    });
+    check("rms_norm", &got, &want, RMS_NORM_REL_TOL);
+}
+
+fn rope_reference(x: &[f32], r: &Rope) -> Vec<f64> {
+    let mut y: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let per_token = r.n_heads * r.head_dim;
+    for (t, token) in x.chunks(per_token).enumerate() {
+        let pos = (r.pos_offset as usize + t) as f64;
+        for h in 0..r.n_heads {
+            let base = t * per_token + h * r.head_dim;
+            let head = &token[h * r.head_dim..(h + 1) * r.head_dim];
+            for i in 0..r.n_rot / 2 {
+                let theta = pos * (r.freq_base as f64).powf(-2.0 * i as f64 / r.n_rot as f64);
+                let (a, b) = if r.neox {
+                    (i, i + r.n_rot / 2)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (head[a] as f64, head[b] as f64);
+                y[base + a] = x0 * theta.cos() - x1 * theta.sin();
+                y[base + b] = x0 * theta.sin() + x1 * theta.cos();
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn rope_matches_reference_in_both_orderings() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(12);
+    let (tokens, n_heads, head_dim) = (5, 3, 64);
+    let x = rng.vec(tokens * n_heads * head_dim);
+    let xt = gpu.upload_f32(&x).unwrap();
+    for neox in [false, true] {
+        // Full and partial rotation (the rest passes through).
+        for n_rot in [64, 32] {
+            let rope = Rope {
+                head_dim,
+                n_rot,
+                n_heads,
+                pos_offset: 100,
+                freq_base: 10000.0,
+                neox,
+            };
+            let got = run(gpu, x.len(), |b, y| b.rope(&xt, y, &rope).unwrap());
+            let want = rope_reference(&x, &rope);
+            check(
+                &format!("rope neox={neox} n_rot={n_rot}"),
+                &got,
+                &want,
+                ROPE_REL_TOL,
+            );
+            // Pass-through dimensions are copied exactly.
+            for (i, (&g, &v)) in got.iter().zip(&x).enumerate() {
+                if i % head_dim >= n_rot {
+                    assert_eq!(g, v, "element {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_reference_and_is_stable() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(13);
+    let (rows, cols, scale) = (4, 1000, 0.125f32);
+    // Large logits: a naive exp would overflow.
+    let mut x: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 200.0).collect();
+    x[7] = 1000.0;
+    let mut want = Vec::new();
+    for row in x.chunks(cols) {
+        let s: Vec<f64> = row.iter().map(|&v| v as f64 * scale as f64).collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let sum: f64 = s.iter().map(|v| (v - m).exp()).sum();
+        want.extend(s.iter().map(|v| (v - m).exp() / sum));
+    }
+    let xt = gpu.upload_f32(&x).unwrap();
+    let got = run(gpu, x.len(), |b, y| b.softmax(&xt, y, cols, scale).unwrap());
+    check("softmax", &got, &want, SOFTMAX_REL_TOL);
+    for row in got.chunks(cols) {
+        let total: f32 = row.iter().sum();
+        assert!((total - 1.0).abs() < 1e-4, "row sums to {total}");
+    }
+}
+
+#[test]
+fn gated_activations_match_reference() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(14);
+    let n = 1000;
+    let mut g: Vec<f32> = rng.vec(n).iter().map(|v| v * 10.0).collect();
+    // Far tails, where a naive tanh or exp overflows.
+    g[0] = 90.0;
+    g[1] = -90.0;
+    let u = rng.vec(n);
+    let (gt, ut) = (gpu.upload_f32(&g).unwrap(), gpu.upload_f32(&u).unwrap());
+    let silu: Vec<f64> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| {
+            let g = g as f64;
+            g / (1.0 + (-g).exp()) * u as f64
+        })
+        .collect();
+    let gelu: Vec<f64> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| {
+            let g = g as f64;
+            let a = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            0.5 * g * (1.0 + a.tanh()) * u as f64
+        })
+        .collect();
+    let got = run(gpu, n, |b, y| b.silu_mul(&gt, &ut, y).unwrap());
+    check("silu_mul", &got, &silu, GLU_REL_TOL);
+    let got = run(gpu, n, |b, y| b.gelu_mul(&gt, &ut, y).unwrap());
+    check("gelu_mul", &got, &gelu, GLU_REL_TOL);
+}
+
+#[test]
+fn add_mul_and_scale_are_exact() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(15);
+    // Not a multiple of the workgroup size.
+    let n = 70_001;
+    let (a, c) = (rng.vec(n), rng.vec(n));
+    let (at, ct) = (gpu.upload_f32(&a).unwrap(), gpu.upload_f32(&c).unwrap());
+    let got = run(gpu, n, |b, y| b.add(&at, &ct, y).unwrap());
+    assert!(got
+        .iter()
+        .zip(a.iter().zip(&c))
+        .all(|(g, (a, c))| *g == a + c));
+    let got = run(gpu, n, |b, y| b.mul(&at, &ct, y).unwrap());
+    assert!(got
+        .iter()
+        .zip(a.iter().zip(&c))
+        .all(|(g, (a, c))| *g == a * c));
+    let got = run(gpu, n, |b, y| b.scale(&at, y, -0.37).unwrap());
+    assert!(got.iter().zip(&a).all(|(g, a)| *g == a * -0.37));
+}
+
+#[test]
+fn many_kernels_in_one_batch() {
+    // A decode-like chain recorded into one submission: norm, mat-vec, gate.
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(16);
+    let dim = 256;
+    let x = gpu.upload_f32(&rng.vec(dim)).unwrap();
+    let nw = gpu.upload_f32(&vec![1.0; dim]).unwrap();
+    let normed = gpu.tensor(dim).unwrap();
+    let wdata = common::random_weight(&mut rng, lamina_gguf::GgmlType::Q8_0, 2 * dim, dim);
+    let w = gpu
+        .upload_weight(lamina_gguf::GgmlType::Q8_0, 2 * dim, dim, &wdata)
+        .unwrap();
+    let h = gpu.tensor(2 * dim).unwrap();
+    let out = common::poisoned(gpu, 2 * dim);
+    let mut b = gpu.batch();
+    b.rms_norm(&x, &nw, &normed, dim, 1e-5).unwrap();
+    b.matmul(&w, &normed, &h, 1).unwrap();
+    b.scale(&h, &out, 0.5).unwrap();
+    assert_eq!(b.len(), 3);
+    b.submit().unwrap();
+    let (hv, ov) = (gpu.read_f32(&h).unwrap(), gpu.read_f32(&out).unwrap());
+    assert!(hv.iter().zip(&ov).all(|(h, o)| *o == h * 0.5));
+}
