@@ -76,7 +76,8 @@ fn main(
         }
         workgroupBarrier();
         let u = st * LANES + lane;
-        if (u < units) {
+        // Column groups wholly past the last column have nothing to compute.
+        if (u < units && c0 < p.ncols) {
             let k0 = 32u * u;
             let n = min(32u, p.k - k0);
             var s: array<f32, ACC>;

@@ -39,7 +39,7 @@ impl fmt::Display for Throughput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:<8} {:>9.1} MiB  {:>9.1} µs  {:>7.2} GB/s",
+            "{:<18} {:>9.1} MiB  {:>9.1} µs  {:>7.2} GB/s",
             self.label,
             self.bytes_per_iter as f64 / (1024.0 * 1024.0),
             self.micros(),
@@ -94,19 +94,36 @@ pub fn matvec(
     cols: usize,
     iters: u32,
 ) -> Result<Throughput, GpuError> {
+    matmul(gpu, ty, rows, cols, 1, MatmulKernel::MatVec, iters)
+}
+
+/// `kernel` over a `rows × cols` weight of `ty` and `n` activation columns.
+/// Bytes are the weight bytes, read once per iteration by the kernel.
+pub fn matmul(
+    gpu: &Gpu,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    kernel: MatmulKernel,
+    iters: u32,
+) -> Result<Throughput, GpuError> {
     let row_bytes = crate::buffer::row_bytes(ty, cols).ok_or_else(|| GpuError::Shape {
-        op: "bench matvec",
+        op: "bench matmul",
         message: format!("{cols} columns is not whole {ty} blocks"),
     })?;
     let data = vec![0u8; row_bytes as usize * rows];
     let w = gpu.upload_weight(ty, rows, cols, &data)?;
-    let x = gpu.tensor(cols)?;
-    let y = gpu.tensor(rows)?;
-    let seconds = time(gpu, iters, |b| {
-        b.matmul_with(MatmulKernel::MatVec, &w, &x, &y, 1)
-    })?;
+    let x = gpu.tensor(cols * n)?;
+    let y = gpu.tensor(rows * n)?;
+    let seconds = time(gpu, iters, |b| b.matmul_with(kernel, &w, &x, &y, n))?;
+    let label = if n == 1 {
+        ty.name().to_string()
+    } else {
+        format!("{ty} ×{n} {kernel:?}")
+    };
     Ok(Throughput {
-        label: ty.name().into(),
+        label,
         bytes_per_iter: w.bytes(),
         iters,
         seconds,

@@ -10,7 +10,7 @@ pub enum GpuError {
     /// No usable adapter: no GPU driver, and no software Vulkan device either.
     #[error(
         "no GPU adapter with compute shaders found (backends tried: {backends}); \
-         install a Vulkan driver, or the software one with `apt-get install mesa-vulkan-drivers` (lavapipe)"
+         install a Vulkan driver, or the software one with `apt-get install mesa-vulkan-drivers libvulkan1` (lavapipe)"
     )]
     NoAdapter { backends: String },
 
