@@ -173,19 +173,41 @@ impl Gpu {
 
     /// Copies `t` back to the host (waits for all submitted work).
     pub fn read_f32(&self, t: &Tensor) -> Result<Vec<f32>, GpuError> {
-        let bytes = self.read_bytes(&t.buf, (t.len as u64) * 4, "tensor")?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        self.read_f32_range(t, 0, t.len)
+    }
+
+    /// Copies elements `offset .. offset + len` of `t` back to the host (for
+    /// example the logits of the last token only).
+    pub fn read_f32_range(
+        &self,
+        t: &Tensor,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        Ok(bytemuck::pod_collect_to_vec(
+            &self.read_range(t, offset, len)?,
+        ))
     }
 
     /// Copies `t` back to the host as u32 values.
     pub fn read_u32(&self, t: &Tensor) -> Result<Vec<u32>, GpuError> {
-        let bytes = self.read_bytes(&t.buf, (t.len as u64) * 4, "tensor")?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        Ok(bytemuck::pod_collect_to_vec(&self.read_range(t, 0, t.len)?))
+    }
+
+    fn read_range(&self, t: &Tensor, offset: usize, len: usize) -> Result<Vec<u8>, GpuError> {
+        if offset.checked_add(len).is_none_or(|end| end > t.len) {
+            return Err(GpuError::Shape {
+                op: "read",
+                message: format!("elements {offset}..+{len} of a tensor of {}", t.len),
+            });
+        }
+        self.read_bytes(&t.buf, offset as u64 * 4, len as u64 * 4, "tensor")
     }
 
     pub(crate) fn read_bytes(
         &self,
         buf: &wgpu::Buffer,
+        offset: u64,
         size: u64,
         what: &str,
     ) -> Result<Vec<u8>, GpuError> {
@@ -203,7 +225,7 @@ impl Gpu {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("readback"),
                 });
-            enc.copy_buffer_to_buffer(buf, 0, &staging, 0, size);
+            enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
             self.queue.submit([enc.finish()]);
         })?;
         let (tx, rx) = std::sync::mpsc::channel();

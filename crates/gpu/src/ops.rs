@@ -62,6 +62,31 @@ pub enum MatmulKernel {
     Tiled,
 }
 
+/// The activation columns of a mat-mul: column `c` is read from
+/// `x[x_offset + c·x_stride ..][..k]` and written to
+/// `y[y_offset + c·y_stride ..][..rows]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Columns {
+    pub n: usize,
+    pub x_offset: usize,
+    pub x_stride: usize,
+    pub y_offset: usize,
+    pub y_stride: usize,
+}
+
+impl Columns {
+    /// `n` columns stored one after another in both `x` and `y`.
+    pub fn packed(n: usize, w: &Weight) -> Self {
+        Columns {
+            n,
+            x_offset: 0,
+            x_stride: w.cols(),
+            y_offset: 0,
+            y_stride: w.rows(),
+        }
+    }
+}
+
 /// Rotary embedding settings for [`Batch::rope`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rope {
@@ -230,21 +255,40 @@ impl<'g> Batch<'g> {
         y: &Tensor,
         n: usize,
     ) -> Result<(), GpuError> {
+        self.matmul_strided(kernel, w, x, y, Columns::packed(n, w))
+    }
+
+    /// The general mat-mul: `y[y_offset + c·y_stride + r] = Σ_k w[r][k] ·
+    /// x[x_offset + c·x_stride + k]` for `c < cols.n` (e.g. to write a
+    /// projection straight into a slice of a larger buffer).
+    pub fn matmul_strided(
+        &mut self,
+        kernel: MatmulKernel,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        cols: Columns,
+    ) -> Result<(), GpuError> {
         const OP: &str = "matmul";
         type_file(w.ty(), OP)?;
+        let n = cols.n;
         if n == 0 {
             return Ok(());
         }
-        let k = w.cols();
-        if x.len() < n * k || y.len() < n * w.rows() {
+        let (k, rows) = (w.cols(), w.rows());
+        let end = |offset: usize, stride: usize, len: usize| {
+            offset
+                .saturating_add((n - 1).saturating_mul(stride))
+                .saturating_add(len)
+        };
+        let x_end = end(cols.x_offset, cols.x_stride, k);
+        let y_end = end(cols.y_offset, cols.y_stride, rows);
+        if x_end > x.len() || y_end > y.len() || (n > 1 && cols.y_stride < rows) {
             return Err(shape(
                 OP,
                 format!(
-                    "{}×{} weight with {n} columns needs x ≥ {} and y ≥ {} elements, got {} and {}",
-                    w.rows(),
-                    k,
-                    n * k,
-                    n * w.rows(),
+                    "{rows}×{k} weight with {cols:?} needs x ≥ {x_end} and y ≥ {y_end} elements \
+                     and y_stride ≥ {rows}, got x {} and y {}",
                     x.len(),
                     y.len()
                 ),
@@ -253,8 +297,8 @@ impl<'g> Batch<'g> {
         Self::distinct(OP, y, &[x])?;
         self.check_binding(OP, x)?;
         self.check_binding(OP, y)?;
-        to_u32(OP, "x elements", n * k)?;
-        to_u32(OP, "y elements", n * w.rows())?;
+        to_u32(OP, "x elements", x_end)?;
+        to_u32(OP, "y elements", y_end)?;
         let kernel = match kernel {
             MatmulKernel::Auto if n == 1 => MatmulKernel::MatVec,
             MatmulKernel::Auto if n <= MAX_SMALL_COLS => MatmulKernel::Small,
@@ -276,10 +320,10 @@ impl<'g> Batch<'g> {
                     row_bytes: w.row_bytes() as u32,
                     ncols: nc as u32,
                     row_offset: chunk.first_row,
-                    x_offset: (c0 * k) as u32,
-                    x_stride: k as u32,
-                    y_offset: (c0 * w.rows()) as u32,
-                    y_stride: w.rows() as u32,
+                    x_offset: (cols.x_offset + c0 * cols.x_stride) as u32,
+                    x_stride: cols.x_stride as u32,
+                    y_offset: (cols.y_offset + c0 * cols.y_stride) as u32,
+                    y_stride: cols.y_stride as u32,
                     _pad: [0; 3],
                 };
                 let buffers = [(&chunk.buf, None), (&x.buf, None), (&y.buf, None)];

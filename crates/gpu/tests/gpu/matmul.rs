@@ -5,7 +5,7 @@ use super::common;
 
 use common::Rng;
 use lamina_gguf::GgmlType;
-use lamina_gpu::{MatmulKernel, SUPPORTED};
+use lamina_gpu::{Columns, MatmulKernel, SUPPORTED};
 
 /// Bound on ‖gpu − ref‖ / ‖ref‖ for the f32-accumulated kernels. The GPU
 /// dequantizes to the same f32 weights as the reference (up to one rounding
@@ -78,4 +78,71 @@ fn small_n_matches_reference_for_every_type() {
 fn tiled_matches_reference_for_every_type() {
     // 70 columns: one full 64-column tile and a partial one.
     check(MatmulKernel::Tiled, ROWS[0], 70, 3);
+}
+
+#[test]
+fn strided_columns_write_only_their_slices() {
+    let (_turn, gpu) = common::gpu();
+    let (ty, rows) = (GgmlType::Q4K, 37);
+    let cols = cols_for(ty);
+    let mut rng = Rng::new(4);
+    let data = common::random_weight(&mut rng, ty, rows, cols);
+    let w = gpu.upload_weight(ty, rows, cols, &data).unwrap();
+    let n = 3;
+    let x = rng.vec(cols * n);
+    let packed = {
+        let xt = gpu.upload_f32(&x).unwrap();
+        let y = common::poisoned(gpu, rows * n);
+        let mut b = gpu.batch();
+        b.matmul(&w, &xt, &y, n).unwrap();
+        b.submit().unwrap();
+        gpu.read_u32(&y).unwrap()
+    };
+    // Columns 3 apart in x after a 5-element prefix; 4 apart in y after 7.
+    let layout = Columns {
+        n,
+        x_offset: 5,
+        x_stride: cols + 3,
+        y_offset: 7,
+        y_stride: rows + 4,
+    };
+    let mut xs = vec![0f32; 5 + n * (cols + 3)];
+    for c in 0..n {
+        let at = 5 + c * (cols + 3);
+        xs[at..at + cols].copy_from_slice(&x[c * cols..(c + 1) * cols]);
+    }
+    let xt = gpu.upload_f32(&xs).unwrap();
+    let len = 7 + n * (rows + 4);
+    for kernel in [MatmulKernel::Small, MatmulKernel::Tiled] {
+        let y = common::poisoned(gpu, len);
+        let mut b = gpu.batch();
+        b.matmul_strided(kernel, &w, &xt, &y, layout).unwrap();
+        b.submit().unwrap();
+        let got = gpu.read_u32(&y).unwrap();
+        for (i, v) in got.iter().enumerate() {
+            let slot = i.checked_sub(7).map(|j| (j / (rows + 4), j % (rows + 4)));
+            match slot {
+                Some((c, r)) if r < rows => {
+                    assert_eq!(*v, packed[c * rows + r], "{kernel:?} column {c} row {r}")
+                }
+                _ => assert!(f32::from_bits(*v).is_nan(), "{kernel:?} wrote element {i}"),
+            }
+        }
+        // A partial read returns the same bits.
+        let part = gpu.read_f32_range(&y, 7 + rows + 4, rows).unwrap();
+        assert!(part
+            .iter()
+            .zip(&packed[rows..2 * rows])
+            .all(|(a, b)| a.to_bits() == *b));
+    }
+    // Overlapping output columns are refused.
+    let bad = Columns {
+        y_stride: rows - 1,
+        ..layout
+    };
+    let y = gpu.tensor(len).unwrap();
+    assert!(gpu
+        .batch()
+        .matmul_strided(MatmulKernel::Auto, &w, &xt, &y, bad)
+        .is_err());
 }
