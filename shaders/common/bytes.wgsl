@@ -1,8 +1,9 @@
 // Byte access to the weight binding `w: array<u32>`, which the including
 // kernel declares. ggml blocks are byte-packed and many are not 4-byte
 // aligned (Q4_0 18 B, Q8_0 34 B, Q3_K 110 B, Q6_K 210 B), so fields are read
-// by byte offset; all values are little-endian. Weight buffers carry 64 bytes
-// of padding so a read straddling the last word stays inside the buffer.
+// by byte offset; all values are little-endian. Weight buffers carry 128
+// bytes of padding, so a read straddling the last word, or the unused lanes
+// of a float row's last 32-weight unit, stay inside the buffer.
 
 // The byte at offset `b`.
 fn wb_u8(b: u32) -> u32 {

@@ -14,7 +14,7 @@ use crate::error::GpuError;
 use crate::quant;
 
 /// Bytes after the last row of every weight chunk (see module docs).
-pub const WEIGHT_PAD: u64 = 64;
+pub const WEIGHT_PAD: u64 = 128;
 
 /// Upload pieces: `queue.write_buffer` stages each in its own memory, so
 /// writing in bounded pieces (and letting the queue drain) bounds the staging
