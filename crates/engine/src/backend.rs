@@ -1,0 +1,75 @@
+//! The seam between scheduling and arithmetic.
+//!
+//! The scheduler only needs "run these tokens on this sequence's cache and
+//! give me the last logits". The CPU forward pass implements it today; a GPU
+//! or mixed-device model implements the same trait and the loop is unchanged.
+//! [`Backend::forward_batch`] is where a backend that can decode many
+//! sequences in one pass overrides the one-at-a-time default.
+
+use lamina_model::{Config, CpuModel, KvCache, Logits, ModelError};
+
+/// A sequence's KV cache as the scheduler sees it.
+pub trait Cache {
+    /// Positions held.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Positions it can hold.
+    fn capacity(&self) -> usize;
+    /// Forgets positions `len..` (prefix reuse).
+    fn truncate(&mut self, len: usize);
+}
+
+impl Cache for KvCache {
+    fn len(&self) -> usize {
+        KvCache::len(self)
+    }
+    fn capacity(&self) -> usize {
+        KvCache::capacity(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        KvCache::truncate(self, len)
+    }
+}
+
+/// A model the engine can run.
+pub trait Backend {
+    type Cache: Cache;
+
+    fn config(&self) -> &Config;
+
+    /// A cache for one sequence of at most `n_ctx` positions.
+    fn new_cache(&self, n_ctx: usize) -> Self::Cache;
+
+    /// Runs `tokens` after what `cache` holds and returns the logits of the
+    /// last one (`n_vocab` floats).
+    fn forward(&self, tokens: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>, ModelError>;
+
+    /// One step for several sequences; by default one after the other.
+    /// Results are in the order of `work`, each independent of the others.
+    fn forward_batch(
+        &self,
+        work: &mut [(&[u32], &mut Self::Cache)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        work.iter_mut()
+            .map(|(tokens, cache)| self.forward(tokens, cache))
+            .collect()
+    }
+}
+
+impl Backend for CpuModel<'_> {
+    type Cache = KvCache;
+
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(&self.config, n_ctx)
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
+        CpuModel::forward(self, tokens, cache, Logits::Last)
+    }
+}

@@ -1,0 +1,309 @@
+//! The engine handle: starts the engine thread, reports readiness, admits
+//! requests into a bounded queue and hands back their event streams.
+//!
+//! Threading: one OS thread owns the model (it opens the file and builds the
+//! forward pass there, because the weights borrow the mapped file) and runs
+//! the scheduler. Handlers talk to it only through channels: a job goes in
+//! over a `std::sync::mpsc` channel, events come back over a tokio channel
+//! per request, so the HTTP side never blocks on a forward pass.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use lamina_gguf::{LoadMode, Model};
+use lamina_model::CpuModel;
+use tokio::sync::mpsc as tmpsc;
+
+use crate::error::EngineError;
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::model_info::{self, InfoParams, ModelInfo};
+use crate::request::{Events, GenerateParams};
+use crate::scheduler::{self, Job, Limits};
+
+/// How to start an engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model: PathBuf,
+    /// Total context over all slots; `None`: 4096 per slot (or the model's
+    /// training context, if smaller).
+    pub n_ctx: Option<usize>,
+    /// Sequences decoded together; each gets `n_ctx / n_parallel` positions.
+    pub n_parallel: usize,
+    /// Requests that may wait for a slot; one more is refused at once.
+    pub max_queue: usize,
+    /// Server-wide cap on generated tokens per request.
+    pub max_tokens: usize,
+    /// Server-wide wall-clock limit per request.
+    pub timeout: Duration,
+    /// Prompt tokens processed per step, so a long prompt does not stall the
+    /// sequences that are decoding.
+    pub n_batch: usize,
+    /// A chat template to use instead of the file's.
+    pub chat_template: Option<String>,
+}
+
+impl EngineConfig {
+    pub fn new(model: impl Into<PathBuf>) -> Self {
+        Self {
+            model: model.into(),
+            n_ctx: None,
+            n_parallel: 4,
+            max_queue: 64,
+            max_tokens: 4096,
+            timeout: Duration::from_secs(600),
+            n_batch: 512,
+            chat_template: None,
+        }
+    }
+}
+
+/// Loading, ready, or failed for good.
+#[derive(Debug, Clone)]
+pub enum Status {
+    Loading,
+    Ready(Arc<ModelInfo>),
+    Failed(String),
+}
+
+struct Shared {
+    state: OnceLock<Result<Arc<ModelInfo>, String>>,
+    jobs: mpsc::Sender<Job>,
+    metrics: Arc<Metrics>,
+    /// Requests admitted and not yet finished: running plus waiting.
+    outstanding: Arc<AtomicUsize>,
+    n_parallel: usize,
+    max_queue: usize,
+    max_tokens: usize,
+}
+
+/// A cheap, clonable handle to the engine thread. The thread stops when the
+/// last handle is dropped and every running sequence has ended.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("ready", &self.info().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Spawns the engine thread, which loads the model and then serves.
+    /// Returns at once; [`Engine::status`] says when the model is ready.
+    pub fn start(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let n_parallel = cfg.n_parallel.max(1);
+        let shared = Arc::new(Shared {
+            state: OnceLock::new(),
+            jobs: tx,
+            metrics: Arc::new(Metrics::default()),
+            outstanding: Arc::new(AtomicUsize::new(0)),
+            n_parallel,
+            max_queue: cfg.max_queue,
+            max_tokens: cfg.max_tokens.max(1),
+        });
+        let engine = Engine {
+            shared: shared.clone(),
+        };
+        // The thread holds no handle, only what it needs, so dropping the
+        // last `Engine` closes the job channel and lets it exit.
+        let metrics = shared.metrics.clone();
+        let outstanding = shared.outstanding.clone();
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("lamina-engine".into())
+            .spawn(move || {
+                let publish = |r: Result<Arc<ModelInfo>, String>| {
+                    if let Some(s) = weak.upgrade() {
+                        let _ = s.state.set(r);
+                    }
+                };
+                if let Err(e) = load_and_serve(&cfg, rx, metrics, outstanding, publish) {
+                    tracing::error!("{e}");
+                }
+            })
+            .map_err(|e| EngineError::Load(format!("starting the engine thread: {e}")))?;
+        Ok(engine)
+    }
+
+    pub fn status(&self) -> Status {
+        match self.shared.state.get() {
+            None => Status::Loading,
+            Some(Ok(info)) => Status::Ready(info.clone()),
+            Some(Err(e)) => Status::Failed(e.clone()),
+        }
+    }
+
+    /// The model, once loaded.
+    pub fn info(&self) -> Option<Arc<ModelInfo>> {
+        match self.shared.state.get() {
+            Some(Ok(info)) => Some(info.clone()),
+            _ => None,
+        }
+    }
+
+    /// Blocks until the model is loaded or failed, or `timeout` passes.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<Arc<ModelInfo>, EngineError> {
+        let end = Instant::now() + timeout;
+        loop {
+            match self.status() {
+                Status::Ready(info) => return Ok(info),
+                Status::Failed(e) => return Err(EngineError::Load(e)),
+                Status::Loading if Instant::now() >= end => {
+                    return Err(EngineError::NotReady("still loading".into()))
+                }
+                Status::Loading => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.shared.metrics.snapshot()
+    }
+
+    /// The generation cap a request gets when it names none: the room left in
+    /// a slot after the prompt, and never more than the server-wide cap.
+    pub fn default_max_tokens(&self, info: &ModelInfo, prompt_len: usize) -> usize {
+        info.n_ctx_slot
+            .saturating_sub(prompt_len)
+            .min(self.shared.max_tokens)
+    }
+
+    /// The server-wide cap on `max_tokens`.
+    pub fn max_tokens_cap(&self) -> usize {
+        self.shared.max_tokens
+    }
+
+    /// Queues a generation. Fails at once when the model is not ready, the
+    /// prompt does not fit a slot, or the queue is full.
+    pub fn submit(&self, params: GenerateParams) -> Result<Events, EngineError> {
+        let info = match self.status() {
+            Status::Ready(info) => info,
+            Status::Loading => return Err(EngineError::NotReady("loading the model".into())),
+            Status::Failed(e) => return Err(EngineError::NotReady(e)),
+        };
+        check_fits(&info, &params)?;
+        let s = &self.shared;
+        let limit = s.n_parallel + s.max_queue;
+        let admitted = s
+            .outstanding
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            });
+        if let Err(n) = admitted {
+            s.metrics.rejected();
+            return Err(EngineError::Overloaded {
+                active: n.min(s.n_parallel),
+                queued: n.saturating_sub(s.n_parallel),
+                limit,
+            });
+        }
+        s.metrics.queued.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let job = Job {
+            params,
+            events: tx,
+            submitted: Instant::now(),
+        };
+        if s.jobs.send(job).is_err() {
+            s.outstanding.fetch_sub(1, Ordering::AcqRel);
+            s.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(EngineError::Stopped);
+        }
+        Ok(rx)
+    }
+}
+
+/// The prompt must leave room for at least one generated token in a slot.
+fn check_fits(info: &ModelInfo, p: &GenerateParams) -> Result<(), EngineError> {
+    if p.prompt.is_empty() {
+        return Err(EngineError::Invalid {
+            param: "prompt",
+            message: "the prompt is empty after tokenization".into(),
+        });
+    }
+    if p.prompt.len() >= info.n_ctx_slot {
+        return Err(EngineError::Invalid {
+            param: "prompt",
+            message: format!(
+                "the prompt has {} tokens, but the context of a slot is {} tokens (one is needed to generate)",
+                p.prompt.len(),
+                info.n_ctx_slot
+            ),
+        });
+    }
+    let n_vocab = info.config.n_vocab;
+    if let Some(&bad) = p.prompt.iter().find(|&&t| t as usize >= n_vocab) {
+        return Err(EngineError::Invalid {
+            param: "prompt",
+            message: format!("token id {bad} is outside the vocabulary of {n_vocab}"),
+        });
+    }
+    Ok(())
+}
+
+fn load_and_serve(
+    cfg: &EngineConfig,
+    rx: mpsc::Receiver<Job>,
+    metrics: Arc<Metrics>,
+    outstanding: Arc<AtomicUsize>,
+    publish: impl Fn(Result<Arc<ModelInfo>, String>),
+) -> Result<(), EngineError> {
+    let t0 = Instant::now();
+    let fail = |e: EngineError| {
+        publish(Err(e.to_string()));
+        e
+    };
+    let file = Model::open(&cfg.model, LoadMode::Mmap)
+        .map_err(|e| fail(EngineError::Load(format!("{}: {e}", cfg.model.display()))))?;
+    let model = CpuModel::load(&file).map_err(|e| fail(EngineError::Load(e.to_string())))?;
+    let info = model_info::build(
+        &file,
+        &model.config,
+        &InfoParams {
+            path: &cfg.model,
+            n_ctx: cfg.n_ctx,
+            n_parallel: cfg.n_parallel,
+            template_override: cfg.chat_template.as_deref(),
+        },
+    )
+    .map_err(fail)?;
+    let info = Arc::new(info);
+    tracing::info!(
+        "model {} loaded in {:.0} ms: {} with {} blocks, {} parameters, vocabulary {}",
+        info.id,
+        t0.elapsed().as_secs_f64() * 1e3,
+        info.config.arch.name(),
+        info.config.n_layer,
+        info.n_params,
+        info.config.n_vocab
+    );
+    tracing::info!("{}", info.placement);
+    tracing::info!(
+        "chat template: {:?}; {} slots of {} tokens",
+        info.template_origin,
+        info.n_parallel,
+        info.n_ctx_slot
+    );
+    publish(Ok(info.clone()));
+    scheduler::run(
+        &model,
+        &info,
+        Limits {
+            max_tokens: cfg.max_tokens.max(1),
+            timeout: cfg.timeout,
+            n_batch: cfg.n_batch.max(1),
+        },
+        rx,
+        &metrics,
+        &outstanding,
+    );
+    Ok(())
+}

@@ -1,0 +1,33 @@
+//! Lamina's engine: one thread owns the model and runs every request.
+//!
+//! - [`Engine`] (`engine.rs`): starts the thread, reports readiness, admits
+//!   requests into a bounded queue and returns each one's event stream.
+//! - `scheduler.rs`: slots with their own KV caches, prompt-prefix reuse,
+//!   one step over every active sequence (continuous batching at the
+//!   granularity the backend offers), cancellation of abandoned requests.
+//! - [`Backend`] (`backend.rs`): the seam to the forward pass; the CPU model
+//!   implements it, a GPU model will implement the same trait.
+//! - [`StopMatcher`] (`stop.rs`): stop strings held back while they form.
+//! - [`Metrics`] (`metrics.rs`): counters for `/metrics`.
+//!
+//! Nothing here knows HTTP: the server turns [`Event`]s into JSON or SSE.
+//!
+//! Test with `cargo test -p lamina-engine` (the real models must be fetched
+//! by `scripts/fetch-models.sh`).
+
+mod backend;
+mod engine;
+mod error;
+mod metrics;
+mod model_info;
+mod request;
+mod scheduler;
+mod stop;
+
+pub use backend::{Backend, Cache};
+pub use engine::{Engine, EngineConfig, Status};
+pub use error::EngineError;
+pub use metrics::{Metrics, MetricsSnapshot};
+pub use model_info::{ModelInfo, TemplateOrigin};
+pub use request::{Event, Events, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
+pub use stop::{Pushed, StopMatcher};

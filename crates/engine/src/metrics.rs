@@ -1,0 +1,114 @@
+//! Counters the engine keeps for `/metrics`: plain atomics written by the
+//! engine thread and read by any handler, so reading never waits on a step.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+use crate::request::Timings;
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    started: AtomicU64,
+    finished: AtomicU64,
+    dropped: AtomicU64,
+    rejected: AtomicU64,
+    failed: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    prompt_us: AtomicU64,
+    predicted_us: AtomicU64,
+    ttft_us: AtomicU64,
+    ttft_count: AtomicU64,
+    pub(crate) queued: AtomicUsize,
+    pub(crate) active: AtomicUsize,
+    pub(crate) kv_used: AtomicUsize,
+    pub(crate) kv_capacity: AtomicUsize,
+}
+
+/// A consistent-enough copy of the counters (each read is atomic; the set
+/// is not, which Prometheus scrapes tolerate).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// Sequences that got a slot.
+    pub started: u64,
+    /// Sequences that ran to a finish reason.
+    pub finished: u64,
+    /// Sequences (or queued requests) whose client went away.
+    pub dropped: u64,
+    /// Requests refused because the queue was full.
+    pub rejected: u64,
+    /// Sequences ended by a model fault.
+    pub failed: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub generated_tokens: u64,
+    pub prompt_seconds: f64,
+    pub predicted_seconds: f64,
+    pub ttft_seconds_sum: f64,
+    pub ttft_count: u64,
+    pub queued: usize,
+    pub active: usize,
+    pub kv_used: usize,
+    pub kv_capacity: usize,
+}
+
+fn us(ms: f64) -> u64 {
+    (ms * 1e3).max(0.0) as u64
+}
+
+impl Metrics {
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        MetricsSnapshot {
+            started: self.started.load(Relaxed),
+            finished: self.finished.load(Relaxed),
+            dropped: self.dropped.load(Relaxed),
+            rejected: self.rejected.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Relaxed),
+            cached_tokens: self.cached_tokens.load(Relaxed),
+            generated_tokens: self.generated_tokens.load(Relaxed),
+            prompt_seconds: self.prompt_us.load(Relaxed) as f64 / 1e6,
+            predicted_seconds: self.predicted_us.load(Relaxed) as f64 / 1e6,
+            ttft_seconds_sum: self.ttft_us.load(Relaxed) as f64 / 1e6,
+            ttft_count: self.ttft_count.load(Relaxed),
+            queued: self.queued.load(Relaxed),
+            active: self.active.load(Relaxed),
+            kv_used: self.kv_used.load(Relaxed),
+            kv_capacity: self.kv_capacity.load(Relaxed),
+        }
+    }
+
+    pub(crate) fn started(&self) {
+        self.started.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn rejected(&self) {
+        self.rejected.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn dropped(&self) {
+        self.dropped.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn failed(&self) {
+        self.failed.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn first_token(&self, ttft_ms: f64) {
+        self.ttft_us.fetch_add(us(ttft_ms), Relaxed);
+        self.ttft_count.fetch_add(1, Relaxed);
+    }
+
+    /// Adds a sequence's work, whether it finished or was cut short.
+    pub(crate) fn account(&self, t: &Timings, finished: bool) {
+        if finished {
+            self.finished.fetch_add(1, Relaxed);
+        }
+        self.prompt_tokens.fetch_add(t.prompt_n as u64, Relaxed);
+        self.cached_tokens.fetch_add(t.cache_n as u64, Relaxed);
+        self.generated_tokens
+            .fetch_add(t.predicted_n as u64, Relaxed);
+        self.prompt_us.fetch_add(us(t.prompt_ms), Relaxed);
+        self.predicted_us.fetch_add(us(t.predicted_ms), Relaxed);
+    }
+}

@@ -1,0 +1,115 @@
+//! What a request asks of the engine, and what flows back while it runs.
+
+use std::time::Duration;
+
+use lamina_sampling::SamplerConfig;
+use tokio::sync::mpsc;
+
+use crate::error::EngineError;
+
+/// One generation: a tokenized prompt and how to continue it.
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    /// The prompt, already tokenized (with BOS where the model wants one).
+    pub prompt: Vec<u32>,
+    pub sampler: SamplerConfig,
+    /// Tokens to generate at most; the engine also stops at the end of the
+    /// slot's context and at the server-wide cap.
+    pub max_tokens: usize,
+    /// Generation ends before the first of these appears in the text.
+    pub stop: Vec<String>,
+    /// Alternatives to report per token with `logprobs`; `None`: no log-probs.
+    pub logprobs: Option<usize>,
+    /// Wall-clock budget for this request, on top of the server-wide one.
+    pub timeout: Option<Duration>,
+}
+
+/// Why a sequence ended, in OpenAI's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens`, the context, or the time limit.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// The log-probability of a sampled token and of the most likely alternatives,
+/// from the model's distribution before sampling changed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    /// The token's bytes (may be part of a UTF-8 character).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// `(id, bytes, logprob)`, most likely first.
+    pub top: Vec<(u32, Vec<u8>, f32)>,
+}
+
+/// llama-server's per-request `timings`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// Prompt tokens reused from the slot's cache.
+    pub cache_n: usize,
+    /// Prompt tokens processed (the prompt less `cache_n`).
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    /// From submission to the first generated token (queueing included).
+    pub ttft_ms: f64,
+}
+
+impl Timings {
+    pub fn prompt_per_second(&self) -> f64 {
+        per_second(self.prompt_n, self.prompt_ms)
+    }
+
+    pub fn predicted_per_second(&self) -> f64 {
+        per_second(self.predicted_n, self.predicted_ms)
+    }
+}
+
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1e3 / ms
+    } else {
+        0.0
+    }
+}
+
+/// How a finished sequence ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub timings: Timings,
+}
+
+/// What the engine sends back for a request, in order: any number of
+/// `Token` and `Text`, then exactly one `Done` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A generated token (its text follows in `Text` once it is safe to show).
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    /// Text ready to show: complete UTF-8, no part of a stop string.
+    Text(String),
+    Done(Summary),
+    Error(EngineError),
+}
+
+/// The receiving end a handler reads. Dropping it cancels the request at the
+/// engine's next step.
+pub type Events = mpsc::UnboundedReceiver<Event>;

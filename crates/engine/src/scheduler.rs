@@ -1,0 +1,451 @@
+//! The scheduling loop: slots, admission with prompt-prefix reuse, and one
+//! step at a time over every active sequence.
+//!
+//! Each slot owns a KV cache for `n_ctx_slot` positions and remembers which
+//! tokens it holds, so a request whose prompt starts with them (the same
+//! system prompt, a growing chat) only processes the rest. A step gives every
+//! active sequence one forward call: a chunk of at most `n_batch` prompt
+//! tokens while it is prefilling, then one token per step while decoding, so
+//! a new request joins at the next step and a long prompt cannot stall the
+//! others for more than a chunk. A sequence whose receiver is gone (client
+//! disconnected) is freed before its next forward call.
+//!
+//! Greedy outputs do not depend on what else runs: every sequence has its own
+//! cache and sampler, and the backend computes each independently.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lamina_sampling::{top_logprobs, Sampler};
+use lamina_tokenizer::{Detokenizer, Tokenizer};
+use tokio::sync::mpsc as tmpsc;
+
+use crate::backend::{Backend, Cache};
+use crate::error::EngineError;
+use crate::metrics::Metrics;
+use crate::model_info::ModelInfo;
+use crate::request::{Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
+use crate::stop::StopMatcher;
+
+/// A queued request.
+pub(crate) struct Job {
+    pub params: GenerateParams,
+    pub events: tmpsc::UnboundedSender<Event>,
+    pub submitted: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub max_tokens: usize,
+    pub timeout: Duration,
+    pub n_batch: usize,
+}
+
+struct Slot<C> {
+    cache: C,
+    /// The tokens whose keys and values `cache` holds, in order.
+    tokens: Vec<u32>,
+    seq: Option<Sequence>,
+}
+
+/// A request while it runs in a slot.
+struct Sequence {
+    events: tmpsc::UnboundedSender<Event>,
+    sampler: Sampler,
+    detok: Detokenizer,
+    stop: StopMatcher,
+    prompt: Vec<u32>,
+    /// Index of the next prompt token to process.
+    next_prompt: usize,
+    /// The token sampled last, to be fed at the next step.
+    next_input: Option<u32>,
+    /// Prompt and generated tokens, for the repetition penalties.
+    history: Vec<u32>,
+    generated: usize,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+    deadline: Instant,
+    submitted: Instant,
+    started: Instant,
+    prompt_done: Option<Instant>,
+    cache_n: usize,
+}
+
+impl Sequence {
+    fn prefilling(&self) -> bool {
+        self.next_prompt < self.prompt.len()
+    }
+
+    fn timings(&self) -> Timings {
+        let now = Instant::now();
+        let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+        let prompt_end = self.prompt_done.unwrap_or(now);
+        Timings {
+            cache_n: self.cache_n,
+            prompt_n: self.next_prompt.saturating_sub(self.cache_n),
+            prompt_ms: ms(self.started, prompt_end),
+            predicted_n: self.generated,
+            predicted_ms: self.prompt_done.map_or(0.0, |t| ms(t, now)),
+            ttft_ms: self.prompt_done.map_or(0.0, |t| ms(self.submitted, t)),
+        }
+    }
+}
+
+/// How a sequence left its slot.
+enum Exit {
+    Finished(FinishReason),
+    Dropped,
+    Failed(EngineError),
+}
+
+struct Ctx<'a> {
+    tok: &'a Tokenizer,
+    metrics: &'a Metrics,
+    outstanding: &'a AtomicUsize,
+    limits: Limits,
+}
+
+/// Serves jobs until every sender is gone and nothing is running.
+pub(crate) fn run<B: Backend>(
+    backend: &B,
+    info: &ModelInfo,
+    limits: Limits,
+    rx: mpsc::Receiver<Job>,
+    metrics: &Metrics,
+    outstanding: &AtomicUsize,
+) {
+    let ctx = Ctx {
+        tok: &info.tokenizer,
+        metrics,
+        outstanding,
+        limits,
+    };
+    let mut slots: Vec<Slot<B::Cache>> = (0..info.n_parallel)
+        .map(|_| Slot {
+            cache: backend.new_cache(info.n_ctx_slot),
+            tokens: Vec::new(),
+            seq: None,
+        })
+        .collect();
+    metrics
+        .kv_capacity
+        .store(info.n_ctx_slot * info.n_parallel, Relaxed);
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut open = true;
+    loop {
+        let busy = slots.iter().any(|s| s.seq.is_some());
+        if !busy && waiting.is_empty() {
+            if !open {
+                return;
+            }
+            // Idle: sleep until a request arrives.
+            match rx.recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        waiting.retain(|job| {
+            let gone = job.events.is_closed();
+            if gone {
+                metrics.dropped();
+                metrics.queued.fetch_sub(1, Relaxed);
+                outstanding.fetch_sub(1, Relaxed);
+            }
+            !gone
+        });
+        while let Some(i) = free_slot(&slots, waiting.front()) {
+            let Some(job) = waiting.pop_front() else {
+                break;
+            };
+            metrics.queued.fetch_sub(1, Relaxed);
+            admit(&mut slots[i], job, &ctx, i);
+        }
+        step(backend, &mut slots, &ctx);
+        let used = slots.iter().map(|s| s.cache.len()).sum();
+        metrics.kv_used.store(used, Relaxed);
+        metrics
+            .active
+            .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
+    }
+}
+
+/// The free slot whose cached tokens share the longest prefix with the
+/// job's prompt; `None` when no slot is free or nothing waits.
+fn free_slot<C>(slots: &[Slot<C>], job: Option<&Job>) -> Option<usize> {
+    let job = job?;
+    slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.seq.is_none())
+        .map(|(i, s)| (common_prefix(&s.tokens, &job.params.prompt), i))
+        // Longest prefix first; among equals, the lowest index.
+        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+        .map(|(_, i)| i)
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
+    let p = job.params;
+    let now = Instant::now();
+    // At least the last prompt token is processed again: its logits are
+    // where generation starts.
+    let reuse = common_prefix(&slot.tokens, &p.prompt).min(p.prompt.len().saturating_sub(1));
+    slot.cache.truncate(reuse);
+    slot.tokens.truncate(reuse);
+    let room = slot.cache.capacity().saturating_sub(p.prompt.len());
+    let max_tokens = p.max_tokens.min(ctx.limits.max_tokens).min(room);
+    let timeout = p
+        .timeout
+        .map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
+    let sampler = match Sampler::new(p.sampler) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = job.events.send(Event::Error(EngineError::Invalid {
+                param: "sampling",
+                message: e.to_string(),
+            }));
+            ctx.outstanding.fetch_sub(1, Relaxed);
+            return;
+        }
+    };
+    tracing::debug!(
+        slot = index,
+        prompt = p.prompt.len(),
+        cached = reuse,
+        max_tokens,
+        "sequence admitted"
+    );
+    ctx.metrics.started();
+    slot.seq = Some(Sequence {
+        events: job.events,
+        sampler,
+        detok: Detokenizer::new(),
+        stop: StopMatcher::new(p.stop),
+        history: p.prompt.clone(),
+        prompt: p.prompt,
+        next_prompt: reuse,
+        next_input: None,
+        generated: 0,
+        max_tokens,
+        logprobs: p.logprobs,
+        deadline: now + timeout,
+        submitted: job.submitted,
+        started: now,
+        prompt_done: None,
+        cache_n: reuse,
+    });
+}
+
+/// One forward call for every active sequence, then sampling for those that
+/// have their next logits.
+fn step<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], ctx: &Ctx<'_>) {
+    let now = Instant::now();
+    // Leave before spending a forward call on them.
+    for slot in slots.iter_mut() {
+        let Some(seq) = &slot.seq else { continue };
+        if seq.events.is_closed() {
+            finish(slot, Exit::Dropped, ctx);
+        } else if now >= seq.deadline {
+            finish(slot, Exit::Finished(FinishReason::Length), ctx);
+        }
+    }
+
+    let mut inputs: Vec<(usize, Vec<u32>)> = Vec::new();
+    for (i, slot) in slots.iter().enumerate() {
+        let Some(seq) = &slot.seq else { continue };
+        let input = if seq.prefilling() {
+            let end = (seq.next_prompt + ctx.limits.n_batch).min(seq.prompt.len());
+            seq.prompt[seq.next_prompt..end].to_vec()
+        } else if let Some(id) = seq.next_input {
+            vec![id]
+        } else {
+            continue;
+        };
+        inputs.push((i, input));
+    }
+    if inputs.is_empty() {
+        return;
+    }
+    let results = {
+        let mut caches: Vec<Option<&mut B::Cache>> =
+            slots.iter_mut().map(|s| Some(&mut s.cache)).collect();
+        let mut work: Vec<(&[u32], &mut B::Cache)> = Vec::with_capacity(inputs.len());
+        for (i, input) in &inputs {
+            if let Some(cache) = caches.get_mut(*i).and_then(Option::take) {
+                work.push((input.as_slice(), cache));
+            }
+        }
+        backend.forward_batch(&mut work)
+    };
+
+    for ((i, input), result) in inputs.into_iter().zip(results) {
+        let slot = &mut slots[i];
+        let mut logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                // The cache may hold part of this call: forget all of it.
+                slot.cache.truncate(0);
+                slot.tokens.clear();
+                finish(slot, Exit::Failed(EngineError::Model(e.to_string())), ctx);
+                continue;
+            }
+        };
+        slot.tokens.extend_from_slice(&input);
+        let Some(seq) = slot.seq.as_mut() else {
+            continue;
+        };
+        if seq.prefilling() {
+            seq.next_prompt += input.len();
+            if seq.prefilling() {
+                continue;
+            }
+            let t = Instant::now();
+            seq.prompt_done = Some(t);
+            ctx.metrics
+                .first_token(t.duration_since(seq.submitted).as_secs_f64() * 1e3);
+        }
+        let exit = sample_one(
+            seq,
+            &mut logits,
+            slot.cache.len(),
+            slot.cache.capacity(),
+            ctx,
+        );
+        if let Some(exit) = exit {
+            finish(slot, exit, ctx);
+        }
+    }
+}
+
+/// Samples, streams and checks the end conditions for one sequence.
+fn sample_one(
+    seq: &mut Sequence,
+    logits: &mut [f32],
+    cache_len: usize,
+    cache_cap: usize,
+    ctx: &Ctx<'_>,
+) -> Option<Exit> {
+    // Log-probabilities describe the model, before bias and penalties.
+    let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
+    let id = seq.sampler.sample(logits, &seq.history);
+    if ctx.tok.is_eog(id) {
+        return Some(Exit::Finished(FinishReason::Stop));
+    }
+    seq.generated += 1;
+    seq.history.push(id);
+    let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));
+    if seq.events.send(Event::Token { id, logprob }).is_err() {
+        return Some(Exit::Dropped);
+    }
+    let piece = seq.detok.push(ctx.tok, id);
+    let pushed = seq.stop.push(&piece);
+    if !pushed.text.is_empty() && seq.events.send(Event::Text(pushed.text)).is_err() {
+        return Some(Exit::Dropped);
+    }
+    if pushed.stopped {
+        return Some(Exit::Finished(FinishReason::Stop));
+    }
+    // The sampled token still has to enter the cache at the next step.
+    if seq.generated >= seq.max_tokens || cache_len + 1 > cache_cap {
+        return Some(Exit::Finished(FinishReason::Length));
+    }
+    seq.next_input = Some(id);
+    None
+}
+
+fn token_logprob(tok: &Tokenizer, logits: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| !l.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let lse = f64::from(max)
+        + logits
+            .iter()
+            .filter(|l| !l.is_nan())
+            .map(|&l| (f64::from(l) - f64::from(max)).exp())
+            .sum::<f64>()
+            .ln();
+    let chosen = logits
+        .get(id as usize)
+        .map_or(f32::NEG_INFINITY, |&l| (f64::from(l) - lse) as f32);
+    TokenLogprob {
+        id,
+        bytes: tok.token_to_piece(id),
+        logprob: chosen,
+        top: top_logprobs(logits, n)
+            .into_iter()
+            .map(|(t, lp)| (t, tok.token_to_piece(t), lp))
+            .collect(),
+    }
+}
+
+/// Ends the slot's sequence: flushes held text, reports, frees the slot.
+fn finish<C: Cache>(slot: &mut Slot<C>, exit: Exit, ctx: &Ctx<'_>) {
+    let Some(mut seq) = slot.seq.take() else {
+        return;
+    };
+    ctx.outstanding.fetch_sub(1, Relaxed);
+    let timings = seq.timings();
+    match exit {
+        Exit::Finished(reason) => {
+            ctx.metrics.account(&timings, true);
+            if reason == FinishReason::Length {
+                // A stop string can no longer complete: show what was held.
+                let tail = seq.detok.finish();
+                let pushed = seq.stop.push(&tail);
+                let mut text = pushed.text;
+                if !pushed.stopped {
+                    text.push_str(&seq.stop.finish());
+                }
+                if !text.is_empty() {
+                    let _ = seq.events.send(Event::Text(text));
+                }
+            }
+            tracing::info!(
+                prompt = seq.prompt.len(),
+                cached = timings.cache_n,
+                generated = timings.predicted_n,
+                prompt_ms = format!("{:.1}", timings.prompt_ms),
+                predicted_ms = format!("{:.1}", timings.predicted_ms),
+                finish = reason.as_str(),
+                "request done"
+            );
+            let _ = seq.events.send(Event::Done(Summary {
+                finish: reason,
+                prompt_tokens: seq.prompt.len(),
+                completion_tokens: seq.generated,
+                timings,
+            }));
+        }
+        Exit::Dropped => {
+            ctx.metrics.account(&timings, false);
+            ctx.metrics.dropped();
+            tracing::info!(
+                generated = timings.predicted_n,
+                "client went away; slot freed"
+            );
+        }
+        Exit::Failed(e) => {
+            ctx.metrics.account(&timings, false);
+            ctx.metrics.failed();
+            tracing::error!("sequence failed: {e}");
+            let _ = seq.events.send(Event::Error(e));
+        }
+    }
+}

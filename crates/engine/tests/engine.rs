@@ -1,0 +1,213 @@
+//! The engine on the real SmolLM2 model: greedy output equals a plain
+//! forward-and-argmax loop, alone and among other sequences; stop strings,
+//! max_tokens, cancellation, prefix reuse and the bounded queue.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lamina_engine::{Engine, EngineConfig, EngineError, Event, FinishReason, GenerateParams};
+use lamina_gguf::{LoadMode, Model};
+use lamina_model::{CpuModel, KvCache, Logits};
+use lamina_sampling::{argmax, SamplerConfig};
+use lamina_tokenizer::Tokenizer;
+
+fn model_path() -> PathBuf {
+    let dir = std::env::var_os("LAMINA_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
+        });
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-models.sh",
+        p.display()
+    );
+    p
+}
+
+fn start(parallel: usize, max_queue: usize) -> Engine {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = parallel;
+    cfg.n_ctx = Some(512 * parallel);
+    cfg.max_queue = max_queue;
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    e
+}
+
+fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        prompt,
+        sampler: SamplerConfig::greedy(),
+        max_tokens,
+        stop: Vec::new(),
+        logprobs: None,
+        timeout: None,
+    }
+}
+
+/// Collects a request's events: (token ids, text, finish reason).
+fn collect(mut rx: lamina_engine::Events) -> (Vec<u32>, String, FinishReason) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(s) => {
+                assert_eq!(s.completion_tokens, ids.len());
+                return (ids, text, s.finish);
+            }
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    panic!("the stream ended without Done");
+}
+
+/// The oracle: the forward pass and argmax, nothing else.
+fn plain_greedy(prompt: &[u32], n: usize) -> Vec<u32> {
+    let file = Model::open(model_path(), LoadMode::Mmap).unwrap();
+    let tok = Tokenizer::from_gguf(&file).unwrap();
+    let model = CpuModel::load(&file).unwrap();
+    let mut cache = KvCache::new(&model.config, 512);
+    let mut logits = model.forward(prompt, &mut cache, Logits::Last).unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let id = argmax(&logits);
+        if tok.is_eog(id) {
+            break;
+        }
+        out.push(id);
+        logits = model.forward(&[id], &mut cache, Logits::Last).unwrap();
+    }
+    out
+}
+
+fn tokenize(text: &str) -> Vec<u32> {
+    let file = Model::open(model_path(), LoadMode::Mmap).unwrap();
+    Tokenizer::from_gguf(&file)
+        .unwrap()
+        .encode(text, true, true)
+}
+
+#[test]
+fn greedy_alone_and_among_others_equals_the_plain_loop() {
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ];
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| plain_greedy(&tokenize(p), 8))
+        .collect();
+    let engine = start(4, 4);
+    let alone = collect(engine.submit(params(tokenize(prompts[0]), 8)).unwrap());
+    assert_eq!(alone.0, want[0]);
+    assert_eq!(alone.2, FinishReason::Length);
+    // All four at once, in one scheduling loop.
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.submit(params(tokenize(p), 8)).unwrap())
+        .collect();
+    for (rx, w) in rxs.into_iter().zip(&want) {
+        assert_eq!(&collect(rx).0, w);
+    }
+    let m = engine.metrics();
+    assert_eq!(m.finished, 5);
+    assert_eq!(m.generated_tokens, 40);
+    assert_eq!(m.active, 0);
+}
+
+#[test]
+fn stop_string_ends_generation_and_is_not_shown() {
+    let engine = start(1, 1);
+    let prompt = tokenize("The capital of France is");
+    let (_, full, _) = collect(engine.submit(params(prompt.clone(), 12)).unwrap());
+    // Greedy continues " Paris.\n\nThe United States ..."
+    let cut = full.find('.').unwrap();
+    let mut p = params(prompt, 12);
+    p.stop = vec![".".into()];
+    let (_, text, finish) = collect(engine.submit(p).unwrap());
+    assert_eq!(finish, FinishReason::Stop);
+    assert_eq!(text, full[..cut]);
+}
+
+#[test]
+fn prefix_reuse_is_reported_and_changes_nothing() {
+    let engine = start(1, 1);
+    let prompt = tokenize("The capital of France is a city that");
+    let first = engine.submit(params(prompt.clone(), 4)).unwrap();
+    let (a, _, _) = collect(first);
+    let mut rx = engine.submit(params(prompt.clone(), 4)).unwrap();
+    let mut ids = Vec::new();
+    loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Done(s) => {
+                assert_eq!(s.timings.cache_n, prompt.len() - 1);
+                assert_eq!(s.timings.prompt_n, 1);
+                break;
+            }
+            Event::Text(_) => {}
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ids, a);
+}
+
+#[test]
+fn dropped_receiver_frees_the_slot_and_queue_is_bounded() {
+    let engine = start(1, 1);
+    let prompt = tokenize("Once upon a time");
+    let long = engine.submit(params(prompt.clone(), 400)).unwrap();
+    let queued = engine.submit(params(prompt.clone(), 2)).unwrap();
+    match engine.submit(params(prompt.clone(), 2)) {
+        Err(EngineError::Overloaded { limit: 2, .. }) => {}
+        other => panic!("expected Overloaded, got {other:?}"),
+    }
+    // The client of the long request goes away: the queued one must run.
+    drop(long);
+    let (ids, _, _) = collect(queued);
+    assert_eq!(ids.len(), 2);
+    let m = engine.metrics();
+    assert_eq!(m.dropped, 1);
+    assert_eq!(m.rejected, 1);
+    // And the engine keeps serving.
+    assert_eq!(
+        collect(engine.submit(params(prompt, 3)).unwrap()).0.len(),
+        3
+    );
+}
+
+#[test]
+fn prompt_longer_than_a_slot_is_refused_with_both_numbers() {
+    let engine = start(1, 1);
+    let err = engine.submit(params(vec![1; 600], 4)).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("600") && msg.contains("512"), "{msg}");
+}
+
+#[test]
+fn logprobs_are_normalised_and_include_the_chosen_token() {
+    let engine = start(1, 1);
+    let mut p = params(tokenize("The capital of France is"), 2);
+    p.logprobs = Some(3);
+    let mut rx = engine.submit(p).unwrap();
+    let mut seen = 0;
+    while let Some(ev) = rx.blocking_recv() {
+        if let Event::Token { id, logprob } = ev {
+            let lp = logprob.unwrap();
+            assert_eq!(lp.id, id);
+            assert_eq!(lp.top.len(), 3);
+            // Greedy: the chosen token is the most likely one.
+            assert_eq!(lp.top[0].0, id);
+            assert!((lp.top[0].2 - lp.logprob).abs() < 1e-4);
+            assert!(lp.logprob <= 0.0);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2);
+}
