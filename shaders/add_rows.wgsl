@@ -1,11 +1,11 @@
-// y[i] = x[i] + b[i % dim]: a bias vector added to every row.
+// y[i] = x[i] + b[i % dim]: a bias row added to every row of x.
 
 #include "common/params.wgsl"
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: CopyParams;
+@group(0) @binding(3) var<uniform> p: EltParams;
 
 @compute @workgroup_size(256)
 fn main(

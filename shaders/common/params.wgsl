@@ -55,6 +55,24 @@ struct SoftmaxParams {
 struct EltParams {
     n: u32,
     scale: f32,
-    _pad0: u32,
-    _pad1: u32,
+    dim: u32,         // add_rows: length of the broadcast row
+    _pad: u32,
+}
+
+struct CopyParams {
+    n: u32,
+    src_offset: u32,
+    dst_offset: u32,
+    _pad: u32,
+}
+
+struct AttnParams {
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    pos0: u32,        // position of token 0; the cache holds positions 0 .. pos0 + n_tokens
+    window: u32,      // sliding window (0: none)
+    kv_len: u32,      // pos0 + n_tokens: row length of the scores scratch
+    scale: f32,
 }

@@ -6,8 +6,9 @@
 //!   their ggml blocks and are split by rows across bindings when larger than
 //!   the storage binding limit.
 //! * [`ops`]: recording kernels into a [`Batch`] (mat-vec / mat-mul per ggml
-//!   type, row lookup, RMSNorm, RoPE, softmax, gated activations, add, scale)
-//!   and submitting them as one command buffer. Its module docs state the
+//!   type, row lookup, RMSNorm, RoPE, softmax, attention, gated activations,
+//!   add, bias rows, scale, copy)
+//!   and submitting them as one command buffer. [`ops::matmul`] states the
 //!   canonical reduction order that makes every mat-mul batch invariant.
 //! * `shader`: composition of the `.wgsl` files in `shaders/` and the
 //!   pipeline cache.
@@ -39,5 +40,5 @@ mod shader;
 pub use buffer::{row_bytes, Tensor, Weight, WEIGHT_PAD};
 pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions};
 pub use error::GpuError;
-pub use ops::{Batch, Columns, MatmulKernel, Rope, LANES, MAX_SMALL_COLS};
+pub use ops::{Attention, Batch, Columns, MatmulKernel, Rope, LANES, MAX_SMALL_COLS};
 pub use quant::{has_kernel, SUPPORTED};

@@ -71,13 +71,39 @@ pub(crate) struct SoftmaxParams {
     pub _pad: u32,
 }
 
-/// `EltParams`: element-wise ops over `n` values.
+/// `EltParams`: element-wise ops over `n` values (`dim`: the broadcast row
+/// length of `add_rows`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub(crate) struct EltParams {
     pub n: u32,
     pub scale: f32,
-    pub _pad: [u32; 2],
+    pub dim: u32,
+    pub _pad: u32,
+}
+
+/// `CopyParams`: `n` elements from `src_offset` to `dst_offset`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct CopyParams {
+    pub n: u32,
+    pub src_offset: u32,
+    pub dst_offset: u32,
+    pub _pad: u32,
+}
+
+/// `AttnParams`: see `shaders/attention.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct AttnParams {
+    pub n_tokens: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub head_dim: u32,
+    pub pos0: u32,
+    pub window: u32,
+    pub kv_len: u32,
+    pub scale: f32,
 }
 
 /// Sizes naga must report for the WGSL structs of the same names.
@@ -89,4 +115,6 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("RopeParams", std::mem::size_of::<RopeParams>()),
     ("SoftmaxParams", std::mem::size_of::<SoftmaxParams>()),
     ("EltParams", std::mem::size_of::<EltParams>()),
+    ("CopyParams", std::mem::size_of::<CopyParams>()),
+    ("AttnParams", std::mem::size_of::<AttnParams>()),
 ];

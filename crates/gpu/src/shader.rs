@@ -56,6 +56,9 @@ sources!(
     "binary.wgsl",
     "scale.wgsl",
     "copy.wgsl",
+    "copy_range.wgsl",
+    "add_rows.wgsl",
+    "attention.wgsl",
 );
 
 fn source(path: &str) -> Option<&'static str> {

@@ -3,7 +3,7 @@
 use super::common;
 
 use common::Rng;
-use lamina_gpu::{Gpu, Rope, Tensor};
+use lamina_gpu::{Attention, Gpu, Rope, Tensor};
 
 /// RMSNorm: a 1000-term f32 sum of squares (relative error ≲ 1000·ε/√3 in
 /// the worst order, far less in a tree), a divide, a square root and two
@@ -223,4 +223,122 @@ fn many_kernels_in_one_batch() {
     b.submit().unwrap();
     let (hv, ov) = (gpu.read_f32(&h).unwrap(), gpu.read_f32(&out).unwrap());
     assert!(hv.iter().zip(&ov).all(|(h, o)| *o == h * 0.5));
+}
+
+/// Attention: f32 dot products of ≤ 128 terms, exp, and sums of ≤ 301
+/// probabilities and weighted values: ≈ 1e-7 relative in practice; the bound
+/// leaves two orders of magnitude.
+const ATTN_REL_TOL: f64 = 1e-5;
+
+/// The CPU model's attention in f64: causal, optional sliding window, GQA.
+fn attention_reference(q: &[f32], k: &[f32], v: &[f32], a: &Attention) -> Vec<f64> {
+    let (hd, kvd) = (a.head_dim, a.n_kv_head * a.head_dim);
+    let group = a.n_head / a.n_kv_head;
+    let mut out = vec![0f64; a.n_tokens * a.n_head * hd];
+    for t in 0..a.n_tokens {
+        let p = a.pos0 + t;
+        let lo = if a.window > 0 {
+            (p + 1).saturating_sub(a.window)
+        } else {
+            0
+        };
+        for h in 0..a.n_head {
+            let qh = &q[(t * a.n_head + h) * hd..][..hd];
+            let kvh = h / group;
+            let s: Vec<f64> = (lo..=p)
+                .map(|j| {
+                    let kj = &k[j * kvd + kvh * hd..][..hd];
+                    qh.iter()
+                        .zip(kj)
+                        .map(|(&x, &y)| x as f64 * y as f64)
+                        .sum::<f64>()
+                        * a.scale as f64
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let o = &mut out[(t * a.n_head + h) * hd..][..hd];
+            for (j, w) in (lo..=p).zip(&e) {
+                let vj = &v[j * kvd + kvh * hd..][..hd];
+                for (o, &x) in o.iter_mut().zip(vj) {
+                    *o += w / sum * x as f64;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_reference() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(17);
+    // Prefill with GQA and a window; decode with a long cache (more cache
+    // positions than invocations per workgroup).
+    let cases = [
+        (3, 5, 4, 2, 64, 0),
+        (3, 5, 4, 2, 64, 4),
+        (1, 300, 2, 1, 128, 0),
+        (6, 0, 2, 2, 32, 0),
+    ];
+    for (n_tokens, pos0, n_head, n_kv_head, head_dim, window) in cases {
+        let a = Attention {
+            n_tokens,
+            n_head,
+            n_kv_head,
+            head_dim,
+            pos0,
+            window,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let kv_len = pos0 + n_tokens;
+        let q: Vec<f32> = rng
+            .vec(n_tokens * n_head * head_dim)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
+        let k = rng.vec(kv_len * n_kv_head * head_dim);
+        let v = rng.vec(kv_len * n_kv_head * head_dim);
+        let (qt, kt, vt) = (
+            gpu.upload_f32(&q).unwrap(),
+            gpu.upload_f32(&k).unwrap(),
+            gpu.upload_f32(&v).unwrap(),
+        );
+        let scores = common::poisoned(gpu, n_tokens * n_head * kv_len);
+        let got = run(gpu, q.len(), |b, y| {
+            b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
+        });
+        check(
+            &format!("attention {a:?}"),
+            &got,
+            &attention_reference(&q, &k, &v, &a),
+            ATTN_REL_TOL,
+        );
+    }
+}
+
+#[test]
+fn bias_rows_and_copies() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(18);
+    let (rows, dim) = (5, 300);
+    let (x, bias) = (rng.vec(rows * dim), rng.vec(dim));
+    let (xt, bt) = (gpu.upload_f32(&x).unwrap(), gpu.upload_f32(&bias).unwrap());
+    let got = run(gpu, x.len(), |b, y| b.add_rows(&xt, &bt, y, dim).unwrap());
+    assert!(got
+        .iter()
+        .enumerate()
+        .all(|(i, g)| *g == x[i] + bias[i % dim]));
+    // A slice of x into the middle of a poisoned buffer; the rest untouched.
+    let got = run(gpu, 1000, |b, y| b.copy(&xt, 17, y, 400, 333).unwrap());
+    for (i, g) in got.iter().enumerate() {
+        if (400..733).contains(&i) {
+            assert_eq!(g.to_bits(), x[i - 400 + 17].to_bits());
+        } else {
+            assert!(g.is_nan(), "element {i} written");
+        }
+    }
+    let y = gpu.tensor(10).unwrap();
+    assert!(gpu.batch().copy(&xt, 0, &y, 5, 6).is_err());
 }

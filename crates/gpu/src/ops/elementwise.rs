@@ -1,0 +1,415 @@
+//! The f32 kernels around the mat-muls: RMSNorm, RoPE, softmax, attention,
+//! gated activations, add, bias rows, scale and copy.
+
+use super::{shape, to_u32, Batch};
+use crate::buffer::Tensor;
+use crate::error::GpuError;
+use crate::params::{AttnParams, CopyParams, EltParams, NormParams, RopeParams, SoftmaxParams};
+use crate::shader::KernelSpec;
+
+const ELT_WG: u32 = 256;
+
+/// Attention settings for [`Batch::attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    pub n_tokens: usize,
+    pub n_head: usize,
+    /// KV heads; `n_head` must be a multiple (grouped-query attention).
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    /// Position of the first token; the cache holds positions `0..pos0 + n_tokens`.
+    pub pos0: usize,
+    /// Sliding window (each token sees itself and the `window − 1` before it); 0: none.
+    pub window: usize,
+    /// Multiplier of `q·k` before the softmax (usually `1/√head_dim`).
+    pub scale: f32,
+}
+
+/// Rotary embedding settings for [`Batch::rope`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub head_dim: usize,
+    /// Leading dimensions of each head that rotate (`rope.dimension_count`).
+    pub n_rot: usize,
+    pub n_heads: usize,
+    /// Position of the first token; token t is at `pos_offset + t`.
+    pub pos_offset: u32,
+    pub freq_base: f32,
+    /// NeoX pair ordering (`x[i]`, `x[i + n_rot/2]`) instead of (`x[2i]`, `x[2i+1]`).
+    pub neox: bool,
+}
+
+fn glu_spec(act: &str) -> KernelSpec {
+    KernelSpec::new("glu.wgsl").def("ACT", act)
+}
+
+fn binary_spec(op: &str) -> KernelSpec {
+    KernelSpec::new("binary.wgsl").def("OP", op)
+}
+
+#[cfg(test)]
+pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
+    vec![
+        KernelSpec::new("rms_norm.wgsl"),
+        KernelSpec::new("rope.wgsl"),
+        KernelSpec::new("softmax.wgsl"),
+        glu_spec("silu"),
+        glu_spec("gelu_tanh"),
+        binary_spec("+"),
+        binary_spec("*"),
+        KernelSpec::new("scale.wgsl"),
+        KernelSpec::new("copy.wgsl"),
+        KernelSpec::new("copy_range.wgsl"),
+        KernelSpec::new("add_rows.wgsl"),
+        KernelSpec::new("attention.wgsl"),
+    ]
+}
+
+impl Batch<'_> {
+    /// RMSNorm of each `dim`-row of `x`, times `weight` (length `dim`).
+    pub fn rms_norm(
+        &mut self,
+        x: &Tensor,
+        weight: &Tensor,
+        y: &Tensor,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "rms_norm";
+        if dim == 0 || x.len() % dim != 0 || weight.len() != dim || y.len() < x.len() {
+            return Err(shape(
+                OP,
+                format!(
+                    "x {} elements, weight {}, y {}, dim {dim}",
+                    x.len(),
+                    weight.len(),
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x, weight])?;
+        let rows = to_u32(OP, "rows", x.len() / dim)?;
+        let params = NormParams {
+            dim: to_u32(OP, "dim", dim)?,
+            rows,
+            eps,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(rows);
+        self.push(
+            &KernelSpec::new("rms_norm.wgsl"),
+            &[(&x.buf, None), (&weight.buf, None), (&y.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// Rotary embedding of `x` = `[tokens][n_heads][head_dim]` into `y`.
+    pub fn rope(&mut self, x: &Tensor, y: &Tensor, rope: &Rope) -> Result<(), GpuError> {
+        const OP: &str = "rope";
+        let per_token = rope.n_heads * rope.head_dim;
+        if per_token == 0
+            || x.len() % per_token != 0
+            || y.len() < x.len()
+            || rope.head_dim % 2 != 0
+            || rope.n_rot % 2 != 0
+            || rope.n_rot > rope.head_dim
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "x {} elements, y {}, {} heads of {} with {} rotated (both even, rotated ≤ head)",
+                    x.len(),
+                    y.len(),
+                    rope.n_heads,
+                    rope.head_dim,
+                    rope.n_rot
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x])?;
+        let params = RopeParams {
+            head_dim: to_u32(OP, "head_dim", rope.head_dim)?,
+            n_rot: to_u32(OP, "n_rot", rope.n_rot)?,
+            n_heads: to_u32(OP, "n_heads", rope.n_heads)?,
+            n_tokens: to_u32(OP, "tokens", x.len() / per_token)?,
+            pos_offset: rope.pos_offset,
+            neox: u32::from(rope.neox),
+            freq_base: rope.freq_base,
+            _pad: 0,
+        };
+        let pairs = to_u32(OP, "pairs", x.len() / 2)?;
+        let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("rope.wgsl"),
+            &[(&x.buf, None), (&y.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// Row-wise softmax of `scale * x` over rows of `cols` values.
+    pub fn softmax(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        cols: usize,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "softmax";
+        if cols == 0 || x.len() % cols != 0 || y.len() < x.len() {
+            return Err(shape(
+                OP,
+                format!("x {} elements, y {}, cols {cols}", x.len(), y.len()),
+            ));
+        }
+        Self::distinct(OP, y, &[x])?;
+        let rows = to_u32(OP, "rows", x.len() / cols)?;
+        let params = SoftmaxParams {
+            cols: to_u32(OP, "cols", cols)?,
+            rows,
+            scale,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(rows);
+        self.push(
+            &KernelSpec::new("softmax.wgsl"),
+            &[(&x.buf, None), (&y.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    fn elementwise(
+        &mut self,
+        op: &'static str,
+        spec: KernelSpec,
+        ins: &[&Tensor],
+        y: &Tensor,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        let n = ins.first().map_or(0, |t| t.len());
+        if ins.iter().any(|t| t.len() != n) || y.len() < n {
+            let lens: Vec<usize> = ins.iter().map(|t| t.len()).collect();
+            return Err(shape(
+                op,
+                format!(
+                    "input lengths {lens:?} must be equal and ≤ output {}",
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(op, y, ins)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let params = EltParams {
+            n: to_u32(op, "n", n)?,
+            scale,
+            dim: 0,
+            _pad: 0,
+        };
+        let mut buffers: Vec<(&wgpu::Buffer, Option<u64>)> =
+            ins.iter().map(|t| (&t.buf, None)).collect();
+        buffers.push((&y.buf, None));
+        let (gx, gy) = self.gpu.grid((n as u32).div_ceil(ELT_WG));
+        self.push(&spec, &buffers, &params, [gx, gy, 1])
+    }
+
+    /// `y = silu(g) * u`.
+    pub fn silu_mul(&mut self, g: &Tensor, u: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+        self.elementwise("silu_mul", glu_spec("silu"), &[g, u], y, 0.0)
+    }
+
+    /// `y = gelu_tanh(g) * u`.
+    pub fn gelu_mul(&mut self, g: &Tensor, u: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+        self.elementwise("gelu_mul", glu_spec("gelu_tanh"), &[g, u], y, 0.0)
+    }
+
+    /// `y = a + b`.
+    pub fn add(&mut self, a: &Tensor, b: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+        self.elementwise("add", binary_spec("+"), &[a, b], y, 0.0)
+    }
+
+    /// `y = a * b` element-wise.
+    pub fn mul(&mut self, a: &Tensor, b: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+        self.elementwise("mul", binary_spec("*"), &[a, b], y, 0.0)
+    }
+
+    /// `y = x * s`.
+    pub fn scale(&mut self, x: &Tensor, y: &Tensor, s: f32) -> Result<(), GpuError> {
+        self.elementwise("scale", KernelSpec::new("scale.wgsl"), &[x], y, s)
+    }
+
+    /// `y[i] = x[i] + b[i % dim]`: the row `b` (length `dim`) added to every
+    /// `dim`-row of `x` (biases).
+    pub fn add_rows(
+        &mut self,
+        x: &Tensor,
+        b: &Tensor,
+        y: &Tensor,
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "add_rows";
+        if dim == 0 || b.len() != dim || x.len() % dim != 0 || y.len() < x.len() {
+            return Err(shape(
+                OP,
+                format!(
+                    "x {} elements, row {}, y {}, dim {dim}",
+                    x.len(),
+                    b.len(),
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x, b])?;
+        if x.is_empty() {
+            return Ok(());
+        }
+        let n = to_u32(OP, "n", x.len())?;
+        let params = EltParams {
+            n,
+            dim: to_u32(OP, "dim", dim)?,
+            ..EltParams::default()
+        };
+        let (gx, gy) = self.gpu.grid(n.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("add_rows.wgsl"),
+            &[(&x.buf, None), (&b.buf, None), (&y.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// Copies `len` elements from `src[src_offset..]` to `dst[dst_offset..]`
+    /// inside the batch (e.g. new keys into a KV cache).
+    pub fn copy(
+        &mut self,
+        src: &Tensor,
+        src_offset: usize,
+        dst: &Tensor,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "copy";
+        let fits = |off: usize, t: &Tensor| off.checked_add(len).is_some_and(|e| e <= t.len());
+        if !fits(src_offset, src) || !fits(dst_offset, dst) {
+            return Err(shape(
+                OP,
+                format!(
+                    "{len} elements from {src_offset} of {} to {dst_offset} of {}",
+                    src.len(),
+                    dst.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, dst, &[src])?;
+        if len == 0 {
+            return Ok(());
+        }
+        let params = CopyParams {
+            n: to_u32(OP, "len", len)?,
+            src_offset: to_u32(OP, "src_offset", src_offset)?,
+            dst_offset: to_u32(OP, "dst_offset", dst_offset)?,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(params.n.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("copy_range.wgsl"),
+            &[(&src.buf, None), (&dst.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// Causal attention of `q` over the KV cache `k`, `v` into `out`, using
+    /// `scores` (≥ `n_tokens · n_head · (pos0 + n_tokens)` elements) as scratch.
+    /// Layouts: `q`, `out` = `[token][head][head_dim]`; `k`, `v` =
+    /// `[position][kv_head][head_dim]` (see `shaders/attention.wgsl`).
+    pub fn attention(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scores: &Tensor,
+        out: &Tensor,
+        a: &Attention,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "attention";
+        let kv_len = a.pos0 + a.n_tokens;
+        let q_len = a.n_tokens * a.n_head * a.head_dim;
+        let kv_need = kv_len * a.n_kv_head * a.head_dim;
+        if a.n_kv_head == 0
+            || a.head_dim == 0
+            || a.n_head % a.n_kv_head != 0
+            || q.len() < q_len
+            || out.len() < q_len
+            || k.len() < kv_need
+            || v.len() < kv_need
+            || scores.len() < a.n_tokens * a.n_head * kv_len
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{a:?}: q {}, k {}, v {}, scores {}, out {} elements",
+                    q.len(),
+                    k.len(),
+                    v.len(),
+                    scores.len(),
+                    out.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, scores, &[q, k, v, out])?;
+        Self::distinct(OP, out, &[q, k, v])?;
+        if a.n_tokens == 0 || a.n_head == 0 {
+            return Ok(());
+        }
+        let rows = to_u32(OP, "rows", a.n_tokens * a.n_head)?;
+        to_u32(OP, "scores", a.n_tokens * a.n_head * kv_len)?;
+        to_u32(OP, "cache", kv_need)?;
+        let params = AttnParams {
+            n_tokens: to_u32(OP, "n_tokens", a.n_tokens)?,
+            n_head: to_u32(OP, "n_head", a.n_head)?,
+            n_kv_head: to_u32(OP, "n_kv_head", a.n_kv_head)?,
+            head_dim: to_u32(OP, "head_dim", a.head_dim)?,
+            pos0: to_u32(OP, "pos0", a.pos0)?,
+            window: to_u32(OP, "window", a.window)?,
+            kv_len: to_u32(OP, "kv_len", kv_len)?,
+            scale: a.scale,
+        };
+        let (gx, gy) = self.gpu.grid(rows);
+        self.push(
+            &KernelSpec::new("attention.wgsl"),
+            &[
+                (&q.buf, None),
+                (&k.buf, None),
+                (&v.buf, None),
+                (&scores.buf, None),
+                (&out.buf, None),
+            ],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// Copies `words` 16-byte words from `src` to `dst` (bandwidth yardstick).
+    pub(crate) fn copy_words(
+        &mut self,
+        src: &wgpu::Buffer,
+        dst: &wgpu::Buffer,
+        words: u32,
+    ) -> Result<(), GpuError> {
+        let params = EltParams {
+            n: words,
+            ..EltParams::default()
+        };
+        let (gx, gy) = self.gpu.grid(words.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("copy.wgsl"),
+            &[(src, None), (dst, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+}

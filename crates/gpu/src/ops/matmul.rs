@@ -1,0 +1,251 @@
+//! Mat-vec and mat-mul over quantized weights, and row lookup.
+//!
+//! # Canonical reduction order (batch invariance)
+//!
+//! Column `j` of an N-column product `Y = W·X` is bit-identical to the
+//! 1-column product `W·x_j`, for every N and every kernel variant (mat-vec,
+//! small-N, tiled), because all of them compute each output `y[r]` with the
+//! same sequence of f32 operations:
+//!
+//! 1. The row is cut into *units* of 32 consecutive weights (every supported
+//!    block holds 1, 32 or 256 weights, so units never straddle blocks in an
+//!    awkward way; a float row whose length is not a multiple of 32 ends in a
+//!    short unit). Each weight is dequantized to f32 by the type's `dq16`
+//!    (`shaders/quant/*.wgsl`), and the unit's partial is
+//!    `s = 0; for j ascending: s = fma(w_j, x_j, s)` (`shaders/common/unit_dot.wgsl`).
+//! 2. There are `P = 32` lanes. Lane `l` sums the partials of units
+//!    `l, l+P, l+2P, …` in increasing order: `acc = 0; acc = acc + s_u`.
+//! 3. The lanes are combined by a fixed tree: `v[l] = v[l] + v[l+s]` for
+//!    `s = 16, 8, 4, 2, 1`; the output is `v[0]`.
+//!
+//! The mat-vec kernel gives each row P threads (one per lane); the small-N
+//! kernel is the same kernel with N accumulators per thread; the tiled kernel
+//! gives each thread one lane for a 4-row × 8-column block of outputs and
+//! walks the row P units at a time, so the dequantized weights of a step are
+//! shared by 64 columns while every output still sees exactly steps 1–3. All
+//! multiply-adds are explicit `fma`, so no compiler contraction choice can
+//! differ between kernels. Splitting a weight over several bindings changes
+//! only which dispatch computes a row, never the order within it.
+
+use lamina_gguf::GgmlType;
+
+use super::{shape, to_u32, Batch};
+use crate::buffer::{Tensor, Weight};
+use crate::error::GpuError;
+use crate::params::{MatParams, RowsParams};
+use crate::quant;
+use crate::shader::KernelSpec;
+
+/// Most activation columns the small-N kernel handles in one dispatch.
+pub const MAX_SMALL_COLS: usize = 8;
+/// Lanes per output (P above).
+pub const LANES: usize = 32;
+const MATVEC_ROWS_PER_WG: u32 = 256 / LANES as u32;
+const TILED_ROWS: u32 = 4;
+const TILED_COLS: u32 = 64;
+
+/// Which mat-mul kernel to run. All give bit-identical results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// Mat-vec for one column, small-N up to 8, tiled beyond.
+    Auto,
+    /// One mat-vec dispatch per column.
+    MatVec,
+    /// Small-N dispatches of up to 8 columns each.
+    Small,
+    /// The tiled kernel for any number of columns.
+    Tiled,
+}
+
+/// The activation columns of a mat-mul: column `c` is read from
+/// `x[x_offset + c·x_stride ..][..k]` and written to
+/// `y[y_offset + c·y_stride ..][..rows]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Columns {
+    pub n: usize,
+    pub x_offset: usize,
+    pub x_stride: usize,
+    pub y_offset: usize,
+    pub y_stride: usize,
+}
+
+impl Columns {
+    /// `n` columns stored one after another in both `x` and `y`.
+    pub fn packed(n: usize, w: &Weight) -> Self {
+        Columns {
+            n,
+            x_offset: 0,
+            x_stride: w.cols(),
+            y_offset: 0,
+            y_stride: w.rows(),
+        }
+    }
+}
+
+pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, GpuError> {
+    quant::shader_file(ty).ok_or(GpuError::NoKernel { ty, op })
+}
+
+/// The mat-vec kernel (`maxc` 1) or the small-N kernel (`maxc` 8, any
+/// column count up to 8 chosen at run time).
+pub(crate) fn matvec_spec(ty: GgmlType, maxc: usize) -> KernelSpec {
+    KernelSpec::new("matvec.wgsl")
+        .def("TYPE", quant::shader_file(ty).unwrap_or("none"))
+        .def("MAXC", maxc.to_string())
+}
+
+pub(crate) fn tiled_spec(ty: GgmlType) -> KernelSpec {
+    KernelSpec::new("matmul_tiled.wgsl").def("TYPE", quant::shader_file(ty).unwrap_or("none"))
+}
+
+pub(crate) fn get_rows_spec(ty: GgmlType) -> KernelSpec {
+    KernelSpec::new("get_rows.wgsl").def("TYPE", quant::shader_file(ty).unwrap_or("none"))
+}
+
+impl Batch<'_> {
+    /// `y[c] = w · x[c]` for `n` columns: `x` holds `n` vectors of `w.cols()`
+    /// values one after another, `y` receives `n` vectors of `w.rows()`.
+    pub fn matmul(&mut self, w: &Weight, x: &Tensor, y: &Tensor, n: usize) -> Result<(), GpuError> {
+        self.matmul_with(MatmulKernel::Auto, w, x, y, n)
+    }
+
+    /// [`Batch::matmul`] with a chosen kernel (benchmarks and invariance tests).
+    pub fn matmul_with(
+        &mut self,
+        kernel: MatmulKernel,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        self.matmul_strided(kernel, w, x, y, Columns::packed(n, w))
+    }
+
+    /// The general mat-mul: `y[y_offset + c·y_stride + r] = Σ_k w[r][k] ·
+    /// x[x_offset + c·x_stride + k]` for `c < cols.n` (e.g. to write a
+    /// projection straight into a slice of a larger buffer).
+    pub fn matmul_strided(
+        &mut self,
+        kernel: MatmulKernel,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        cols: Columns,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "matmul";
+        type_file(w.ty(), OP)?;
+        let n = cols.n;
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, rows) = (w.cols(), w.rows());
+        let end = |offset: usize, stride: usize, len: usize| {
+            offset
+                .saturating_add((n - 1).saturating_mul(stride))
+                .saturating_add(len)
+        };
+        let x_end = end(cols.x_offset, cols.x_stride, k);
+        let y_end = end(cols.y_offset, cols.y_stride, rows);
+        if x_end > x.len() || y_end > y.len() || (n > 1 && cols.y_stride < rows) {
+            return Err(shape(
+                OP,
+                format!(
+                    "{rows}×{k} weight with {cols:?} needs x ≥ {x_end} and y ≥ {y_end} elements \
+                     and y_stride ≥ {rows}, got x {} and y {}",
+                    x.len(),
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x])?;
+        self.check_binding(OP, x)?;
+        self.check_binding(OP, y)?;
+        to_u32(OP, "x elements", x_end)?;
+        to_u32(OP, "y elements", y_end)?;
+        let kernel = match kernel {
+            MatmulKernel::Auto if n == 1 => MatmulKernel::MatVec,
+            MatmulKernel::Auto if n <= MAX_SMALL_COLS => MatmulKernel::Small,
+            MatmulKernel::Auto => MatmulKernel::Tiled,
+            other => other,
+        };
+        let per = match kernel {
+            MatmulKernel::MatVec => 1,
+            MatmulKernel::Small => MAX_SMALL_COLS,
+            _ => n,
+        };
+        let mut c0 = 0;
+        while c0 < n {
+            let nc = per.min(n - c0);
+            for chunk in &w.chunks {
+                let params = MatParams {
+                    rows: chunk.rows,
+                    k: k as u32,
+                    row_bytes: w.row_bytes() as u32,
+                    ncols: nc as u32,
+                    row_offset: chunk.first_row,
+                    x_offset: (cols.x_offset + c0 * cols.x_stride) as u32,
+                    x_stride: cols.x_stride as u32,
+                    y_offset: (cols.y_offset + c0 * cols.y_stride) as u32,
+                    y_stride: cols.y_stride as u32,
+                    _pad: [0; 3],
+                };
+                let buffers = [(&chunk.buf, None), (&x.buf, None), (&y.buf, None)];
+                if kernel == MatmulKernel::Tiled {
+                    let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(TILED_ROWS));
+                    let gz = (nc as u32).div_ceil(TILED_COLS);
+                    self.push(&tiled_spec(w.ty()), &buffers, &params, [gx, gy, gz])?;
+                } else {
+                    let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(MATVEC_ROWS_PER_WG));
+                    let maxc = if nc == 1 { 1 } else { MAX_SMALL_COLS };
+                    self.push(&matvec_spec(w.ty(), maxc), &buffers, &params, [gx, gy, 1])?;
+                }
+            }
+            c0 += nc;
+        }
+        Ok(())
+    }
+
+    /// Row lookup: `y[i] = w[ids[i]]` dequantized to f32 (`w.cols()` values each).
+    /// Ids outside `0..w.rows()` leave their output row untouched.
+    pub fn get_rows(&mut self, w: &Weight, ids: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+        const OP: &str = "get_rows";
+        type_file(w.ty(), OP)?;
+        let n = ids.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let k = w.cols();
+        if y.len() < n * k {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n} rows of {k} need y ≥ {} elements, got {}",
+                    n * k,
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[ids])?;
+        self.check_binding(OP, y)?;
+        to_u32(OP, "y elements", n * k)?;
+        let groups_x = (k as u32).div_ceil(16).div_ceil(64);
+        let n = n as u32;
+        for chunk in &w.chunks {
+            let params = RowsParams {
+                k: k as u32,
+                row_bytes: w.row_bytes() as u32,
+                row_start: chunk.first_row,
+                rows: chunk.rows,
+                n_ids: n,
+                _pad: [0; 3],
+            };
+            self.push(
+                &get_rows_spec(w.ty()),
+                &[(&chunk.buf, None), (&ids.buf, None), (&y.buf, None)],
+                &params,
+                [groups_x, n.min(65535), n.div_ceil(65535)],
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! Recording kernels into a [`Batch`] and submitting them in one command
+//! buffer: one compute pass, all parameters in one uniform buffer.
+//!
+//! * [`matmul`]: mat-vec / mat-mul per weight type and row lookup; its docs
+//!   state the canonical reduction order that makes every mat-mul batch
+//!   invariant.
+//! * `elementwise`: RMSNorm, RoPE, softmax, attention, gated activations,
+//!   add, bias rows, scale, copy.
+
+mod elementwise;
+pub mod matmul;
+
+#[cfg(test)]
+pub(crate) use elementwise::elementwise_specs;
+pub use elementwise::{Attention, Rope};
+#[cfg(test)]
+pub(crate) use matmul::{get_rows_spec, matvec_spec, tiled_spec};
+pub use matmul::{Columns, MatmulKernel, LANES, MAX_SMALL_COLS};
+
+use std::sync::Arc;
+
+use bytemuck::Pod;
+
+use crate::buffer::Tensor;
+use crate::device::Gpu;
+use crate::error::GpuError;
+use crate::shader::{KernelSpec, Pipeline};
+
+/// A buffer range bound at one binding slot.
+struct Binding {
+    buf: wgpu::Buffer,
+    size: Option<u64>,
+}
+
+/// One recorded dispatch.
+struct Dispatch {
+    pipeline: Arc<Pipeline>,
+    bindings: Vec<Binding>,
+    params: Vec<u8>,
+    groups: [u32; 3],
+}
+
+/// Kernels recorded for one submission. Nothing runs until [`Batch::submit`],
+/// which encodes every dispatch into one compute pass, with all parameters in
+/// one uniform buffer.
+pub struct Batch<'g> {
+    gpu: &'g Gpu,
+    dispatches: Vec<Dispatch>,
+}
+
+pub(crate) fn shape(op: &'static str, message: String) -> GpuError {
+    GpuError::Shape { op, message }
+}
+
+pub(crate) fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32, GpuError> {
+    u32::try_from(v).map_err(|_| shape(op, format!("{what} = {v} exceeds u32")))
+}
+
+impl Gpu {
+    /// An empty batch of kernels.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            gpu: self,
+            dispatches: Vec::new(),
+        }
+    }
+
+    /// Splits `n` workgroups over x and y so neither exceeds the device's
+    /// per-dimension limit; kernels linearise `wid.x + wid.y * nwg.x` and skip
+    /// the excess.
+    pub(crate) fn grid(&self, n: u32) -> (u32, u32) {
+        let max = self.limits().max_compute_workgroups_per_dimension.max(1);
+        if n <= max {
+            return (n.max(1), 1);
+        }
+        let y = n.div_ceil(max);
+        (n.div_ceil(y), y)
+    }
+}
+
+impl<'g> Batch<'g> {
+    pub(crate) fn push<P: Pod>(
+        &mut self,
+        spec: &KernelSpec,
+        buffers: &[(&wgpu::Buffer, Option<u64>)],
+        params: &P,
+        groups: [u32; 3],
+    ) -> Result<(), GpuError> {
+        let pipeline = self.gpu.pipeline(spec)?;
+        self.dispatches.push(Dispatch {
+            pipeline,
+            bindings: buffers
+                .iter()
+                .map(|(b, size)| Binding {
+                    buf: (*b).clone(),
+                    size: *size,
+                })
+                .collect(),
+            params: bytemuck::bytes_of(params).to_vec(),
+            groups,
+        });
+        Ok(())
+    }
+
+    pub(crate) fn check_binding(&self, op: &'static str, t: &Tensor) -> Result<(), GpuError> {
+        let bytes = t.len() as u64 * 4;
+        let limit = self.gpu.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(GpuError::TooLarge {
+                what: format!("{op} activation tensor"),
+                bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn distinct(
+        op: &'static str,
+        out: &Tensor,
+        ins: &[&Tensor],
+    ) -> Result<(), GpuError> {
+        if ins.iter().any(|t| t.buf == out.buf) {
+            return Err(shape(op, "the output must not be one of the inputs".into()));
+        }
+        Ok(())
+    }
+
+    /// Number of dispatches recorded so far.
+    pub fn len(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dispatches.is_empty()
+    }
+
+    /// Encodes every recorded dispatch into one compute pass and submits it.
+    /// Returns once submitted; [`Gpu::wait`] or a read blocks until done.
+    pub fn submit(self) -> Result<(), GpuError> {
+        let gpu = self.gpu;
+        if self.dispatches.is_empty() {
+            return Ok(());
+        }
+        let align = u64::from(gpu.limits().min_uniform_buffer_offset_alignment.max(16));
+        let mut offsets = Vec::with_capacity(self.dispatches.len());
+        let mut blob: Vec<u8> = Vec::new();
+        for d in &self.dispatches {
+            let at = (blob.len() as u64).div_ceil(align) * align;
+            blob.resize(at as usize, 0);
+            offsets.push(at);
+            blob.extend_from_slice(&d.params);
+        }
+        let uniforms = gpu.scoped("kernel parameters", blob.len() as u64, || {
+            let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: blob.len() as u64,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            gpu.queue.write_buffer(&buf, 0, &blob);
+            buf
+        })?;
+        gpu.scoped("kernel dispatch", 0, || {
+            let mut enc = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("batch"),
+                });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("batch"),
+                    timestamp_writes: None,
+                });
+                for (d, &offset) in self.dispatches.iter().zip(&offsets) {
+                    let mut entries: Vec<wgpu::BindGroupEntry> = d
+                        .bindings
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| wgpu::BindGroupEntry {
+                            binding: i as u32,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &b.buf,
+                                offset: 0,
+                                size: b.size.and_then(wgpu::BufferSize::new),
+                            }),
+                        })
+                        .collect();
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: d.bindings.len() as u32,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &uniforms,
+                            offset,
+                            size: wgpu::BufferSize::new(d.params.len() as u64),
+                        }),
+                    });
+                    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &d.pipeline.layout,
+                        entries: &entries,
+                    });
+                    pass.set_pipeline(&d.pipeline.pipeline);
+                    pass.set_bind_group(0, &group, &[]);
+                    let [x, y, z] = d.groups;
+                    pass.dispatch_workgroups(x, y, z);
+                }
+            }
+            gpu.queue.submit([enc.finish()]);
+        })
+    }
+}
