@@ -56,7 +56,7 @@ sources!(
     "binary.wgsl",
     "scale.wgsl",
     "copy.wgsl",
-    "copy_range.wgsl",
+    "copy_f32.wgsl",
     "add_rows.wgsl",
     "attention.wgsl",
 );

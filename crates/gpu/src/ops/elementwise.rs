@@ -59,7 +59,7 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
         binary_spec("*"),
         KernelSpec::new("scale.wgsl"),
         KernelSpec::new("copy.wgsl"),
-        KernelSpec::new("copy_range.wgsl"),
+        KernelSpec::new("copy_f32.wgsl"),
         KernelSpec::new("add_rows.wgsl"),
         KernelSpec::new("attention.wgsl"),
     ]
@@ -315,7 +315,7 @@ impl Batch<'_> {
         };
         let (gx, gy) = self.gpu.grid(params.n.div_ceil(ELT_WG));
         self.push(
-            &KernelSpec::new("copy_range.wgsl"),
+            &KernelSpec::new("copy_f32.wgsl"),
             &[(&src.buf, None), (&dst.buf, None)],
             &params,
             [gx, gy, 1],
