@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::config::{Activation, Config};
 use crate::error::ModelError;
 use crate::ops;
-use crate::weights::{Layer, Weights};
+use crate::weights::Weights;
 
 /// Keys and values of every layer, for positions `0..len`.
 pub struct KvCache {
@@ -22,11 +22,17 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(c: &Config, n_ctx: usize) -> Self {
+        Self::for_layers(c, n_ctx, c.n_layer)
+    }
+
+    /// A cache for the first `n_layers` layers only (the ones on the CPU when
+    /// the rest are offloaded: placement always offloads a suffix).
+    pub fn for_layers(c: &Config, n_ctx: usize, n_layers: usize) -> Self {
         let kv_dim = c.kv_dim();
         Self {
             n_ctx,
-            k: vec![vec![0.0; n_ctx * kv_dim]; c.n_layer],
-            v: vec![vec![0.0; n_ctx * kv_dim]; c.n_layer],
+            k: vec![vec![0.0; n_ctx * kv_dim]; n_layers],
+            v: vec![vec![0.0; n_ctx * kv_dim]; n_layers],
             len: 0,
         }
     }
@@ -58,6 +64,16 @@ pub enum Logits {
     From(usize),
 }
 
+impl Logits {
+    /// The first batch index that gets logits, for a batch of `n`.
+    pub fn first(self, n: usize) -> usize {
+        match self {
+            Logits::Last => n.saturating_sub(1),
+            Logits::From(i) => i.min(n),
+        }
+    }
+}
+
 pub struct CpuModel<'a> {
     pub config: Config,
     pub weights: Weights<'a>,
@@ -78,16 +94,32 @@ impl<'a> CpuModel<'a> {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        let c = &self.config;
-        let (n, e) = (tokens.len(), c.n_embd);
         let pos0 = cache.len;
-        if pos0 + n > cache.n_ctx {
+        self.check_room(tokens.len(), pos0, cache.n_ctx)?;
+        let mut x = self.embed(tokens)?;
+        for il in 0..self.config.n_layer {
+            self.layer(il, &mut x, tokens.len(), pos0, cache)?;
+        }
+        cache.len = pos0 + tokens.len();
+        self.head(&x, tokens.len(), which)
+    }
+
+    pub(crate) fn check_room(&self, n: usize, pos0: usize, n_ctx: usize) -> Result<(), ModelError> {
+        if pos0 + n > n_ctx {
             return Err(ModelError::ContextFull {
                 pos: pos0 + n,
-                n_ctx: cache.n_ctx,
+                n_ctx,
             });
         }
-        let mut x = vec![0.0f32; n * e];
+        Ok(())
+    }
+
+    /// The token embedding rows (scaled where the architecture says), always
+    /// looked up on the CPU from the map.
+    pub(crate) fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let e = c.n_embd;
+        let mut x = vec![0.0f32; tokens.len() * e];
         for (t, &id) in tokens.iter().enumerate() {
             if id as usize >= c.n_vocab {
                 return Err(ModelError::BadToken {
@@ -101,15 +133,14 @@ impl<'a> CpuModel<'a> {
                 row.iter_mut().for_each(|v| *v *= s);
             }
         }
-        for (il, layer) in self.weights.layers.iter().enumerate() {
-            self.layer(il, layer, &mut x, n, pos0, cache)?;
-        }
-        cache.len = pos0 + n;
+        Ok(x)
+    }
 
-        let first = match which {
-            Logits::Last => n.saturating_sub(1),
-            Logits::From(i) => i.min(n),
-        };
+    /// Final norm and output head for the positions `which` selects.
+    pub(crate) fn head(&self, x: &[f32], n: usize, which: Logits) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let e = c.n_embd;
+        let first = which.first(n);
         let mut h = x[first * e..].to_vec();
         let m = n - first;
         for row in h.chunks_mut(e) {
@@ -120,15 +151,21 @@ impl<'a> CpuModel<'a> {
         Ok(logits)
     }
 
-    fn layer(
+    /// Advances the cache after the layers of a step ran elsewhere too.
+    pub(crate) fn commit(cache: &mut KvCache, len: usize) {
+        cache.len = len;
+    }
+
+    /// Runs layer `il` on the CPU over `n` tokens starting at position `pos0`.
+    pub(crate) fn layer(
         &self,
         il: usize,
-        l: &Layer<'_>,
         x: &mut [f32],
         n: usize,
         pos0: usize,
         cache: &mut KvCache,
     ) -> Result<(), ModelError> {
+        let l = &self.weights.layers[il];
         let c = &self.config;
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
 

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod cpu;
 pub mod error;
+pub mod gpu;
 pub mod ops;
 pub mod plan;
 pub mod weights;
@@ -11,4 +12,5 @@ pub mod weights;
 pub use config::{Activation, Arch, Config};
 pub use cpu::{CpuModel, KvCache, Logits};
 pub use error::ModelError;
+pub use gpu::{HybridCache, HybridModel};
 pub use weights::{Layer, Matrix, Weights};
