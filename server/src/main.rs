@@ -10,6 +10,7 @@ use lamina_gguf::{LoadMode, Model};
 mod devices;
 mod fit;
 mod inspect;
+mod load;
 mod run;
 
 #[derive(Parser)]
@@ -76,6 +77,19 @@ enum Command {
         json: bool,
         #[arg(long)]
         no_mmap: bool,
+        /// Slots on the GPU: blocks plus the output layer, which goes first
+        /// (llama.cpp's rule); `all`, or `auto` to fit --gpu-memory (hardware
+        /// GPUs only).
+        #[arg(
+            long = "n-gpu-layers",
+            visible_alias = "ngl",
+            short = 'g',
+            default_value = "auto"
+        )]
+        ngl: load::Ngl,
+        /// GPU memory budget for placement, e.g. 6GiB.
+        #[arg(long, value_parser = parse_size)]
+        gpu_memory: Option<u64>,
     },
     /// Plan layer placement for a GPU memory budget, from the header alone.
     Fit {
@@ -136,6 +150,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             threads,
             json,
             no_mmap,
+            ngl,
+            gpu_memory,
         } => {
             if let Some(t) = threads {
                 rayon::ThreadPoolBuilder::new()
@@ -157,6 +173,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 chat,
                 json,
                 no_mmap,
+                ngl,
+                gpu_memory,
             })?
         }
         Command::Fit {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use lamina_chat::{builtin_for, ChatTemplate, RenderOptions};
 use lamina_gguf::{LoadMode, Model};
-use lamina_model::{CpuModel, KvCache, Logits};
+use lamina_model::Logits;
 use lamina_sampling::{Sampler, SamplerConfig};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
 use serde_json::json;
@@ -29,6 +29,8 @@ pub struct RunArgs {
     pub chat: bool,
     pub json: bool,
     pub no_mmap: bool,
+    pub ngl: crate::load::Ngl,
+    pub gpu_memory: Option<u64>,
 }
 
 /// What a generation produced, and how long each phase took.
@@ -49,7 +51,13 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         LoadMode::Mmap
     };
     let file = Model::open(&a.file, mode)?;
-    let model = CpuModel::load(&file).context("loading the model")?;
+    let load_args = crate::load::LoadArgs {
+        ngl: a.ngl,
+        gpu_memory: a.gpu_memory,
+        n_ctx: a.n_ctx,
+        n_parallel: 1,
+    };
+    let model = crate::load::load(&file, &load_args, a.json)?;
     let tok = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let load_ms = ms(t0);
 
@@ -69,10 +77,10 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
     }
     let n_ctx = a
         .n_ctx
-        .min(model.config.context_length)
+        .min(model.config().context_length)
         .max(prompt.len() + 1);
     let budget = a.n_predict.min(n_ctx - prompt.len());
-    let mut cache = KvCache::new(&model.config, n_ctx);
+    let mut cache = model.new_cache(n_ctx)?;
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,

@@ -128,3 +128,44 @@ fn gemma3_greedy_matches_llama_cpp() {
         3,
     );
 }
+
+/// Placement changes where layers run, not what they compute: greedy tokens
+/// are the same with no layer, half the layers, or all on the GPU (lavapipe).
+#[test]
+fn greedy_tokens_do_not_depend_on_placement() {
+    let m = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let tokens = |ngl: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["run", "-m", m.to_str().unwrap(), "-p", "Once upon a time"])
+            .args(["-n", "8", "--temp", "0", "-c", "64", "--json", "--ngl", ngl])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "--ngl {ngl}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        ids(&v["tokens"])
+    };
+    let cpu = tokens("0");
+    assert_eq!(cpu.len(), 8);
+    assert_eq!(tokens("16"), cpu, "-ngl 16");
+    assert_eq!(tokens("all"), cpu, "-ngl all");
+}
+
+#[test]
+fn an_ngl_over_the_budget_fails_before_allocating() {
+    let m = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["run", "-m", m.to_str().unwrap(), "-p", "x", "-n", "1"])
+        .args(["--ngl", "all", "--gpu-memory", "64MiB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("-ngl 31 needs") && err.contains("budget allows"),
+        "{err}"
+    );
+}

@@ -1,0 +1,195 @@
+//! Loading a model the way a user asked: open the file, choose the GPU
+//! adapter, plan the placement (`-ngl N|auto|all`, `--gpu-memory`) before any
+//! GPU allocation, print the plan, then upload the offloaded layers straight
+//! from the map.
+
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _};
+use lamina_gguf::Model;
+use lamina_gpu::{Gpu, GpuOptions};
+use lamina_model::plan::{self, Device, Plan, PlanParams};
+use lamina_model::{Config, CpuModel, HybridModel};
+
+use crate::inspect::human_size;
+
+/// Budget assumed by `-ngl auto` when `--gpu-memory` is not given: wgpu
+/// reports limits, not free memory, so we assume the smallest common
+/// discrete card rather than risk an out-of-memory on the first prompt.
+pub const DEFAULT_AUTO_BUDGET: u64 = 4 << 30;
+
+/// `-ngl`: a number of slots (blocks + the output layer), `all`, or `auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ngl {
+    Auto,
+    All,
+    Layers(usize),
+}
+
+impl FromStr for Ngl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Ngl::Auto),
+            "all" => Ok(Ngl::All),
+            n => n
+                .parse()
+                .map(Ngl::Layers)
+                .map_err(|_| format!("{n:?} is not a number of layers, `all` or `auto`")),
+        }
+    }
+}
+
+pub struct LoadArgs {
+    pub ngl: Ngl,
+    pub gpu_memory: Option<u64>,
+    pub n_ctx: usize,
+    pub n_parallel: usize,
+}
+
+/// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
+/// rasteriser such as lavapipe is slower than the CPU path), an explicit
+/// count uses whatever adapter there is.
+fn open_gpu(ngl: Ngl) -> anyhow::Result<Option<Arc<Gpu>>> {
+    if ngl == Ngl::Layers(0) {
+        return Ok(None);
+    }
+    let adapters = lamina_gpu::list_adapters();
+    let hardware = adapters.iter().any(|a| a.compute && a.device_type != "cpu");
+    if ngl == Ngl::Auto && !hardware {
+        return Ok(None);
+    }
+    match Gpu::new(GpuOptions::default()) {
+        Ok(g) => Ok(Some(Arc::new(g))),
+        Err(e) if ngl == Ngl::Auto => {
+            eprintln!("lamina: no usable GPU ({e}); running on the CPU");
+            Ok(None)
+        }
+        Err(e) => Err(e).context("opening the GPU for -ngl"),
+    }
+}
+
+/// Chooses the plan for `-ngl` within the budget, before anything is allocated.
+pub fn choose_plan(
+    model: &Model,
+    cfg: &Config,
+    a: &LoadArgs,
+    have_gpu: bool,
+) -> anyhow::Result<Plan> {
+    let params = PlanParams {
+        n_ctx: a.n_ctx,
+        n_parallel: a.n_parallel,
+        ..PlanParams::default()
+    };
+    let all = cfg.n_layer + 1;
+    if !have_gpu {
+        return Ok(plan::plan(model, cfg, 0, &params));
+    }
+    let p = match a.ngl {
+        Ngl::Auto => plan::fit(
+            model,
+            cfg,
+            a.gpu_memory.unwrap_or(DEFAULT_AUTO_BUDGET),
+            &params,
+        ),
+        Ngl::All => plan::plan(model, cfg, all, &params),
+        Ngl::Layers(n) => plan::plan(model, cfg, n, &params),
+    };
+    if let (Some(budget), Ngl::All | Ngl::Layers(_)) = (a.gpu_memory, a.ngl) {
+        let usable = budget.saturating_sub(plan::margin(budget));
+        if p.gpu_total() > usable {
+            bail!(
+                "-ngl {} needs {} of GPU memory (weights {}, KV cache {}, scratch {}) but the budget \
+                 allows {} ({} less a margin of {}); `lamina fit` shows what fits",
+                p.ngl,
+                human_size(p.gpu_total()),
+                human_size(p.gpu_weights),
+                human_size(p.gpu_kv),
+                human_size(p.gpu_scratch),
+                human_size(usable),
+                human_size(budget),
+                human_size(plan::margin(budget))
+            );
+        }
+    }
+    Ok(p)
+}
+
+/// The placement table, printed at load as llama.cpp prints its buffers.
+pub fn plan_table(p: &Plan, device: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "placement ({device}):");
+    let _ = writeln!(
+        out,
+        "  {:<10} {:<6} {:>12} {:>12}",
+        "slot", "device", "weights", "KV cache"
+    );
+    let _ = writeln!(
+        out,
+        "  {:<10} {:<6} {:>12} {:>12}",
+        "token_embd",
+        "CPU",
+        human_size(p.embd_bytes),
+        "-"
+    );
+    // Runs of consecutive slots on one device, so 30 blocks are not 30 lines.
+    let mut i = 0;
+    while i < p.slots.len() {
+        let s = &p.slots[i];
+        let mut j = i;
+        let (mut w, mut kv) = (0, 0);
+        while j < p.slots.len()
+            && p.slots[j].device == s.device
+            && (p.slots[j].name == "output") == (s.name == "output")
+        {
+            w += p.slots[j].weight_bytes;
+            kv += p.slots[j].kv_bytes;
+            j += 1;
+        }
+        let name = if j - i == 1 {
+            s.name.clone()
+        } else {
+            format!("blk.{}-{}", i, j - 1)
+        };
+        let dev = match s.device {
+            Device::Cpu => "CPU",
+            Device::Gpu => "GPU",
+        };
+        let _ = writeln!(
+            out,
+            "  {name:<10} {dev:<6} {:>12} {:>12}",
+            human_size(w),
+            human_size(kv)
+        );
+        i = j;
+    }
+    let _ = writeln!(
+        out,
+        "  GPU: weights {}, KV {}, scratch {}, total {}; CPU: weights {}, KV {}",
+        human_size(p.gpu_weights),
+        human_size(p.gpu_kv),
+        human_size(p.gpu_scratch),
+        human_size(p.gpu_total()),
+        human_size(p.cpu_weights),
+        human_size(p.cpu_kv)
+    );
+    out.push_str(&crate::fit::summary(p));
+    out
+}
+
+/// Builds the model as `a` asks, printing the plan to stderr unless `quiet`.
+pub fn load<'m>(model: &'m Model, a: &LoadArgs, quiet: bool) -> anyhow::Result<HybridModel<'m>> {
+    let cpu = CpuModel::load(model).context("loading the model")?;
+    let gpu = open_gpu(a.ngl)?;
+    let p = choose_plan(model, &cpu.config, a, gpu.is_some())?;
+    let device = gpu
+        .as_ref()
+        .map_or("no GPU".to_owned(), |g| g.adapter_info().name.clone());
+    if !quiet {
+        eprintln!("{}", plan_table(&p, &device));
+    }
+    let gpu = if p.ngl > 0 { gpu } else { None };
+    Ok(HybridModel::new(cpu, p, gpu)?)
+}
