@@ -9,9 +9,11 @@ use lamina_gguf::{LoadMode, Model};
 
 mod devices;
 mod fit;
+mod http;
 mod inspect;
 mod load;
 mod run;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -90,6 +92,58 @@ enum Command {
         /// GPU memory budget for placement, e.g. 6GiB.
         #[arg(long, value_parser = parse_size)]
         gpu_memory: Option<u64>,
+    },
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve {
+        #[arg(short = 'm', long = "model", env = "LAMINA_MODEL")]
+        file: PathBuf,
+        /// Address to bind; the default keeps the server on this machine.
+        #[arg(long, env = "LAMINA_HOST", default_value = "127.0.0.1")]
+        host: String,
+        /// 0 picks a free port (the log says which).
+        #[arg(long, env = "LAMINA_PORT", default_value_t = 8080)]
+        port: u16,
+        /// Total context, split evenly over the slots (default: 4096 per slot,
+        /// or the model's training context if smaller).
+        #[arg(short = 'c', long = "ctx-size", env = "LAMINA_CTX_SIZE")]
+        ctx: Option<usize>,
+        /// Requests decoded at once, each in its own slot.
+        #[arg(
+            long,
+            visible_alias = "np",
+            env = "LAMINA_PARALLEL",
+            default_value_t = 4
+        )]
+        parallel: usize,
+        /// Require this key (`Authorization: Bearer KEY`) on every route but /health.
+        #[arg(
+            long,
+            env = "LAMINA_API_KEY",
+            conflicts_with = "api_key_file",
+            hide_env_values = true
+        )]
+        api_key: Option<String>,
+        /// Read the API key from a file.
+        #[arg(long, env = "LAMINA_API_KEY_FILE")]
+        api_key_file: Option<PathBuf>,
+        /// A Jinja chat template to use instead of the file's.
+        #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
+        chat_template_file: Option<PathBuf>,
+        /// Requests that may wait for a slot; past that, 503 at once.
+        #[arg(long, env = "LAMINA_MAX_QUEUE", default_value_t = 64)]
+        max_queue: usize,
+        /// Upper bound on max_tokens, and the default when a request gives none.
+        #[arg(long, env = "LAMINA_MAX_TOKENS", default_value_t = 4096)]
+        max_tokens: usize,
+        /// Seconds a request may run before it ends with finish_reason "length".
+        #[arg(long = "timeout", env = "LAMINA_TIMEOUT", default_value_t = 600)]
+        timeout_s: u64,
+        /// Largest request body accepted, e.g. 1MiB.
+        #[arg(long, env = "LAMINA_BODY_LIMIT", value_parser = parse_size, default_value = "1MiB")]
+        body_limit: u64,
+        /// CPU threads (default: all cores).
+        #[arg(short = 't', long, env = "LAMINA_THREADS")]
+        threads: Option<usize>,
     },
     /// Plan layer placement for a GPU memory budget, from the header alone.
     Fit {
@@ -175,6 +229,42 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 no_mmap,
                 ngl,
                 gpu_memory,
+            })?
+        }
+        Command::Serve {
+            file,
+            host,
+            port,
+            ctx,
+            parallel,
+            api_key,
+            api_key_file,
+            chat_template_file,
+            max_queue,
+            max_tokens,
+            timeout_s,
+            body_limit,
+            threads,
+        } => {
+            if let Some(t) = threads {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t.max(1))
+                    .build_global()
+                    .context("starting the CPU thread pool")?;
+            }
+            serve::run(serve::ServeArgs {
+                file,
+                host,
+                port,
+                n_ctx: ctx,
+                parallel,
+                api_key,
+                api_key_file,
+                chat_template_file,
+                max_queue,
+                max_tokens,
+                timeout_s,
+                body_limit: usize::try_from(body_limit).unwrap_or(usize::MAX),
             })?
         }
         Command::Fit {

@@ -151,12 +151,12 @@ impl Engine {
 
     /// Blocks until the model is loaded or failed, or `timeout` passes.
     pub fn wait_ready(&self, timeout: Duration) -> Result<Arc<ModelInfo>, EngineError> {
-        let end = Instant::now() + timeout;
+        let end = Instant::now().checked_add(timeout);
         loop {
             match self.status() {
                 Status::Ready(info) => return Ok(info),
                 Status::Failed(e) => return Err(EngineError::Load(e)),
-                Status::Loading if Instant::now() >= end => {
+                Status::Loading if end.is_some_and(|end| Instant::now() >= end) => {
                     return Err(EngineError::NotReady("still loading".into()))
                 }
                 Status::Loading => std::thread::sleep(Duration::from_millis(10)),

@@ -343,10 +343,12 @@ fn sample_one(
     // Log-probabilities describe the model, before bias and penalties.
     let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
     let id = seq.sampler.sample(logits, &seq.history);
+    // The end-of-generation token counts as generated, as llama-server
+    // counts it (`predicted_n`, `completion_tokens`), though it is not shown.
+    seq.generated += 1;
     if ctx.tok.is_eog(id) {
         return Some(Exit::Finished(FinishReason::Stop));
     }
-    seq.generated += 1;
     seq.history.push(id);
     let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));
     if seq.events.send(Event::Token { id, logprob }).is_err() {

@@ -1,0 +1,278 @@
+//! `lamina bench`: figures, never assertions.
+//!
+//! - `lamina bench kernels`: mat-vec GB/s per weight type on the GPU beside a
+//!   plain copy kernel on the same device, mat-mul GFLOP/s at 512 columns, and
+//!   the CPU kernels beside a memcpy of the same bytes.
+//! - `lamina bench model -m FILE`: prompt processing and generation tokens/s,
+//!   as `llama-bench -p 128 -n 64` measures them, for a chosen `-ngl`.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use lamina_gguf::{GgmlType, LoadMode, Model};
+use lamina_gpu::{Gpu, GpuOptions, MatmulKernel};
+use lamina_model::Logits;
+use serde_json::json;
+
+use crate::load::{LoadArgs, Ngl};
+
+/// Types the kernels issue covers on both devices.
+const TYPES: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
+];
+
+pub struct KernelArgs {
+    pub rows: usize,
+    pub cols: usize,
+    pub iters: u32,
+    pub gpu: bool,
+    pub cpu: bool,
+    pub matmul_cols: usize,
+    pub json: bool,
+}
+
+fn row_bytes(ty: GgmlType, cols: usize) -> usize {
+    ty.bytes_for(cols as u64).unwrap_or(0) as usize
+}
+
+/// Deterministic filler: the kernels' speed does not depend on the values.
+fn filler(len: usize) -> Vec<u8> {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Keep f16/bf16 fields finite: clear the top exponent bit.
+            (s as u8) & 0xbf
+        })
+        .collect()
+}
+
+pub fn kernels(a: &KernelArgs) -> anyhow::Result<()> {
+    let mut rows_out = Vec::new();
+    if a.gpu {
+        let gpu = Gpu::new(GpuOptions::default()).context("opening the GPU")?;
+        let name = gpu.adapter_info().name.clone();
+        let report = lamina_gpu::bench::report(&gpu, a.rows, a.cols, a.iters)?;
+        let copy = report.first().map_or(0.0, |t| t.gb_per_s());
+        if !a.json {
+            println!(
+                "GPU: {name}; mat-vec {}×{}, {} iterations per type",
+                a.rows, a.cols, a.iters
+            );
+            println!(
+                "  {:<8} {:>10} {:>10} {:>9} {:>8}",
+                "type", "MiB", "µs", "GB/s", "of copy"
+            );
+        }
+        for t in &report {
+            let frac = t.gb_per_s() / copy.max(f64::MIN_POSITIVE);
+            if !a.json {
+                println!(
+                    "  {:<8} {:>10.1} {:>10.1} {:>9.2} {:>7.0}%",
+                    t.label,
+                    t.bytes_per_iter as f64 / 1048576.0,
+                    t.micros(),
+                    t.gb_per_s(),
+                    100.0 * frac
+                );
+            }
+            rows_out.push(json!({"device": "gpu", "op": if t.label == "copy" {"copy"} else {"matvec"},
+                "type": t.label, "bytes": t.bytes_per_iter, "us": t.micros(), "gb_per_s": t.gb_per_s(),
+                "fraction_of_copy": frac}));
+        }
+        if a.matmul_cols > 1 {
+            if !a.json {
+                println!("  mat-mul at {} columns:", a.matmul_cols);
+            }
+            for ty in [
+                GgmlType::F16,
+                GgmlType::Q4_0,
+                GgmlType::Q8_0,
+                GgmlType::Q4K,
+                GgmlType::Q6K,
+            ] {
+                let t = lamina_gpu::bench::matmul(
+                    &gpu,
+                    ty,
+                    a.rows,
+                    a.cols,
+                    a.matmul_cols,
+                    MatmulKernel::Auto,
+                    1,
+                )?;
+                let gflops = 2.0 * (a.rows * a.cols * a.matmul_cols) as f64 / t.seconds / 1e9;
+                if !a.json {
+                    println!(
+                        "  {:<8} {:>10.1} ms {:>9.2} GFLOP/s",
+                        ty.name(),
+                        t.seconds * 1e3,
+                        gflops
+                    );
+                }
+                rows_out.push(json!({"device": "gpu", "op": "matmul", "type": ty.name(),
+                    "cols": a.matmul_cols, "ms": t.seconds * 1e3, "gflop_per_s": gflops}));
+            }
+        }
+    }
+    if a.cpu {
+        let threads = rayon::current_num_threads();
+        let x: Vec<f32> = (0..a.cols)
+            .map(|i| ((i % 17) as f32 - 8.0) * 0.01)
+            .collect();
+        let mut y = vec![0.0f32; a.rows];
+        let largest = TYPES
+            .iter()
+            .map(|&t| row_bytes(t, a.cols) * a.rows)
+            .max()
+            .unwrap_or(0);
+        let src = filler(largest);
+        let mut dst = vec![0u8; largest];
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            dst.copy_from_slice(&src);
+            std::hint::black_box(&mut dst);
+        }
+        let copy_gbs = (largest as f64 * f64::from(a.iters)) / t0.elapsed().as_secs_f64() / 1e9;
+        if !a.json {
+            println!(
+                "CPU: {threads} threads; mat-vec {}×{}; memcpy {copy_gbs:.2} GB/s",
+                a.rows, a.cols
+            );
+            println!(
+                "  {:<8} {:>10} {:>10} {:>9} {:>8}",
+                "type", "MiB", "µs", "GB/s", "of copy"
+            );
+        }
+        rows_out
+            .push(json!({"device": "cpu", "op": "memcpy", "bytes": largest, "gb_per_s": copy_gbs}));
+        for ty in TYPES {
+            let bytes = row_bytes(ty, a.cols) * a.rows;
+            let w = &src[..bytes];
+            lamina_quant::matvec(ty, w, a.rows, a.cols, &x, &mut y)?;
+            let t0 = Instant::now();
+            for _ in 0..a.iters {
+                lamina_quant::matvec(ty, w, a.rows, a.cols, &x, &mut y)?;
+                std::hint::black_box(&mut y);
+            }
+            let secs = t0.elapsed().as_secs_f64() / f64::from(a.iters);
+            let gbs = bytes as f64 / secs / 1e9;
+            if !a.json {
+                println!(
+                    "  {:<8} {:>10.1} {:>10.1} {:>9.2} {:>7.0}%",
+                    ty.name(),
+                    bytes as f64 / 1048576.0,
+                    secs * 1e6,
+                    gbs,
+                    100.0 * gbs / copy_gbs
+                );
+            }
+            rows_out.push(
+                json!({"device": "cpu", "op": "matvec", "type": ty.name(), "bytes": bytes,
+                "us": secs * 1e6, "gb_per_s": gbs, "fraction_of_copy": gbs / copy_gbs}),
+            );
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Array(rows_out));
+    }
+    Ok(())
+}
+
+pub struct ModelArgs {
+    pub file: std::path::PathBuf,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub reps: usize,
+    pub ngl: Ngl,
+    pub json: bool,
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n;
+    (m, var.sqrt())
+}
+
+pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
+    let file = Model::open(&a.file, LoadMode::Mmap)?;
+    let n_ctx = a.n_prompt + a.n_gen + 1;
+    let load_args = LoadArgs {
+        ngl: a.ngl,
+        gpu_memory: None,
+        n_ctx,
+        n_parallel: 1,
+    };
+    let m = crate::load::load(&file, &load_args, a.json)?;
+    let vocab = m.config().n_vocab as u64;
+    // Arbitrary but fixed token ids spread over the vocabulary.
+    let prompt: Vec<u32> = (0..a.n_prompt as u64)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
+        .collect();
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps.max(1) {
+        if a.n_prompt > 0 {
+            let mut cache = m.new_cache(n_ctx)?;
+            let t0 = Instant::now();
+            m.forward(&prompt, &mut cache, Logits::Last)?;
+            pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+        }
+        if a.n_gen > 0 {
+            let mut cache = m.new_cache(n_ctx)?;
+            let t0 = Instant::now();
+            let mut tok = 1u32;
+            for _ in 0..a.n_gen {
+                let logits = m.forward(&[tok], &mut cache, Logits::Last)?;
+                tok = lamina_sampling::argmax(&logits);
+            }
+            tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+        }
+    }
+    let name = a
+        .file
+        .file_name()
+        .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+    let (ppm, pps) = mean_sd(&pp);
+    let (tgm, tgs) = mean_sd(&tg);
+    if a.json {
+        println!(
+            "{}",
+            json!({"model": name, "ngl": m.plan.ngl, "threads": rayon::current_num_threads(),
+                   "pp": {"tokens": a.n_prompt, "tokens_per_second": ppm, "sd": pps},
+                   "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs}})
+        );
+    } else {
+        println!("| model | ngl | threads | test | tokens/s |");
+        println!("| --- | --- | --- | --- | --- |");
+        let t = rayon::current_num_threads();
+        if a.n_prompt > 0 {
+            println!(
+                "| {name} | {} | {t} | pp{} | {ppm:.2} ± {pps:.2} |",
+                m.plan.ngl, a.n_prompt
+            );
+        }
+        if a.n_gen > 0 {
+            println!(
+                "| {name} | {} | {t} | tg{} | {tgm:.2} ± {tgs:.2} |",
+                m.plan.ngl, a.n_gen
+            );
+        }
+    }
+    Ok(())
+}

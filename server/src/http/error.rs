@@ -1,0 +1,168 @@
+//! Every error a handler returns, and the one place that turns it into a
+//! response: OpenAI's `{"error": {"message", "type", "param", "code"}}` with
+//! the status that fits (400 the request is wrong, 401 no key, 404, 413 too
+//! large, 503 busy or loading, 500 only for faults of the server).
+
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lamina_chat::ChatError;
+use lamina_engine::EngineError;
+use serde_json::json;
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// OpenAI's `type` (llama-server's names where OpenAI has none).
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: a field is missing, of the wrong type, or out of bounds.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: Some(param.into()),
+            code: Some("invalid_value"),
+        }
+    }
+
+    /// 400 about the body as a whole.
+    pub fn bad_body(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+            code: Some("invalid_json"),
+        }
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "authentication_error",
+            message: "invalid or missing API key (send it as `Authorization: Bearer KEY`)".into(),
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            kind: "not_found_error",
+            message: message.into(),
+            param: None,
+            code: Some("not_found"),
+        }
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "invalid_request_error",
+            message: "this route does not accept that method".into(),
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
+    /// 503: the caller may retry later.
+    pub fn unavailable(message: impl Into<String>, code: &'static str) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "unavailable_error",
+            message: message.into(),
+            param: None,
+            code: Some(code),
+        }
+    }
+
+    /// 500: a fault of the server, never of the request.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The JSON object, also sent as an SSE event when a stream fails late.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let retry = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let mut resp = (self.status, Json(self.body())).into_response();
+        if retry {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Overloaded { .. } => {
+                ApiError::unavailable(e.to_string(), "server_overloaded")
+            }
+            EngineError::NotReady(_) => ApiError::unavailable(e.to_string(), "model_loading"),
+            EngineError::Invalid { param, message } => {
+                let mut err = ApiError::invalid(param, message);
+                if param == "prompt" {
+                    err.code = Some("context_length_exceeded");
+                }
+                err
+            }
+            EngineError::Stopped | EngineError::Load(_) | EngineError::Model(_) => {
+                ApiError::internal(e.to_string())
+            }
+        }
+    }
+}
+
+impl From<ChatError> for ApiError {
+    fn from(e: ChatError) -> Self {
+        if e.is_request_error() {
+            ApiError::invalid("messages", format!("chat template: {e}"))
+        } else {
+            ApiError::internal(format!("chat template: {e}"))
+        }
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(r: BytesRejection) -> Self {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            Self {
+                status,
+                kind: "invalid_request_error",
+                message: "the request body is larger than the server's limit (--body-limit)".into(),
+                param: None,
+                code: Some("request_too_large"),
+            }
+        } else {
+            ApiError::bad_body(format!("reading the request body: {}", r.body_text()))
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: a body becomes a
+//! tokenized prompt and [`GenerateParams`], the engine runs it, and the
+//! events become one JSON response or an SSE stream (`stream.rs`).
+//!
+//! Every check happens before the request reaches the engine, so a bad
+//! request (streaming or not) gets its status code, never a 200 stream that
+//! then fails.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lamina_chat::RenderOptions;
+use lamina_engine::{Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::params::{self, Api, Body, Sampling};
+use super::stream;
+use super::AppState;
+
+/// What every response and chunk of one request repeats.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub api: Api,
+}
+
+impl Meta {
+    fn new(info: &ModelInfo, api: Api) -> Self {
+        let prefix = match api {
+            Api::Chat => "chatcmpl-",
+            Api::Completion => "cmpl-",
+        };
+        Meta {
+            id: format!("{prefix}{}", super::random_id()),
+            created: super::unix_time(),
+            model: info.id.clone(),
+            api,
+        }
+    }
+}
+
+pub async fn chat(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let s = params::sampling(&b, &info, st.engine.max_tokens_cap(), Api::Chat)?;
+    let messages = params::messages(&b)?;
+    let tools = params::tools(&b)?.cloned();
+    let kwargs = params::template_kwargs(&b)?.cloned();
+    let info2 = info.clone();
+    // Rendering and tokenizing are CPU work bounded by the body limit and
+    // the template's fuel; keep them off the async workers.
+    let prompt = blocking(move || {
+        let text = info2.template.render(
+            &messages,
+            &RenderOptions {
+                tools: tools.as_ref(),
+                add_generation_prompt: true,
+                kwargs: kwargs.as_ref(),
+                ..RenderOptions::default()
+            },
+        )?;
+        // Templates usually write BOS themselves; never add a second one.
+        let add_bos = !info2.starts_with_bos(&text);
+        Ok(info2.tokenizer.encode(&text, add_bos, true))
+    })
+    .await?;
+    run(&st, &info, prompt, s, "messages", Api::Chat).await
+}
+
+pub async fn completion(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let s = params::sampling(&b, &info, st.engine.max_tokens_cap(), Api::Completion)?;
+    let prompt = match b.get("prompt") {
+        None => return Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::String(text)) => {
+            let (info2, text) = (info.clone(), text.clone());
+            blocking(move || Ok(info2.tokenizer.encode(&text, true, true))).await?
+        }
+        // A single-element array holding a string is how the SDKs send one prompt.
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            let (info2, text) = (info.clone(), a[0].as_str().unwrap_or_default().to_owned());
+            blocking(move || Ok(info2.tokenizer.encode(&text, true, true))).await?
+        }
+        Some(Value::Array(a)) => token_ids(a, info.config.n_vocab, "prompt")?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "prompt must be a string or an array of token ids (one prompt per request)",
+            ))
+        }
+    };
+    run(&st, &info, prompt, s, "prompt", Api::Completion).await
+}
+
+/// Token ids from a JSON array, each checked against the vocabulary.
+pub fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+    a.iter()
+        .map(|v| {
+            v.as_u64()
+                .filter(|&id| id < n_vocab as u64)
+                .map(|id| id as u32)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        param,
+                        format!("{param} must hold token ids below the vocabulary size {n_vocab} (got {v})"),
+                    )
+                })
+        })
+        .collect()
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("preparing the prompt: {e}")))?
+}
+
+async fn run(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    prompt: Vec<u32>,
+    s: Sampling,
+    prompt_param: &'static str,
+    api: Api,
+) -> Result<Response, ApiError> {
+    let n_slot = info.n_ctx_slot;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            prompt_param,
+            format!("{prompt_param} is empty after tokenization"),
+        ));
+    }
+    let too_long = |msg: String| {
+        let mut e = ApiError::invalid(prompt_param, msg);
+        e.code = Some("context_length_exceeded");
+        e
+    };
+    if prompt.len() >= n_slot {
+        return Err(too_long(format!(
+            "the prompt has {} tokens, but the context of a slot is {n_slot} tokens and at least one must be left to generate",
+            prompt.len()
+        )));
+    }
+    let max_tokens = match s.max_tokens {
+        Some(m) if prompt.len() + m > n_slot => {
+            let mut e = too_long(format!(
+                "the prompt has {} tokens and {} is {m}: together {} exceed the context of a slot, {n_slot} tokens",
+                prompt.len(),
+                s.max_tokens_param,
+                prompt.len() + m
+            ));
+            e.param = Some(s.max_tokens_param.into());
+            return Err(e);
+        }
+        Some(m) => m,
+        None => st.engine.default_max_tokens(info, prompt.len()),
+    };
+    let rx = st.engine.submit(GenerateParams {
+        prompt,
+        sampler: s.sampler,
+        max_tokens,
+        stop: s.stop,
+        logprobs: s.logprobs,
+        timeout: None,
+    })?;
+    let meta = Meta::new(info, api);
+    if s.stream {
+        return Ok(stream::sse(rx, meta, s.include_usage).into_response());
+    }
+    let done = collect(rx).await?;
+    Ok(Json(response(&meta, &done, s.logprobs.is_some())).into_response())
+}
+
+/// A finished request, gathered from its events.
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub summary: Summary,
+}
+
+async fn collect(mut rx: lamina_engine::Events) -> Result<Collected, ApiError> {
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Token { logprob, .. } => logprobs.extend(logprob),
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(summary) => {
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    summary,
+                })
+            }
+            Event::Error(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::internal(
+        "the engine ended the request without a result",
+    ))
+}
+
+fn response(meta: &Meta, c: &Collected, want_logprobs: bool) -> Value {
+    let finish = c.summary.finish.as_str();
+    let choice = match meta.api {
+        Api::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": want_logprobs.then(|| chat_logprobs(&c.logprobs)),
+            "finish_reason": finish,
+        }),
+        Api::Completion => json!({
+            "index": 0,
+            "text": c.text,
+            "logprobs": want_logprobs.then(|| completion_logprobs(&c.logprobs)),
+            "finish_reason": finish,
+        }),
+    };
+    json!({
+        "id": meta.id,
+        "object": match meta.api { Api::Chat => "chat.completion", Api::Completion => "text_completion" },
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": super::fingerprint(),
+        "choices": [choice],
+        "usage": usage(&c.summary),
+        "timings": timings(&c.summary.timings),
+    })
+}
+
+pub fn usage(s: &Summary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.timings.cache_n},
+    })
+}
+
+/// llama-server's `timings` object.
+pub fn timings(t: &Timings) -> Value {
+    let per_token = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
+    json!({
+        "cache_n": t.cache_n,
+        "prompt_n": t.prompt_n,
+        "prompt_ms": t.prompt_ms,
+        "prompt_per_token_ms": per_token(t.prompt_ms, t.prompt_n),
+        "prompt_per_second": t.prompt_per_second(),
+        "predicted_n": t.predicted_n,
+        "predicted_ms": t.predicted_ms,
+        "predicted_per_token_ms": per_token(t.predicted_ms, t.predicted_n),
+        "predicted_per_second": t.predicted_per_second(),
+    })
+}
+
+fn lp_entry(token: &[u8], logprob: f32) -> Value {
+    json!({
+        "token": String::from_utf8_lossy(token),
+        "logprob": logprob,
+        "bytes": token,
+    })
+}
+
+/// OpenAI chat `logprobs`: `{content: [{token, logprob, bytes, top_logprobs}]}`.
+pub fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|lp| {
+            let mut e = lp_entry(&lp.bytes, lp.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|(_, b, l)| lp_entry(b, *l)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// The legacy completions shape: parallel arrays.
+pub fn completion_logprobs(lps: &[TokenLogprob]) -> Value {
+    let mut offset = 0usize;
+    let mut offsets = Vec::with_capacity(lps.len());
+    for lp in lps {
+        offsets.push(offset);
+        offset += lp.bytes.len();
+    }
+    json!({
+        "tokens": lps.iter().map(|lp| String::from_utf8_lossy(&lp.bytes).into_owned()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps.iter().map(|lp| {
+            lp.top.iter().map(|(_, b, l)| (String::from_utf8_lossy(b).into_owned(), json!(l))).collect::<serde_json::Map<_, _>>()
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}

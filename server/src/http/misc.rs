@@ -1,0 +1,322 @@
+//! The small endpoints, with llama-server's request and response shapes:
+//! `/health`, `/v1/models`, `/props`, `/tokenize`, `/detokenize`,
+//! `/apply-template` and `/metrics` (Prometheus text).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use lamina_chat::RenderOptions;
+use lamina_engine::Status;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::generate::token_ids;
+use super::params::{self, Body};
+use super::AppState;
+
+/// 200 once the model is loaded; 503 while loading (and if loading failed),
+/// so a load balancer holds traffic back.
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine.status() {
+        Status::Ready(_) => Json(json!({"status": "ok"})).into_response(),
+        Status::Loading => ApiError::unavailable("Loading model", "model_loading").into_response(),
+        Status::Failed(e) => {
+            ApiError::unavailable(format!("the model failed to load: {e}"), "model_failed")
+                .into_response()
+        }
+    }
+}
+
+pub async fn models(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let c = &info.config;
+    Ok(Json(json!({
+        "object": "list",
+        "data": [{
+            "id": info.id,
+            "object": "model",
+            "created": st.started_unix,
+            "owned_by": "lamina",
+            "meta": {
+                "architecture": c.arch.name(),
+                "n_vocab": c.n_vocab,
+                "n_ctx_train": c.context_length,
+                "n_ctx": info.n_ctx,
+                "n_ctx_slot": info.n_ctx_slot,
+                "n_embd": c.n_embd,
+                "n_params": info.n_params,
+                "size": info.size_bytes,
+                "file_type": info.file_type,
+            },
+        }],
+    }))
+    .into_response())
+}
+
+pub async fn props(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let tok = &info.tokenizer;
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tok.token_text(i))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "n_ctx": info.n_ctx_slot,
+            "params": {"n_predict": st.engine.max_tokens_cap()},
+        },
+        "total_slots": info.n_parallel,
+        "n_ctx": info.n_ctx,
+        "model_path": info.path.display().to_string(),
+        "chat_template": info.template.source(),
+        "chat_template_origin": format!("{:?}", info.template_origin),
+        "bos_token": text(tok.bos()),
+        "eos_token": text(tok.eos()),
+        "placement": info.placement,
+        "build_info": super::fingerprint(),
+    }))
+    .into_response())
+}
+
+pub async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let content = b
+        .str("content")?
+        .ok_or_else(|| ApiError::invalid("content", "content is required"))?
+        .to_owned();
+    // llama-server's defaults: no BOS, special tokens recognised.
+    let add_special = b.bool("add_special")?.unwrap_or(false);
+    let parse_special = b.bool("parse_special")?.unwrap_or(true);
+    let with_pieces = b.bool("with_pieces")?.unwrap_or(false);
+    let info2 = info.clone();
+    let ids = tokio::task::spawn_blocking(move || {
+        info2.tokenizer.encode(&content, add_special, parse_special)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    let tokens: Vec<Value> = if with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let bytes = info.tokenizer.token_to_piece(id);
+                let piece = match String::from_utf8(bytes) {
+                    Ok(s) => json!(s),
+                    Err(e) => json!(e.into_bytes()),
+                };
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(json!({"tokens": tokens})).into_response())
+}
+
+pub async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let ids = match b.get("tokens") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => token_ids(a, info.config.n_vocab, "tokens")?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tokens",
+                "tokens must be an array of token ids",
+            ))
+        }
+    };
+    Ok(Json(json!({"content": info.tokenizer.decode(&ids)})).into_response())
+}
+
+pub async fn apply_template(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let messages = params::messages(&b)?;
+    let tools = params::tools(&b)?.cloned();
+    let kwargs = params::template_kwargs(&b)?.cloned();
+    let add_generation_prompt = b.bool("add_generation_prompt")?.unwrap_or(true);
+    let prompt = tokio::task::spawn_blocking(move || {
+        info.template.render(
+            &messages,
+            &RenderOptions {
+                tools: tools.as_ref(),
+                add_generation_prompt,
+                kwargs: kwargs.as_ref(),
+                ..RenderOptions::default()
+            },
+        )
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("rendering: {e}")))??;
+    Ok(Json(json!({"prompt": prompt})).into_response())
+}
+
+/// Prometheus text format, version 0.0.4.
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let m = st.engine.metrics();
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+        let _ = writeln!(out, "# HELP lamina_{name} {help}");
+        let _ = writeln!(out, "# TYPE lamina_{name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(out, "lamina_{name}{labels} {v}");
+        }
+    };
+    let one = |v: f64| [(String::new(), v)];
+    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+
+    let statuses: Vec<(String, f64)> = st
+        .http
+        .snapshot()
+        .into_iter()
+        .map(|(code, n)| (format!("{{status=\"{code}\"}}"), n as f64))
+        .collect();
+    metric(
+        "requests_total",
+        "counter",
+        "HTTP requests answered, by status code.",
+        &statuses,
+    );
+    metric(
+        "sequences_started_total",
+        "counter",
+        "Requests that got a slot.",
+        &one(m.started as f64),
+    );
+    metric(
+        "sequences_finished_total",
+        "counter",
+        "Requests that ran to a finish reason.",
+        &one(m.finished as f64),
+    );
+    metric(
+        "sequences_dropped_total",
+        "counter",
+        "Requests abandoned by their client.",
+        &one(m.dropped as f64),
+    );
+    metric(
+        "sequences_rejected_total",
+        "counter",
+        "Requests refused because the queue was full.",
+        &one(m.rejected as f64),
+    );
+    metric(
+        "sequences_failed_total",
+        "counter",
+        "Requests ended by a model fault.",
+        &one(m.failed as f64),
+    );
+    metric(
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens processed.",
+        &one(m.prompt_tokens as f64),
+    );
+    metric(
+        "prompt_tokens_cached_total",
+        "counter",
+        "Prompt tokens reused from a slot's cache.",
+        &one(m.cached_tokens as f64),
+    );
+    metric(
+        "generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &one(m.generated_tokens as f64),
+    );
+    metric(
+        "prompt_seconds_total",
+        "counter",
+        "Time spent processing prompts.",
+        &one(m.prompt_seconds),
+    );
+    metric(
+        "generation_seconds_total",
+        "counter",
+        "Time spent generating.",
+        &one(m.predicted_seconds),
+    );
+    metric(
+        "prompt_tokens_per_second",
+        "gauge",
+        "Average prompt throughput per request.",
+        &one(rate(m.prompt_tokens, m.prompt_seconds)),
+    );
+    metric(
+        "generated_tokens_per_second",
+        "gauge",
+        "Average generation throughput per request.",
+        &one(rate(m.generated_tokens, m.predicted_seconds)),
+    );
+    metric(
+        "time_to_first_token_seconds",
+        "summary",
+        "From arrival to the first generated token, queueing included.",
+        &[
+            ("_sum".into(), m.ttft_seconds_sum),
+            ("_count".into(), m.ttft_count as f64),
+        ],
+    );
+    let slots = st.engine.info().map_or(0, |i| i.n_parallel);
+    let usage = if m.kv_capacity > 0 {
+        m.kv_used as f64 / m.kv_capacity as f64
+    } else {
+        0.0
+    };
+    for (name, help, v) in [
+        (
+            "queue_depth",
+            "Requests waiting for a slot.",
+            m.queued as f64,
+        ),
+        (
+            "active_sequences",
+            "Requests holding a slot.",
+            m.active as f64,
+        ),
+        ("slots", "Slots (--parallel).", slots as f64),
+        (
+            "kv_cache_tokens",
+            "Positions held in the slots' KV caches.",
+            m.kv_used as f64,
+        ),
+        (
+            "kv_cache_capacity_tokens",
+            "Positions the slots' KV caches can hold.",
+            m.kv_capacity as f64,
+        ),
+        (
+            "kv_cache_usage_ratio",
+            "Share of KV cache positions in use.",
+            usage,
+        ),
+    ] {
+        metric(name, "gauge", help, &one(v));
+    }
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
+}

@@ -1,0 +1,189 @@
+//! The HTTP layer: OpenAI-compatible routes over the engine.
+//!
+//! [`app`] builds the router from an [`AppState`], so tests drive it with
+//! `tower::ServiceExt::oneshot` and no socket. Handlers never touch the
+//! model: they validate, render and tokenize, then hand the engine a job and
+//! read its events. Every error leaves through `ApiError` (`error.rs`).
+//!
+//! Layers, outermost first: status counting for `/metrics`, the API key
+//! (every route but `/health`), the body limit.
+
+mod error;
+mod generate;
+mod misc;
+mod params;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use lamina_engine::{Engine, ModelInfo, Status};
+
+pub use error::ApiError;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Engine,
+    /// `None`: no key is required.
+    pub api_key: Option<String>,
+    pub body_limit: usize,
+    pub started_unix: u64,
+    pub http: StatusCounts,
+}
+
+impl AppState {
+    pub fn new(engine: Engine, api_key: Option<String>, body_limit: usize) -> Self {
+        Self {
+            engine,
+            api_key: api_key.filter(|k| !k.is_empty()),
+            body_limit,
+            started_unix: unix_time(),
+            http: StatusCounts::default(),
+        }
+    }
+
+    /// The model, or 503 while it loads.
+    pub fn ready(&self) -> Result<Arc<ModelInfo>, ApiError> {
+        match self.engine.status() {
+            Status::Ready(info) => Ok(info),
+            Status::Loading => Err(ApiError::unavailable("Loading model", "model_loading")),
+            Status::Failed(e) => Err(ApiError::unavailable(
+                format!("the model failed to load: {e}"),
+                "model_failed",
+            )),
+        }
+    }
+}
+
+/// Responses by status code.
+#[derive(Default)]
+pub struct StatusCounts(Mutex<BTreeMap<u16, u64>>);
+
+impl StatusCounts {
+    fn add(&self, status: u16) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(status).or_default() += 1;
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<(u16, u64)> {
+        self.0
+            .lock()
+            .map(|m| m.iter().map(|(&k, &v)| (k, v)).collect())
+            .unwrap_or_default()
+    }
+}
+
+pub fn app(state: Arc<AppState>) -> Router {
+    let limit = state.body_limit;
+    Router::new()
+        .route("/health", get(misc::health))
+        .route("/v1/health", get(misc::health))
+        .route("/v1/models", get(misc::models))
+        .route("/models", get(misc::models))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completion))
+        .route("/completions", post(generate::completion))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .route("/apply-template", post(misc::apply_template))
+        .route("/props", get(misc::props))
+        .route("/metrics", get(misc::metrics))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), count))
+        .with_state(state)
+}
+
+async fn count(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    st.http.add(resp.status().as_u16());
+    resp
+}
+
+/// Every route but `/health` needs the key when one is set, given as
+/// `Authorization: Bearer KEY` (OpenAI's SDKs) or `X-Api-Key: KEY`.
+async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key {
+        let public = matches!(req.uri().path(), "/health" | "/v1/health");
+        if !public && !presented_key_matches(req.headers(), key) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn presented_key_matches(h: &HeaderMap, key: &str) -> bool {
+    let bearer = h
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let header = h.get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer
+        .or(header)
+        .is_some_and(|given| constant_time_eq(given.as_bytes(), key.as_bytes()))
+}
+
+/// Compares without stopping at the first difference, so the time taken
+/// says nothing about how much of a guess was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// 32 random alphanumerics for response ids, from the process's randomly
+/// keyed hasher and a counter (unique per process, unpredictable enough for
+/// an id; not a secret).
+pub fn random_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut out = String::with_capacity(32);
+    let state = std::collections::hash_map::RandomState::new();
+    for round in 0..4u64 {
+        let mut h = state.build_hasher();
+        h.write_u64(n);
+        h.write_u64(round);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        let mut x = h.finish();
+        for _ in 0..8 {
+            out.push(char::from(ALPHABET[(x % ALPHABET.len() as u64) as usize]));
+            x /= ALPHABET.len() as u64;
+        }
+    }
+    out
+}
+
+/// `system_fingerprint` and `build_info`.
+pub fn fingerprint() -> String {
+    format!("lamina-{}", env!("CARGO_PKG_VERSION"))
+}

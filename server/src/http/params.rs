@@ -1,0 +1,452 @@
+//! Reading a request body field by field, so every error names the field
+//! and the bound it broke (`max_tokens must be <= 4096`), and unknown
+//! fields are ignored as OpenAI ignores them. Nothing here panics on what a
+//! client sends: every value is type-checked and range-checked before it is
+//! converted.
+
+use lamina_engine::ModelInfo;
+use lamina_sampling::SamplerConfig;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+
+/// At most this many stop strings (OpenAI's limit).
+pub const MAX_STOP: usize = 4;
+/// Bytes per stop string.
+pub const MAX_STOP_BYTES: usize = 1024;
+/// Alternatives per token in log-probs (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// A request body: a JSON object.
+pub struct Body(pub Map<String, Value>);
+
+impl Body {
+    pub fn parse(bytes: &[u8]) -> Result<Body, ApiError> {
+        // serde_json refuses nesting deeper than 128, so a hostile body cannot
+        // overflow the stack.
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(m)) => Ok(Body(m)),
+            Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
+            Err(e) => Err(ApiError::bad_body(format!(
+                "the request body is not valid JSON: {e}"
+            ))),
+        }
+    }
+
+    /// The field, with `null` read as absent (as OpenAI's SDKs send it).
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::invalid(name, format!("{name} must be a boolean"))),
+        }
+    }
+
+    pub fn str(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::invalid(name, format!("{name} must be a string"))),
+        }
+    }
+
+    /// A number within `[lo, hi]`.
+    pub fn number(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        let x = v
+            .as_f64()
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be a number")))?;
+        if !(x.is_finite() && (lo..=hi).contains(&x)) {
+            return Err(ApiError::invalid(
+                name,
+                format!("{name} must be between {lo} and {hi} (got {x})"),
+            ));
+        }
+        Ok(Some(x as f32))
+    }
+
+    /// A whole number within `[lo, hi]`; `1.0` counts, `1.5` does not.
+    pub fn int(&self, name: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        let n = match v {
+            Value::Number(n) => n.as_i64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                    .map(|f| f as i64)
+            }),
+            _ => None,
+        };
+        let too_big = v.as_u64().is_some_and(|u| u > hi as u64);
+        match n {
+            Some(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+            _ if too_big || n.is_some() => Err(ApiError::invalid(
+                name,
+                format!("{name} must be between {lo} and {hi} (got {v})"),
+            )),
+            _ => Err(ApiError::invalid(
+                name,
+                format!("{name} must be an integer"),
+            )),
+        }
+    }
+}
+
+/// What a completion request asks for besides its prompt.
+#[derive(Debug, Clone)]
+pub struct Sampling {
+    pub sampler: SamplerConfig,
+    /// `None`: as much as the context and the server cap allow.
+    pub max_tokens: Option<usize>,
+    /// Which field carried `max_tokens`, for error messages.
+    pub max_tokens_param: &'static str,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Which endpoint a body came to: the two spell log-probs differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completion,
+}
+
+pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Sampling, ApiError> {
+    if let Some(n) = b.int("n", i64::MIN, i64::MAX)? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n must be 1: only one choice per request is supported (got {n})"),
+            ));
+        }
+    }
+    if let Some(rf) = b.get("response_format") {
+        let ty = rf.get("type").and_then(Value::as_str);
+        if ty != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!(
+                    "response_format type {} is not supported yet (only \"text\")",
+                    ty.map_or("(missing)".to_owned(), |t| format!("{t:?}"))
+                ),
+            ));
+        }
+    }
+
+    let d = SamplerConfig::default();
+    let mut s = SamplerConfig {
+        temperature: b.number("temperature", 0.0, 2.0)?.unwrap_or(d.temperature),
+        top_p: d.top_p,
+        top_k: b
+            .int("top_k", 0, i64::from(u32::MAX))?
+            .map_or(d.top_k, |k| k as usize),
+        min_p: b.number("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
+        repeat_penalty: d.repeat_penalty,
+        repeat_last_n: b
+            .int("repeat_last_n", -1, i64::from(i32::MAX))?
+            .map_or(d.repeat_last_n, |n| n as i32),
+        presence_penalty: b.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: b.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        seed: match b.int("seed", -1, i64::MAX)? {
+            // llama-server's spelling of "random".
+            None | Some(-1) => None,
+            Some(n) => Some(n as u64),
+        },
+        logit_bias: logit_bias(b, info.config.n_vocab)?,
+    };
+    if let Some(p) = b.number("top_p", 0.0, 1.0)? {
+        if p <= 0.0 {
+            return Err(ApiError::invalid(
+                "top_p",
+                "top_p must be greater than 0 and at most 1",
+            ));
+        }
+        s.top_p = p;
+    }
+    if let Some(p) = b.number("repeat_penalty", 0.0, 10.0)? {
+        if p <= 0.0 {
+            return Err(ApiError::invalid(
+                "repeat_penalty",
+                "repeat_penalty must be greater than 0 and at most 10",
+            ));
+        }
+        s.repeat_penalty = p;
+    }
+
+    let cap_i = i64::try_from(cap).unwrap_or(i64::MAX);
+    let mut max_tokens = None;
+    let mut max_tokens_param = "max_tokens";
+    let names: &[&'static str] = match api {
+        Api::Chat => &["max_completion_tokens", "max_tokens", "n_predict"],
+        Api::Completion => &["max_tokens", "n_predict"],
+    };
+    for &name in names {
+        if let Some(v) = b.get(name) {
+            // llama-server's `n_predict: -1` means "no limit but the context".
+            if name == "n_predict" && v.as_i64() == Some(-1) {
+                continue;
+            }
+            let n = b.int(name, 1, cap_i)?.unwrap_or(1);
+            max_tokens = Some(n as usize);
+            max_tokens_param = name;
+            break;
+        }
+    }
+
+    let logprobs = match api {
+        Api::Chat => {
+            let on = b.bool("logprobs")?.unwrap_or(false);
+            let top = b.int("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
+            if top.is_some() && !on {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs requires logprobs to be true",
+                ));
+            }
+            on.then(|| top.unwrap_or(0) as usize)
+        }
+        Api::Completion => b
+            .int("logprobs", 0, MAX_TOP_LOGPROBS as i64)?
+            .map(|n| n as usize),
+    };
+
+    let include_usage = match b.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(v)) => *v,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "stream_options.include_usage",
+                    "stream_options.include_usage must be a boolean",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options must be an object",
+            ))
+        }
+    };
+
+    Ok(Sampling {
+        sampler: s,
+        max_tokens,
+        max_tokens_param,
+        stop: stop(b)?,
+        logprobs,
+        stream: b.bool("stream")?.unwrap_or(false),
+        include_usage,
+    })
+}
+
+fn stop(b: &Body) -> Result<Vec<String>, ApiError> {
+    let list: Vec<String> = match b.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::invalid("stop", "stop must be a string or an array of strings")
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop must be a string or an array of strings",
+            ))
+        }
+    };
+    if list.len() > MAX_STOP {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "stop may hold at most {MAX_STOP} strings (got {})",
+                list.len()
+            ),
+        ));
+    }
+    if let Some(s) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "each stop string must be at most {MAX_STOP_BYTES} bytes (got {})",
+                s.len()
+            ),
+        ));
+    }
+    Ok(list)
+}
+
+/// OpenAI's `{"token id": bias}` object, or llama-server's `[[id, bias]]`;
+/// a bias of `false` bans the token, as in llama-server.
+fn logit_bias(b: &Body, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let entries: Vec<(String, &Value)> = match b.get("logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|pair| match pair.as_array().map(Vec::as_slice) {
+                Some([id, bias]) => Ok((id.to_string(), bias)),
+                _ => Err(ApiError::invalid(
+                    "logit_bias",
+                    "logit_bias pairs must be [token_id, bias]",
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "logit_bias must be an object of token ids to numbers",
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(entries.len());
+    for (key, v) in entries {
+        let id = key
+            .parse::<u32>()
+            .ok()
+            .filter(|&id| (id as usize) < n_vocab)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias key {key} must be a token id below the vocabulary size {n_vocab}"),
+                )
+            })?;
+        let bias = match v {
+            Value::Bool(false) => f32::NEG_INFINITY,
+            _ => match v.as_f64() {
+                Some(x) if (-100.0..=100.0).contains(&x) => x as f32,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias for token {id} must be a number between -100 and 100"),
+                    ))
+                }
+            },
+        };
+        out.push((id, bias));
+    }
+    Ok(out)
+}
+
+/// Chat messages as the template receives them: roles checked, `content`
+/// given as an array of text parts joined into one string (with newlines,
+/// as llama-server joins them), every other field passed through.
+pub fn messages(b: &Body) -> Result<Value, ApiError> {
+    const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+    let list = match b.get("messages") {
+        None => return Err(ApiError::invalid("messages", "messages is required")),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::invalid("messages", "messages must be an array")),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages must hold at least one message",
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(ApiError::invalid(
+                format!("messages[{i}]"),
+                format!("messages[{i}] must be an object"),
+            ));
+        };
+        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!("messages[{i}].role must be a string"),
+            )
+        })?;
+        if !ROLES.contains(&role) {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].role"),
+                format!(
+                    "messages[{i}].role {role:?} is not one of {}",
+                    ROLES.join(", ")
+                ),
+            ));
+        }
+        let param = || format!("messages[{i}].content");
+        let content = match m.get("content") {
+            Some(Value::String(s)) => Value::String(s.clone()),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for (j, part) in parts.iter().enumerate() {
+                    let ty = part.get("type").and_then(Value::as_str);
+                    match (ty, part.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => {
+                            if !text.is_empty() {
+                                text.push('\n');
+                            }
+                            text.push_str(t);
+                        }
+                        (Some("text"), None) => {
+                            return Err(ApiError::invalid(param(), format!("messages[{i}].content[{j}].text must be a string")))
+                        }
+                        _ => {
+                            return Err(ApiError::invalid(
+                                param(),
+                                format!("messages[{i}].content[{j}]: only parts of type \"text\" are supported"),
+                            ))
+                        }
+                    }
+                }
+                Value::String(text)
+            }
+            // Assistant turns that only call tools have no content.
+            None | Some(Value::Null) if role == "assistant" || role == "tool" => Value::Null,
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    param(),
+                    format!("messages[{i}].content is required"),
+                ))
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    param(),
+                    format!("messages[{i}].content must be a string or an array of text parts"),
+                ))
+            }
+        };
+        let mut msg = m.clone();
+        msg.insert("content".into(), content);
+        out.push(Value::Object(msg));
+    }
+    Ok(Value::Array(out))
+}
+
+/// `chat_template_kwargs`: an object whose entries become template variables.
+pub fn template_kwargs(b: &Body) -> Result<Option<&Map<String, Value>>, ApiError> {
+    match b.get("chat_template_kwargs") {
+        None => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(_) => Err(ApiError::invalid(
+            "chat_template_kwargs",
+            "chat_template_kwargs must be an object",
+        )),
+    }
+}
+
+/// `tools`: passed to the template as given, when it is an array.
+pub fn tools(b: &Body) -> Result<Option<&Value>, ApiError> {
+    match b.get("tools") {
+        None => Ok(None),
+        Some(v @ Value::Array(_)) => Ok(Some(v)),
+        Some(_) => Err(ApiError::invalid("tools", "tools must be an array")),
+    }
+}

@@ -1,0 +1,474 @@
+//! The router driven in-process (`tower::ServiceExt::oneshot`, no socket):
+//! error shapes and statuses for bad requests, the API key, the body limit,
+//! and the small endpoints against llama-server's recorded answers. One
+//! engine on SmolLM2 is shared by every test; none of these generate more
+//! than a token or two.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt as _;
+use lamina_chat::{ChatTemplate, RenderOptions};
+use lamina_engine::{Engine, EngineConfig};
+use serde_json::{json, Value};
+use tower::ServiceExt as _;
+
+use super::{app, AppState};
+
+/// The server-wide max_tokens cap the shared engine runs with.
+const CAP: usize = 256;
+/// Context of one slot in the shared engine.
+const SLOT: usize = 1024;
+
+fn model_path() -> PathBuf {
+    let dir = std::env::var_os("LAMINA_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
+        });
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-models.sh",
+        p.display()
+    );
+    p
+}
+
+fn engine() -> Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| {
+            let mut cfg = EngineConfig::new(model_path());
+            cfg.n_parallel = 2;
+            cfg.n_ctx = Some(2 * SLOT);
+            cfg.max_tokens = CAP;
+            let e = Engine::start(cfg).unwrap();
+            e.wait_ready(Duration::from_secs(60)).unwrap();
+            e
+        })
+        .clone()
+}
+
+fn router(key: Option<&str>, limit: usize) -> Router {
+    app(Arc::new(AppState::new(
+        engine(),
+        key.map(str::to_owned),
+        limit,
+    )))
+}
+
+fn reference() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference/llama.cpp/server_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+async fn send(app: Router, req: Request<Body>) -> (StatusCode, Value, Bytes) {
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, json, bytes)
+}
+
+fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(uri)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .unwrap()
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+async fn post_json(uri: &str, body: Value) -> (StatusCode, Value) {
+    let (s, v, _) = send(router(None, 1 << 20), post(uri, body.to_string())).await;
+    (s, v)
+}
+
+/// The OpenAI error object, with its status.
+fn assert_error(status: StatusCode, v: &Value, want: StatusCode, kind: &str) {
+    assert_eq!(status, want, "{v}");
+    let e = &v["error"];
+    assert_eq!(e["type"], kind, "{v}");
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[tokio::test]
+async fn health_models_and_unknown_routes() {
+    let (s, v, _) = send(router(None, 1 << 20), get("/health")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["status"], "ok");
+
+    let (s, v, _) = send(router(None, 1 << 20), get("/v1/models")).await;
+    assert_eq!(s, StatusCode::OK);
+    let m = &v["data"][0];
+    assert_eq!(m["id"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(m["meta"]["n_ctx_train"], 8192);
+    assert_eq!(m["meta"]["n_ctx_slot"], SLOT);
+    assert!(m["meta"]["n_params"].as_u64().unwrap() > 100_000_000);
+    assert!(m["meta"]["file_type"].is_u64());
+
+    let (s, v, _) = send(router(None, 1 << 20), get("/v2/nothing")).await;
+    assert_error(s, &v, StatusCode::NOT_FOUND, "not_found_error");
+    let (s, v, _) = send(router(None, 1 << 20), get("/v1/chat/completions")).await;
+    assert_error(
+        s,
+        &v,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+    );
+}
+
+#[tokio::test]
+async fn api_key_guards_everything_but_health() {
+    let key = Some("s3cret-key");
+    let (s, v, _) = send(router(key, 1 << 20), get("/v1/models")).await;
+    assert_error(s, &v, StatusCode::UNAUTHORIZED, "authentication_error");
+    let wrong = Request::get("/v1/models")
+        .header("authorization", "Bearer s3cret-kex")
+        .body(Body::empty())
+        .unwrap();
+    let (s, v, _) = send(router(key, 1 << 20), wrong).await;
+    assert_error(s, &v, StatusCode::UNAUTHORIZED, "authentication_error");
+    let (s, v, _) = send(
+        router(key, 1 << 20),
+        post("/v1/chat/completions", chat(json!({})).to_string()),
+    )
+    .await;
+    assert_error(s, &v, StatusCode::UNAUTHORIZED, "authentication_error");
+    let (s, v, _) = send(router(key, 1 << 20), get("/metrics")).await;
+    assert_error(s, &v, StatusCode::UNAUTHORIZED, "authentication_error");
+
+    let right = Request::get("/v1/models")
+        .header("authorization", "Bearer s3cret-key")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(router(key, 1 << 20), right).await.0, StatusCode::OK);
+    let header = Request::get("/props")
+        .header("x-api-key", "s3cret-key")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(router(key, 1 << 20), header).await.0, StatusCode::OK);
+    assert_eq!(
+        send(router(key, 1 << 20), get("/health")).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn oversize_body_is_413() {
+    let big = chat(json!({"messages": [{"role": "user", "content": "x".repeat(4096)}]}));
+    let (s, v, _) = send(
+        router(None, 1024),
+        post("/v1/chat/completions", big.to_string()),
+    )
+    .await;
+    assert_error(
+        s,
+        &v,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+    );
+}
+
+#[tokio::test]
+async fn bodies_that_are_not_json_objects_are_400() {
+    let deep = "[".repeat(10_000) + &"]".repeat(10_000);
+    for body in [
+        "not json".to_owned(),
+        r#"{"messages": [{"role": "user""#.to_owned(),
+        "[1, 2]".to_owned(),
+        deep,
+        String::new(),
+        // A lone surrogate is not a character.
+        r#"{"messages": [{"role": "user", "content": "\ud800"}]}"#.to_owned(),
+    ] {
+        let (s, v, _) = send(
+            router(None, 1 << 20),
+            post("/v1/chat/completions", body.clone()),
+        )
+        .await;
+        assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    }
+}
+
+#[tokio::test]
+async fn invalid_fields_are_400_naming_the_field() {
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"messages": null}), "messages", "required"),
+        (json!({"messages": []}), "messages", "at least one"),
+        (json!({"messages": "hi"}), "messages", "array"),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages[0].role",
+            "wizard",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+            "string",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content",
+            "text",
+        ),
+        (json!({"max_tokens": 0}), "max_tokens", "between 1 and 256"),
+        (json!({"max_tokens": -1}), "max_tokens", "between"),
+        (
+            json!({"max_tokens": 9223372036854775808u64}),
+            "max_tokens",
+            "between",
+        ),
+        (json!({"max_tokens": 1.5}), "max_tokens", "integer"),
+        (json!({"max_tokens": "8"}), "max_tokens", "integer"),
+        (json!({"max_tokens": 257}), "max_tokens", "256"),
+        (
+            json!({"max_completion_tokens": 0}),
+            "max_completion_tokens",
+            "between",
+        ),
+        (
+            json!({"temperature": -0.5}),
+            "temperature",
+            "between 0 and 2",
+        ),
+        (json!({"temperature": 3}), "temperature", "between 0 and 2"),
+        (json!({"temperature": "hot"}), "temperature", "number"),
+        (json!({"top_p": 0}), "top_p", "greater than 0"),
+        (json!({"top_p": 1.5}), "top_p", "between"),
+        (json!({"top_k": -1}), "top_k", "between"),
+        (json!({"min_p": 2}), "min_p", "between"),
+        (
+            json!({"presence_penalty": 5}),
+            "presence_penalty",
+            "between -2 and 2",
+        ),
+        (
+            json!({"frequency_penalty": -3}),
+            "frequency_penalty",
+            "between",
+        ),
+        (
+            json!({"repeat_penalty": 0}),
+            "repeat_penalty",
+            "greater than 0",
+        ),
+        (json!({"seed": -5}), "seed", "between"),
+        (json!({"n": 2}), "n", "n must be 1"),
+        (
+            json!({"logprobs": true, "top_logprobs": 50}),
+            "top_logprobs",
+            "between 0 and 20",
+        ),
+        (
+            json!({"top_logprobs": 2}),
+            "top_logprobs",
+            "requires logprobs",
+        ),
+        (
+            json!({"stop": ["a", "b", "c", "d", "e"]}),
+            "stop",
+            "at most 4",
+        ),
+        (json!({"stop": 7}), "stop", "string"),
+        (
+            json!({"logit_bias": {"49152": 1}}),
+            "logit_bias",
+            "vocabulary size 49152",
+        ),
+        (json!({"logit_bias": {"abc": 1}}), "logit_bias", "token id"),
+        (
+            json!({"logit_bias": {"5": 1000}}),
+            "logit_bias",
+            "between -100 and 100",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+            "not supported yet",
+        ),
+        (json!({"stream": "yes"}), "stream", "boolean"),
+        (
+            json!({"stream_options": {"include_usage": 1}}),
+            "stream_options.include_usage",
+            "boolean",
+        ),
+        (
+            json!({"chat_template_kwargs": [1]}),
+            "chat_template_kwargs",
+            "object",
+        ),
+    ];
+    for (extra, param, words) in cases {
+        for stream in [false, true] {
+            let mut body = chat(extra.clone());
+            if extra.get("stream").is_none() {
+                body["stream"] = json!(stream);
+            }
+            let (s, v) = post_json("/v1/chat/completions", body).await;
+            // Streaming requests fail with a status too, never a 200 stream.
+            assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+            assert_eq!(v["error"]["param"], param, "{extra}: {v}");
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(msg.contains(words), "{extra}: {msg:?} lacks {words:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn prompt_and_max_tokens_beyond_the_context_give_both_numbers() {
+    let long = "word ".repeat(1200);
+    let (s, v) = post_json(
+        "/v1/chat/completions",
+        chat(json!({"messages": [{"role": "user", "content": long}]})),
+    )
+    .await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&SLOT.to_string()) && msg.contains("tokens"),
+        "{msg}"
+    );
+
+    let medium = "word ".repeat(900);
+    let (s, v) = post_json(
+        "/v1/completions",
+        json!({"prompt": medium, "max_tokens": 200}),
+    )
+    .await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    assert_eq!(v["error"]["param"], "max_tokens");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("200") && msg.contains(&SLOT.to_string()),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_fields_and_any_model_name_are_accepted() {
+    let (s, v) = post_json(
+        "/v1/chat/completions",
+        chat(json!({"model": "gpt-4o", "user": "abc", "some_future_field": {"x": 1}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["usage"]["completion_tokens"], 1);
+    assert!(v["timings"]["prompt_n"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn tokenize_and_detokenize_round_trip() {
+    let (s, v) = post_json("/tokenize", json!({"content": "Hello world, héllo"})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let ids = v["tokens"].clone();
+    assert!(ids.as_array().unwrap().iter().all(Value::is_u64));
+    let (s, v) = post_json("/detokenize", json!({"tokens": ids})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["content"], "Hello world, héllo");
+
+    let (_, v) = post_json(
+        "/tokenize",
+        json!({"content": "Hello world", "with_pieces": true}),
+    )
+    .await;
+    assert_eq!(
+        v["tokens"],
+        json!([{"id": 19556, "piece": "Hello"}, {"id": 905, "piece": " world"}])
+    );
+
+    let (s, v) = post_json("/detokenize", json!({"tokens": [1, 49152]})).await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    let (s, v) = post_json("/tokenize", json!({"text": "x"})).await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    assert_eq!(v["error"]["param"], "content");
+}
+
+#[tokio::test]
+async fn apply_template_equals_the_template_and_llama_server() {
+    let r = &reference()["models"]["smollm2"];
+    let messages = r["apply_template"]["request"]["messages"].clone();
+    let (s, v) = post_json("/apply-template", json!({"messages": messages})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["prompt"], r["apply_template"]["response"]["prompt"]);
+
+    // And it is exactly the chat template crate's rendering.
+    let source = r["props_chat_template"].as_str().unwrap();
+    let t = ChatTemplate::new(source, "<|im_start|>", "<|im_end|>").unwrap();
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    };
+    assert_eq!(v["prompt"], t.render(&messages, &opts).unwrap());
+
+    // Text parts are joined; add_generation_prompt can be turned off.
+    let (_, v) = post_json(
+        "/apply-template",
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+               "add_generation_prompt": false}),
+    )
+    .await;
+    assert!(
+        v["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("<|im_start|>user\na\nb<|im_end|>\n"),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn props_show_the_template_and_slots() {
+    let r = &reference()["models"]["smollm2"];
+    let (s, v, _) = send(router(None, 1 << 20), get("/props")).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["chat_template"], r["props_chat_template"]);
+    assert_eq!(v["total_slots"], 2);
+    assert_eq!(v["default_generation_settings"]["n_ctx"], SLOT);
+    assert!(v["placement"].as_str().unwrap().contains("layers"));
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text() {
+    let _ = post_json("/v1/chat/completions", chat(json!({}))).await;
+    let (s, _, body) = send(router(None, 1 << 20), get("/metrics")).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    for name in [
+        "lamina_requests_total",
+        "lamina_prompt_tokens_total",
+        "lamina_generated_tokens_total",
+        "lamina_generated_tokens_per_second",
+        "lamina_time_to_first_token_seconds_count",
+        "lamina_queue_depth",
+        "lamina_active_sequences",
+        "lamina_kv_cache_usage_ratio",
+    ] {
+        assert!(text.contains(name), "{name} missing from\n{text}");
+    }
+}

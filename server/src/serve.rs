@@ -1,0 +1,144 @@
+//! `lamina serve`: the OpenAI-compatible HTTP server.
+//!
+//! Binds first (so `/health` answers 503 while the model loads), starts the
+//! engine thread, logs the model and its placement, then
+//! `listening on http://HOST:PORT` once requests can be served. Ctrl-C or
+//! SIGTERM stops accepting connections and lets open ones finish.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use lamina_engine::{Engine, EngineConfig, Status};
+use tokio::net::TcpListener;
+
+use crate::http::{self, AppState};
+
+pub struct ServeArgs {
+    pub file: PathBuf,
+    pub host: String,
+    pub port: u16,
+    pub n_ctx: Option<usize>,
+    pub parallel: usize,
+    pub api_key: Option<String>,
+    pub api_key_file: Option<PathBuf>,
+    pub chat_template_file: Option<PathBuf>,
+    pub max_queue: usize,
+    pub max_tokens: usize,
+    pub timeout_s: u64,
+    pub body_limit: usize,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let api_key = match (&a.api_key, &a.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading --api-key-file {}", f.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
+    if api_key.as_deref() == Some("") {
+        bail!("the API key is empty");
+    }
+    let chat_template = a
+        .chat_template_file
+        .as_ref()
+        .map(|f| {
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading --chat-template-file {}", f.display()))
+        })
+        .transpose()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lamina-http")
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(serve(a, api_key, chat_template))
+}
+
+async fn serve(
+    a: ServeArgs,
+    api_key: Option<String>,
+    chat_template: Option<String>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind((a.host.as_str(), a.port))
+        .await
+        .with_context(|| format!("binding {}:{}", a.host, a.port))?;
+    let local: SocketAddr = listener.local_addr()?;
+
+    let engine = Engine::start(EngineConfig {
+        model: a.file.clone(),
+        n_ctx: a.n_ctx,
+        n_parallel: a.parallel.max(1),
+        max_queue: a.max_queue,
+        max_tokens: a.max_tokens.max(1),
+        timeout: Duration::from_secs(a.timeout_s.max(1)),
+        chat_template,
+        ..EngineConfig::new(&a.file)
+    })?;
+    let keyed = api_key.is_some();
+    let state = Arc::new(AppState::new(engine.clone(), api_key, a.body_limit));
+    let server = axum::serve(listener, http::app(state)).with_graceful_shutdown(shutdown());
+    let server = tokio::spawn(async move { server.await });
+
+    loop {
+        match engine.status() {
+            Status::Ready(_) => break,
+            Status::Failed(e) => bail!("{e}"),
+            Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    if !keyed && !local.ip().is_loopback() {
+        tracing::warn!("listening beyond this machine without an API key (--api-key)");
+    }
+    let url_host = match local {
+        SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
+        SocketAddr::V4(v4) => v4.ip().to_string(),
+    };
+    tracing::info!("listening on http://{url_host}:{}", local.port());
+    server
+        .await
+        .context("the HTTP server task failed")?
+        .context("serving HTTP")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutting down: no new connections; open ones finish");
+}
+
+fn init_tracing() {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
