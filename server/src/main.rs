@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use lamina_gguf::{LoadMode, Model};
 
+mod bench;
 mod devices;
 mod fit;
 mod http;
@@ -162,11 +163,77 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
     /// List the GPU adapters wgpu sees, with the limits that matter for inference.
     Devices {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Mat-vec GB/s per weight type (GPU beside a copy kernel, CPU beside
+    /// memcpy) and GPU mat-mul GFLOP/s.
+    Kernels {
+        #[arg(long, default_value_t = 4096)]
+        rows: usize,
+        #[arg(long, default_value_t = 4096)]
+        cols: usize,
+        #[arg(long, default_value_t = 20)]
+        iters: u32,
+        /// Columns of the mat-mul measurement (0 skips it).
+        #[arg(long, default_value_t = 512)]
+        matmul_cols: usize,
+        /// Only the GPU kernels.
+        #[arg(long, conflicts_with = "cpu_only")]
+        gpu_only: bool,
+        /// Only the CPU kernels.
+        #[arg(long)]
+        cpu_only: bool,
+        /// CPU threads (default: all cores).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prompt processing (pp) and generation (tg) tokens/s, as llama-bench measures them.
+    Model {
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+        n_prompt: usize,
+        #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
+        n_gen: usize,
+        #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+        reps: usize,
+        #[arg(
+            long = "n-gpu-layers",
+            visible_alias = "ngl",
+            short = 'g',
+            default_value = "0"
+        )]
+        ngl: load::Ngl,
+        /// CPU threads (default: all cores).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn thread_pool(threads: Option<usize>) -> anyhow::Result<()> {
+    if let Some(t) = threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t.max(1))
+            .build_global()
+            .context("starting the CPU thread pool")?;
+    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -280,6 +347,52 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             n_parallel: parallel.max(1),
             json,
         })?,
+        Command::Bench {
+            what:
+                BenchCommand::Kernels {
+                    rows,
+                    cols,
+                    iters,
+                    matmul_cols,
+                    gpu_only,
+                    cpu_only,
+                    threads,
+                    json,
+                },
+        } => {
+            thread_pool(threads)?;
+            bench::kernels(&bench::KernelArgs {
+                rows,
+                cols,
+                iters: iters.max(1),
+                gpu: !cpu_only,
+                cpu: !gpu_only,
+                matmul_cols,
+                json,
+            })?
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Model {
+                    file,
+                    n_prompt,
+                    n_gen,
+                    reps,
+                    ngl,
+                    threads,
+                    json,
+                },
+        } => {
+            thread_pool(threads)?;
+            bench::model(&bench::ModelArgs {
+                file,
+                n_prompt,
+                n_gen,
+                reps,
+                ngl,
+                json,
+            })?
+        }
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())
