@@ -1,0 +1,354 @@
+//! `lamina serve` as a black box: the binary on a real listener (port 0,
+//! never a fixed one), driven over HTTP/1.1 as clients drive it. SmolLM2,
+//! greedy, short max_tokens.
+#![allow(clippy::unwrap_used)]
+
+mod client;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn model() -> String {
+    let dir = std::env::var_os("LAMINA_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
+        });
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-models.sh",
+        p.display()
+    );
+    p.to_str().unwrap().to_owned()
+}
+
+/// A running `lamina serve`; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    /// The API key the server was started with, for `/metrics`.
+    key: Option<String>,
+}
+
+impl Server {
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lamina"));
+        cmd.args(["serve", "-m", &model(), "--port", "0"])
+            .args(args)
+            .env_remove("LAMINA_API_KEY")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(at) = line.find("listening on http://") {
+                    let addr = &line[at + "listening on http://".len()..];
+                    let port = addr
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.trim().parse::<u16>().ok());
+                    let _ = tx.send(port);
+                }
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(60))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                panic!("lamina serve did not report a listening address");
+            });
+        let key = env
+            .iter()
+            .find(|(k, _)| *k == "LAMINA_API_KEY")
+            .map(|(_, v)| format!("Bearer {v}"));
+        Server { child, port, key }
+    }
+
+    fn chat(&self, body: Value) -> client::Response {
+        client::post(self.port, "/v1/chat/completions", &body)
+    }
+
+    /// Polls `/metrics` until `name` reaches `want` (or panics after 10 s).
+    fn wait_metric(&self, name: &str, want: f64) {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let auth: Vec<(&str, &str)> = self
+                .key
+                .iter()
+                .map(|k| ("Authorization", k.as_str()))
+                .collect();
+            let text = client::request(self.port, "GET", "/metrics", None, &auth).body;
+            let v = text.lines().find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|r| r.trim().parse::<f64>().ok())
+            });
+            if v == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < end,
+                "{name} is {v:?}, expected {want}\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn user(text: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": "SmolLM2",
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    })
+}
+
+fn content(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn greedy_chat_equals_lamina_run_chat() {
+    let prompt = "What is the capital of France?";
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["run", "-m", &model(), "-p", prompt, "--chat"])
+        .args(["-n", "8", "--temp", "0", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let server = Server::start(&[], &[]);
+    let r = server.chat(user(prompt, 8));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(content(&v), run["text"].as_str().unwrap());
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        run["prompt_tokens"].as_array().unwrap().len()
+    );
+}
+
+#[test]
+fn chat_matches_llama_server_reference() {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference/llama.cpp/server_reference.json");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let chat = &reference["models"]["smollm2"]["chat"];
+    let server = Server::start(&[], &[]);
+    let mut body = json!({"messages": chat["request"]["messages"], "temperature": 0, "max_tokens": 40, "seed": 1});
+    body["model"] = json!("anything");
+    let v = server.chat(body).json();
+    let want = &chat["response"];
+    assert_eq!(v["choices"][0]["message"], want["choices"][0]["message"]);
+    assert_eq!(
+        v["choices"][0]["finish_reason"],
+        want["choices"][0]["finish_reason"]
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]);
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        want["usage"]["completion_tokens"]
+    );
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    for k in [
+        "prompt_n",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_per_second",
+        "cache_n",
+    ] {
+        assert!(v["timings"][k].is_number(), "timings.{k} in {v}");
+    }
+}
+
+#[test]
+fn streamed_chunks_reassemble_to_the_same_text() {
+    let server = Server::start(&[], &[]);
+    let prompt = "Write one sentence about the sea.";
+    let whole = content(&server.chat(user(prompt, 12)).json());
+
+    let mut body = user(prompt, 12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = server.chat(body);
+    assert_eq!(r.status, 200);
+    assert!(
+        r.head.contains("content-type: text/event-stream"),
+        "{}",
+        r.head
+    );
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, whole);
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+}
+
+#[test]
+fn four_concurrent_clients_all_complete_with_their_solo_output() {
+    let server = Server::start(&["--parallel", "4", "-c", "4096"], &[]);
+    let prompts = [
+        "Name a fruit.",
+        "What is 3 times 3?",
+        "Say hello in French.",
+        "What color is the sky?",
+    ];
+    let solo: Vec<String> = prompts
+        .iter()
+        .map(|p| content(&server.chat(user(p, 8)).json()))
+        .collect();
+    let port = server.port;
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = user(p, 8);
+            std::thread::spawn(move || client::post(port, "/v1/chat/completions", &body))
+        })
+        .collect();
+    for (h, want) in handles.into_iter().zip(&solo) {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(&content(&r.json()), want);
+    }
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_stream_frees_its_slot() {
+    let server = Server::start(&["--parallel", "1"], &[]);
+    let mut body = user("Tell me a long story about a dragon.", 200);
+    body["stream"] = json!(true);
+    let s = client::open(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        &[],
+    );
+    let reader = client::read_until(s, "\"content\":\"");
+    drop(reader);
+    server.wait_metric("lamina_sequences_dropped_total", 1.0);
+    server.wait_metric("lamina_active_sequences", 0.0);
+    // The next client is served normally, in the same (only) slot.
+    let r = server.chat(user("Name a fruit.", 4));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn full_queue_is_503_at_once_and_the_key_comes_from_the_environment() {
+    let server = Server::start(
+        &["--parallel", "1", "--max-queue", "0"],
+        &[("LAMINA_API_KEY", "k-123")],
+    );
+    let auth = [("Authorization", "Bearer k-123")];
+    let denied = client::get(server.port, "/v1/models");
+    assert_eq!(denied.status, 401);
+    assert_eq!(denied.json()["error"]["type"], "authentication_error");
+    assert_eq!(client::get(server.port, "/health").status, 200);
+
+    let mut body = user("Tell me a long story about a dragon.", 200);
+    body["stream"] = json!(true);
+    let s = client::open(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        &auth,
+    );
+    let busy = client::read_until(s, "\"content\":\"");
+    let t = Instant::now();
+    let r = client::request(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&user("Hi", 2)),
+        &auth,
+    );
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(t.elapsed() < Duration::from_secs(2), "refused at once");
+    assert!(r.head.contains("retry-after:"), "{}", r.head);
+    assert_eq!(r.json()["error"]["type"], "unavailable_error");
+    drop(busy);
+    server.wait_metric("lamina_active_sequences", 0.0);
+    let r = client::request(
+        server.port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&user("Hi", 2)),
+        &auth,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn completions_take_text_or_token_ids() {
+    let server = Server::start(&[], &[]);
+    let body = json!({"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0});
+    let v = client::post(server.port, "/v1/completions", &body).json();
+    assert_eq!(v["object"], "text_completion");
+    let text = v["choices"][0]["text"].as_str().unwrap().to_owned();
+    // llama-server's greedy continuation begins " Paris.\n".
+    assert!(text.starts_with(" Paris"), "{text:?}");
+
+    let ids = client::post(
+        server.port,
+        "/tokenize",
+        &json!({"content": "The capital of France is", "add_special": true}),
+    )
+    .json();
+    let body = json!({"prompt": ids["tokens"], "max_tokens": 3, "temperature": 0});
+    let v = client::post(server.port, "/v1/completions", &body).json();
+    assert_eq!(v["choices"][0]["text"], text.as_str());
+    assert!(
+        v["timings"]["cache_n"].as_u64().unwrap() > 0,
+        "the prefix was reused: {v}"
+    );
+}
