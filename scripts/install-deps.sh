@@ -47,6 +47,10 @@ install_python() {
   if ! python3 -c 'import gguf, numpy' 2>/dev/null; then
     python3 -m pip install -q 'gguf>=0.17' numpy
   fi
+  # openai: the official client, driven against `lamina serve` in the tests.
+  if ! python3 -c 'import openai' 2>/dev/null; then
+    python3 -m pip install -q openai
+  fi
 }
 
 install_lavapipe

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod client;
+mod openai;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

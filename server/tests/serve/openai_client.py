@@ -1,0 +1,202 @@
+"""Lamina's server driven by the official `openai` Python client, as users
+drive it. Run by `cargo test -p lamina --test serve` (openai.rs) against a
+`lamina serve` it starts; usage: openai_client.py BASE_URL API_KEY.
+
+Prints one line per check and exits non-zero if any failed.
+"""
+
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+
+BASE, KEY = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def raw(path, body, headers=None, method="POST"):
+    """(status, parsed JSON or text) of a request sent without the SDK."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    h = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+    h.update(headers or {})
+    req = urllib.request.Request(BASE + path, data=data, headers=h, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        text, status = e.read().decode(), e.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def non_streaming():
+    r = client.chat.completions.create(model="local", messages=MSG, temperature=0, max_tokens=8)
+    assert r.object == "chat.completion", r
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content, r
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
+    return r.choices[0].message.content
+
+
+def streaming_with_usage():
+    whole = client.chat.completions.create(
+        model="local", messages=MSG, temperature=0, max_tokens=8
+    ).choices[0].message.content
+    parts, usage, finish = [], None, None
+    stream = client.chat.completions.create(
+        model="local", messages=MSG, temperature=0, max_tokens=8,
+        stream=True, stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                parts.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    assert "".join(parts) == whole, (parts, whole)
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+def max_tokens_and_stop():
+    r = client.chat.completions.create(model="local", messages=MSG, temperature=0, max_tokens=2)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2, r
+    full = client.chat.completions.create(model="local", messages=MSG, temperature=0, max_tokens=10)
+    text = full.choices[0].message.content
+    word = text.split()[1] if len(text.split()) > 1 else text[-1]
+    r = client.chat.completions.create(model="local", messages=MSG, temperature=0, max_tokens=10, stop=[word])
+    assert r.choices[0].finish_reason == "stop", r
+    assert word not in r.choices[0].message.content
+    assert text.startswith(r.choices[0].message.content)
+
+
+def seed_reproducibility():
+    def once():
+        return client.chat.completions.create(
+            model="local", messages=MSG, temperature=1.0, seed=1234, max_tokens=12
+        ).choices[0].message.content
+    assert once() == once()
+
+
+def logprobs():
+    r = client.chat.completions.create(
+        model="local", messages=MSG, temperature=0, max_tokens=3, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) >= 1
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def completions_and_models():
+    r = client.completions.create(model="local", prompt="The capital of France is", max_tokens=3, temperature=0)
+    assert r.choices[0].text.startswith(" Paris"), r
+    models = client.models.list()
+    assert models.data[0].id.endswith(".gguf")
+
+
+def tokenize_round_trip():
+    s, v = raw("/tokenize", {"content": "Hello, world!"})
+    assert s == 200, v
+    s, v = raw("/detokenize", {"tokens": v["tokens"]})
+    assert s == 200 and v["content"] == "Hello, world!", v
+
+
+def bad_requests():
+    s, v = raw("/v1/chat/completions", b'{"messages": [')
+    assert s == 400 and v["error"]["type"] == "invalid_request_error", (s, v)
+    try:
+        client.chat.completions.create(model="local", messages=MSG, max_tokens="many")
+        raise AssertionError("a string max_tokens was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "max_tokens", e.body
+    try:
+        client.chat.completions.create(model="local", messages=MSG, n=2)
+        raise AssertionError("n=2 was accepted")
+    except openai.BadRequestError as e:
+        assert "n must be 1" in e.message
+    # Unknown fields are ignored, as OpenAI ignores them.
+    r = client.chat.completions.create(
+        model="local", messages=MSG, max_tokens=1, extra_body={"not_a_field": {"x": 1}}
+    )
+    assert r.choices[0].message is not None
+    s, v = raw("/v1/chat/completions", {"messages": MSG, "pad": "x" * (2 << 20)})
+    assert s == 413, (s, v)
+    bad = openai.OpenAI(base_url=BASE + "/v1", api_key="wrong", max_retries=0)
+    try:
+        bad.models.list()
+        raise AssertionError("a wrong key was accepted")
+    except openai.AuthenticationError:
+        pass
+
+
+def eight_concurrent_streams():
+    results, errors = [None] * 8, []
+
+    def run(i):
+        try:
+            out = []
+            for chunk in client.chat.completions.create(
+                model="local", messages=[{"role": "user", "content": f"Count to {i + 2}."}],
+                temperature=0, max_tokens=6, stream=True,
+            ):
+                out.extend(c.delta.content or "" for c in chunk.choices)
+            results[i] = "".join(out)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(r for r in results), results
+
+
+def disconnect_mid_stream():
+    stream = client.chat.completions.create(
+        model="local", messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=300, stream=True,
+    )
+    for chunk in stream:
+        if any(c.delta.content for c in chunk.choices):
+            break
+    stream.close()
+    deadline = time.time() + 10
+    while True:
+        s, text = raw("/metrics", b"", method="GET")
+        active = [l for l in text.splitlines() if l.startswith("lamina_active_sequences ")]
+        if active and float(active[0].split()[1]) == 0:
+            break
+        assert time.time() < deadline, text
+        time.sleep(0.05)
+    assert non_streaming()
+
+
+CHECKS = [
+    non_streaming, streaming_with_usage, max_tokens_and_stop, seed_reproducibility,
+    logprobs, completions_and_models, tokenize_round_trip, bad_requests,
+    eight_concurrent_streams, disconnect_mid_stream,
+]
+
+failed = 0
+for check in CHECKS:
+    try:
+        check()
+        print(f"ok   {check.__name__}")
+    except Exception as e:  # noqa: BLE001 - every failure is reported
+        failed += 1
+        print(f"FAIL {check.__name__}: {e!r}")
+print(f"openai client: {len(CHECKS) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
