@@ -8,6 +8,8 @@
 //! - [`Backend`] (`backend.rs`): the seam to the forward pass; the CPU model
 //!   implements it, a GPU model will implement the same trait.
 //! - [`StopMatcher`] (`stop.rs`): stop strings held back while they form.
+//! - [`JsonState`] (`json.rs`): JSON mode, tokens masked to keep the output
+//!   a valid JSON object.
 //! - [`Metrics`] (`metrics.rs`): counters for `/metrics`.
 //!
 //! Nothing here knows HTTP: the server turns [`Event`]s into JSON or SSE.
@@ -18,6 +20,7 @@
 mod backend;
 mod engine;
 mod error;
+mod json;
 mod metrics;
 mod model_info;
 mod request;
@@ -27,7 +30,10 @@ mod stop;
 pub use backend::{Backend, Cache};
 pub use engine::{Engine, EngineConfig, Status};
 pub use error::EngineError;
+pub use json::JsonState;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use model_info::{ModelInfo, TemplateOrigin};
-pub use request::{Event, Events, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
+pub use request::{
+    Constraint, Event, Events, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
+};
 pub use stop::{Pushed, StopMatcher};

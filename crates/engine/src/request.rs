@@ -22,6 +22,15 @@ pub struct GenerateParams {
     pub logprobs: Option<usize>,
     /// Wall-clock budget for this request, on top of the server-wide one.
     pub timeout: Option<Duration>,
+    /// A shape the output must keep (JSON mode).
+    pub constraint: Option<Constraint>,
+}
+
+/// Output constraints enforced by masking tokens before sampling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Constraint {
+    /// One JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
 }
 
 /// Why a sequence ended, in OpenAI's words.

@@ -13,6 +13,7 @@
 //! Greedy outputs do not depend on what else runs: every sequence has its own
 //! cache and sampler, and the backend computes each independently.
 
+use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
@@ -24,9 +25,12 @@ use tokio::sync::mpsc as tmpsc;
 
 use crate::backend::{Backend, Cache};
 use crate::error::EngineError;
+use crate::json::JsonState;
 use crate::metrics::Metrics;
 use crate::model_info::ModelInfo;
-use crate::request::{Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
+use crate::request::{
+    Constraint, Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
+};
 use crate::stop::StopMatcher;
 
 /// A queued request.
@@ -66,6 +70,8 @@ struct Sequence {
     generated: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
+    /// JSON mode: where the output stands.
+    json: Option<JsonState>,
     deadline: Instant,
     submitted: Instant,
     started: Instant,
@@ -105,6 +111,8 @@ struct Ctx<'a> {
     metrics: &'a Metrics,
     outstanding: &'a AtomicUsize,
     limits: Limits,
+    /// Every token's bytes, built the first time JSON mode needs them.
+    pieces: OnceCell<Vec<Vec<u8>>>,
 }
 
 /// Serves jobs until every sender is gone and nothing is running.
@@ -121,6 +129,7 @@ pub(crate) fn run<B: Backend>(
         metrics,
         outstanding,
         limits,
+        pieces: OnceCell::new(),
     };
     let mut slots: Vec<Slot<B::Cache>> = (0..info.n_parallel)
         .map(|_| Slot {
@@ -243,6 +252,9 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
         generated: 0,
         max_tokens,
         logprobs: p.logprobs,
+        json: p.constraint.map(|c| match c {
+            Constraint::JsonObject => JsonState::new(),
+        }),
         deadline: now + timeout,
         submitted: job.submitted,
         started: now,
@@ -342,12 +354,29 @@ fn sample_one(
 ) -> Option<Exit> {
     // Log-probabilities describe the model, before bias and penalties.
     let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
+    if let Some(js) = &seq.json {
+        let pieces = ctx.pieces.get_or_init(|| {
+            (0..logits.len())
+                .map(|id| ctx.tok.token_to_piece(id as u32))
+                .collect()
+        });
+        if js.mask(logits, pieces, |id| ctx.tok.is_eog(id)) == 0 {
+            // No token can continue the text: end rather than emit garbage.
+            return Some(Exit::Finished(FinishReason::Stop));
+        }
+    }
     let id = seq.sampler.sample(logits, &seq.history);
     // The end-of-generation token counts as generated, as llama-server
     // counts it (`predicted_n`, `completion_tokens`), though it is not shown.
     seq.generated += 1;
     if ctx.tok.is_eog(id) {
         return Some(Exit::Finished(FinishReason::Stop));
+    }
+    if let (Some(js), Some(pieces)) = (seq.json.as_mut(), ctx.pieces.get()) {
+        // The mask allowed this token, so its bytes continue the text.
+        if let Some(p) = pieces.get(id as usize) {
+            js.push_bytes(p);
+        }
     }
     seq.history.push(id);
     let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));

@@ -45,6 +45,7 @@ fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
         stop: Vec::new(),
         logprobs: None,
         timeout: None,
+        constraint: None,
     }
 }
 

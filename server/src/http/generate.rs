@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lamina_chat::RenderOptions;
-use lamina_engine::{Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
+use lamina_engine::{Constraint, Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -178,6 +178,7 @@ async fn run(
         stop: s.stop,
         logprobs: s.logprobs,
         timeout: None,
+        constraint: s.json.then_some(Constraint::JsonObject),
     })?;
     let meta = Meta::new(info, api);
     if s.stream {

@@ -111,6 +111,8 @@ pub struct Sampling {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// `response_format: {"type": "json_object"}`.
+    pub json: bool,
 }
 
 /// Which endpoint a body came to: the two spell log-probs differently.
@@ -129,18 +131,22 @@ pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Samp
             ));
         }
     }
-    if let Some(rf) = b.get("response_format") {
-        let ty = rf.get("type").and_then(Value::as_str);
-        if ty != Some("text") {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!(
-                    "response_format type {} is not supported yet (only \"text\")",
-                    ty.map_or("(missing)".to_owned(), |t| format!("{t:?}"))
-                ),
-            ));
-        }
-    }
+    let json = match b.get("response_format") {
+        None => false,
+        Some(rf) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => false,
+            Some("json_object") => true,
+            ty => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!(
+                        "response_format type {} is not supported yet (\"text\" and \"json_object\" are)",
+                        ty.map_or("(missing)".to_owned(), |t| format!("{t:?}"))
+                    ),
+                ))
+            }
+        },
+    };
 
     let d = SamplerConfig::default();
     let mut s = SamplerConfig {
@@ -247,6 +253,7 @@ pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Samp
         logprobs,
         stream: b.bool("stream")?.unwrap_or(false),
         include_usage,
+        json,
     })
 }
 

@@ -305,7 +305,7 @@ async fn invalid_fields_are_400_naming_the_field() {
             "between -100 and 100",
         ),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema"}}),
             "response_format",
             "not supported yet",
         ),

@@ -353,3 +353,15 @@ fn completions_take_text_or_token_ids() {
         "the prefix was reused: {v}"
     );
 }
+
+#[test]
+fn json_mode_output_is_a_json_object() {
+    let server = Server::start(&[], &[]);
+    let mut body = user("Describe a cat as JSON with a name and an age.", 120);
+    body["response_format"] = json!({"type": "json_object"});
+    let v = server.chat(body).json();
+    let text = content(&v);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{text}");
+    let parsed: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(parsed.is_object(), "{text}");
+}
