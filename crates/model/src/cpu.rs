@@ -55,6 +55,14 @@ impl KvCache {
     }
 }
 
+/// Rows of a multi-sequence batch that belong to one sequence.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    start: usize,
+    n: usize,
+    pos0: usize,
+}
+
 /// Which positions of a batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -102,6 +110,47 @@ impl<'a> CpuModel<'a> {
         }
         cache.len = pos0 + tokens.len();
         self.head(&x, tokens.len(), which)
+    }
+
+    /// One step for several sequences at once, each with its own cache:
+    /// their tokens go through every weight together (read once), and each
+    /// gets the logits of its last token. Results equal separate
+    /// [`CpuModel::forward`] calls bit for bit.
+    pub fn forward_multi(
+        &self,
+        work: &mut [(&[u32], &mut KvCache)],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let mut segs = Vec::with_capacity(work.len());
+        let mut tokens = Vec::new();
+        for (t, cache) in work.iter() {
+            self.check_room(t.len(), cache.len, cache.n_ctx)?;
+            if t.is_empty() {
+                return Err(ModelError::EmptyBatch);
+            }
+            segs.push(Segment {
+                start: tokens.len(),
+                n: t.len(),
+                pos0: cache.len,
+            });
+            tokens.extend_from_slice(t);
+        }
+        let mut x = self.embed(&tokens)?;
+        let mut caches: Vec<&mut KvCache> = work.iter_mut().map(|(_, c)| &mut **c).collect();
+        for il in 0..c.n_layer {
+            self.layer_multi(il, &mut x, &segs, &mut caches)?;
+        }
+        for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
+            cache.len = sg.pos0 + sg.n;
+        }
+        // The last row of each sequence, through the head as one product.
+        let e = c.n_embd;
+        let mut last = Vec::with_capacity(segs.len() * e);
+        for sg in &segs {
+            last.extend_from_slice(&x[(sg.start + sg.n - 1) * e..][..e]);
+        }
+        let logits = self.head(&last, segs.len(), Logits::From(0))?;
+        Ok(logits.chunks(c.n_vocab).map(<[f32]>::to_vec).collect())
     }
 
     pub(crate) fn check_room(&self, n: usize, pos0: usize, n_ctx: usize) -> Result<(), ModelError> {
@@ -165,9 +214,36 @@ impl<'a> CpuModel<'a> {
         pos0: usize,
         cache: &mut KvCache,
     ) -> Result<(), ModelError> {
+        self.layer_multi(il, x, &[Segment { start: 0, n, pos0 }], &mut [cache])
+    }
+
+    /// Runs layer `il` over several sequences at once: rows
+    /// `seg.start..seg.start + seg.n` of `x` belong to the sequence whose
+    /// cache is `caches[i]`, at positions `seg.pos0..`. The projections are
+    /// one matrix product over all rows (each weight read once per step);
+    /// attention is per sequence, against its own cache. Because the kernels
+    /// are batch invariant, a sequence's result does not depend on what else
+    /// is in the batch.
+    fn layer_multi(
+        &self,
+        il: usize,
+        x: &mut [f32],
+        segs: &[Segment],
+        caches: &mut [&mut KvCache],
+    ) -> Result<(), ModelError> {
         let l = &self.weights.layers[il];
         let c = &self.config;
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
+        let n = x.len() / e;
+        // Each row's sequence and position.
+        let mut row_seg = vec![0usize; n];
+        let mut row_pos = vec![0usize; n];
+        for (si, sg) in segs.iter().enumerate() {
+            for t in 0..sg.n {
+                row_seg[sg.start + t] = si;
+                row_pos[sg.start + t] = sg.pos0 + t;
+            }
+        }
 
         let mut h = x.to_vec();
         h.chunks_mut(e)
@@ -196,23 +272,29 @@ impl<'a> CpuModel<'a> {
                     if let Some(w) = norm {
                         ops::rms_norm(head, w, c.rms_eps);
                     }
-                    ops::rope(head, pos0 + t, base, c.rope_dim, c.rope_neox);
+                    ops::rope(head, row_pos[t], base, c.rope_dim, c.rope_neox);
                 }
             }
         }
-        let kc = &mut cache.k[il];
-        let vc = &mut cache.v[il];
-        kc[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&k);
-        vc[pos0 * kvd..(pos0 + n) * kvd].copy_from_slice(&v);
+        for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
+            let rows = sg.start * kvd..(sg.start + sg.n) * kvd;
+            let at = sg.pos0 * kvd..(sg.pos0 + sg.n) * kvd;
+            cache.k[il][at.clone()].copy_from_slice(&k[rows.clone()]);
+            cache.v[il][at].copy_from_slice(&v[rows]);
+        }
 
         // Attention, one (token, head) pair per task.
         let group = c.n_head / c.n_head_kv;
         let window = if c.is_swa(il) { c.sliding_window } else { None };
-        let (kc, vc) = (&cache.k[il], &cache.v[il]);
+        let kv: Vec<(&[f32], &[f32])> = caches
+            .iter()
+            .map(|cache| (&cache.k[il][..], &cache.v[il][..]))
+            .collect();
         let mut attn = vec![0.0f32; n * qd];
         attn.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
             let (t, head) = (i / c.n_head, i % c.n_head);
-            let p = pos0 + t;
+            let (kc, vc) = kv[row_seg[t]];
+            let p = row_pos[t];
             let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
             let qh = &q[t * qd + head * hd..][..hd];
             let kvh = head / group;

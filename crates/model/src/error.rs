@@ -22,6 +22,8 @@ pub enum ModelError {
     BadToken { id: u32, n_vocab: usize },
     #[error("position {pos} is past the context of {n_ctx}")]
     ContextFull { pos: usize, n_ctx: usize },
+    #[error("a sequence in the batch has no tokens")]
+    EmptyBatch,
     #[error("GPU: {0}")]
     Gpu(String),
     #[error(transparent)]

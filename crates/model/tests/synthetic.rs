@@ -311,3 +311,40 @@ fn missing_and_misshapen_parts_are_named() {
         Ok(KV_HEADS)
     ));
 }
+
+/// Several sequences in one step (a decode beside a prompt beside a longer
+/// decode) give each the bits it gets alone: the server's promise that a
+/// request's output does not depend on what else is running.
+#[test]
+fn a_multi_sequence_step_equals_separate_steps_bit_for_bit() {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+        let file = open(&Spec::new(arch));
+        let m = CpuModel::load(&file).unwrap();
+        let new = || KvCache::new(&m.config, 32);
+        let (mut a1, mut b1, mut c1) = (new(), new(), new());
+        let (mut a2, mut b2, mut c2) = (new(), new(), new());
+        // Histories of different lengths.
+        m.forward(&PROMPT, &mut a1, Logits::Last).unwrap();
+        m.forward(&PROMPT, &mut a2, Logits::Last).unwrap();
+        m.forward(&[1, 2, 3], &mut b1, Logits::Last).unwrap();
+        m.forward(&[1, 2, 3], &mut b2, Logits::Last).unwrap();
+        let steps: [&[u32]; 3] = [&[40], &[41, 42], &[9, 8, 7, 6]];
+        let alone = [
+            m.forward(steps[0], &mut a1, Logits::Last).unwrap(),
+            m.forward(steps[1], &mut b1, Logits::Last).unwrap(),
+            m.forward(steps[2], &mut c1, Logits::Last).unwrap(),
+        ];
+        let together = m
+            .forward_multi(&mut [
+                (steps[0], &mut a2),
+                (steps[1], &mut b2),
+                (steps[2], &mut c2),
+            ])
+            .unwrap();
+        for (i, (x, y)) in alone.iter().zip(&together).enumerate() {
+            let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{arch}: sequence {i} differs when batched");
+        }
+        assert_eq!((a2.len(), b2.len(), c2.len()), (6, 5, 4));
+    }
+}
