@@ -4,7 +4,8 @@
 //! give me the last logits". The CPU forward pass implements it today; a GPU
 //! or mixed-device model implements the same trait and the loop is unchanged.
 //! [`Backend::forward_batch`] is where a backend that can decode many
-//! sequences in one pass overrides the one-at-a-time default.
+//! sequences in one pass overrides the one-at-a-time default; the CPU model
+//! does, with `forward_multi`.
 
 use lamina_model::{Config, CpuModel, KvCache, Logits, ModelError};
 
@@ -71,5 +72,23 @@ impl Backend for CpuModel<'_> {
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
         CpuModel::forward(self, tokens, cache, Logits::Last)
+    }
+
+    /// All sequences through each weight together (read once per step),
+    /// bit-identical to separate calls. If the joint call fails, each
+    /// sequence runs alone so one bad sequence cannot fail the others: the
+    /// joint call commits no cache length before it succeeds.
+    fn forward_batch(
+        &self,
+        work: &mut [(&[u32], &mut KvCache)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        if work.len() > 1 {
+            if let Ok(all) = self.forward_multi(work) {
+                return all.into_iter().map(Ok).collect();
+            }
+        }
+        work.iter_mut()
+            .map(|(tokens, cache)| CpuModel::forward(self, tokens, cache, Logits::Last))
+            .collect()
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! Each slot owns a KV cache for `n_ctx_slot` positions and remembers which
 //! tokens it holds, so a request whose prompt starts with them (the same
-//! system prompt, a growing chat) only processes the rest. A step gives every
-//! active sequence one forward call: a chunk of at most `n_batch` prompt
-//! tokens while it is prefilling, then one token per step while decoding, so
+//! system prompt, a growing chat) only processes the rest. A step hands the
+//! backend every active sequence's next input together (one batched forward
+//! pass on the CPU model): a chunk of at most `n_batch` prompt tokens while a
+//! sequence is prefilling, then one token per step while decoding, so
 //! a new request joins at the next step and a long prompt cannot stall the
 //! others for more than a chunk. A sequence whose receiver is gone (client
 //! disconnected) is freed before its next forward call.
