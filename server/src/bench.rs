@@ -14,7 +14,7 @@ use lamina_gpu::{Gpu, GpuOptions, MatmulKernel};
 use lamina_model::Logits;
 use serde_json::json;
 
-use crate::load::{LoadArgs, Ngl};
+use lamina_model::placement::{LoadArgs, Ngl};
 
 /// Types the kernels issue covers on both devices.
 const TYPES: [GgmlType; 15] = [
@@ -219,7 +219,10 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         n_ctx,
         n_parallel: 1,
     };
-    let m = crate::load::load(&file, &load_args, a.json)?;
+    let (m, table) = lamina_model::placement::load(&file, &load_args)?;
+    if !a.json {
+        eprintln!("{table}");
+    }
     let vocab = m.config().n_vocab as u64;
     // Arbitrary but fixed token ids spread over the vocabulary.
     let prompt: Vec<u32> = (0..a.n_prompt as u64)

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use lamina_gguf::{LoadMode, Model};
-use lamina_model::plan::{self, Device, Plan, PlanParams};
+use lamina_model::plan::{self, PlanParams};
 use lamina_model::Config;
 use serde_json::json;
 
@@ -114,18 +114,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     }
     if let Some(b) = a.budget {
         let p = recommend(b, main_ctx);
-        println!("\n{}", summary(&p));
+        println!("\n{}", lamina_model::placement::summary(&p));
     }
     Ok(())
-}
-
-/// `offloaded 12/31 layers to GPU`, as llama.cpp says it.
-pub fn summary(p: &Plan) -> String {
-    let on_gpu = p.slots.iter().filter(|s| s.device == Device::Gpu).count();
-    format!(
-        "offloaded {on_gpu}/{} layers to GPU ({} GPU, {} CPU)",
-        p.n_layer + 1,
-        human_size(p.gpu_total()),
-        human_size(p.cpu_total())
-    )
 }

@@ -13,20 +13,7 @@ const HEADER_PAIRS: usize = 3;
 /// Bytes of one field shown in the hex walk before eliding.
 const HEX_FIELD_MAX: usize = 12;
 
-pub fn human_size(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
+pub use lamina_model::plan::human_size;
 
 fn hex(bytes: &[u8]) -> String {
     let shown = &bytes[..bytes.len().min(HEX_FIELD_MAX)];

@@ -12,7 +12,6 @@ mod devices;
 mod fit;
 mod http;
 mod inspect;
-mod load;
 mod run;
 mod serve;
 
@@ -89,7 +88,7 @@ enum Command {
             short = 'g',
             default_value = "auto"
         )]
-        ngl: load::Ngl,
+        ngl: lamina_model::placement::Ngl,
         /// GPU memory budget for placement, e.g. 6GiB.
         #[arg(long, value_parser = parse_size)]
         gpu_memory: Option<u64>,
@@ -145,6 +144,19 @@ enum Command {
         /// CPU threads (default: all cores).
         #[arg(short = 't', long, env = "LAMINA_THREADS")]
         threads: Option<usize>,
+        /// Slots on the GPU (blocks plus the output layer, which goes first),
+        /// `all`, or `auto` to fit --gpu-memory on a hardware GPU.
+        #[arg(
+            long = "n-gpu-layers",
+            visible_alias = "ngl",
+            short = 'g',
+            env = "LAMINA_N_GPU_LAYERS",
+            default_value = "auto"
+        )]
+        ngl: lamina_model::placement::Ngl,
+        /// GPU memory budget for placement, e.g. 6GiB.
+        #[arg(long, env = "LAMINA_GPU_MEMORY", value_parser = parse_size)]
+        gpu_memory: Option<u64>,
     },
     /// Plan layer placement for a GPU memory budget, from the header alone.
     Fit {
@@ -217,7 +229,7 @@ enum BenchCommand {
             short = 'g',
             default_value = "0"
         )]
-        ngl: load::Ngl,
+        ngl: lamina_model::placement::Ngl,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -312,6 +324,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             timeout_s,
             body_limit,
             threads,
+            ngl,
+            gpu_memory,
         } => {
             if let Some(t) = threads {
                 rayon::ThreadPoolBuilder::new()
@@ -332,6 +346,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_tokens,
                 timeout_s,
                 body_limit: usize::try_from(body_limit).unwrap_or(usize::MAX),
+                ngl,
+                gpu_memory,
             })?
         }
         Command::Fit {

@@ -29,7 +29,7 @@ pub struct RunArgs {
     pub chat: bool,
     pub json: bool,
     pub no_mmap: bool,
-    pub ngl: crate::load::Ngl,
+    pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
 }
 
@@ -51,13 +51,16 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         LoadMode::Mmap
     };
     let file = Model::open(&a.file, mode)?;
-    let load_args = crate::load::LoadArgs {
+    let load_args = lamina_model::placement::LoadArgs {
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
         n_ctx: a.n_ctx,
         n_parallel: 1,
     };
-    let model = crate::load::load(&file, &load_args, a.json)?;
+    let (model, table) = lamina_model::placement::load(&file, &load_args)?;
+    if !a.json {
+        eprintln!("{table}");
+    }
     let tok = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let load_ms = ms(t0);
 

@@ -29,6 +29,8 @@ pub struct ServeArgs {
     pub max_tokens: usize,
     pub timeout_s: u64,
     pub body_limit: usize,
+    pub ngl: lamina_model::placement::Ngl,
+    pub gpu_memory: Option<u64>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -80,6 +82,8 @@ async fn serve(
         max_tokens: a.max_tokens.max(1),
         timeout: Duration::from_secs(a.timeout_s.max(1)),
         chat_template,
+        ngl: a.ngl,
+        gpu_memory: a.gpu_memory,
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();

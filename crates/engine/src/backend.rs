@@ -7,7 +7,7 @@
 //! sequences in one pass overrides the one-at-a-time default; the CPU model
 //! does, with `forward_multi`.
 
-use lamina_model::{Config, CpuModel, KvCache, Logits, ModelError};
+use lamina_model::{Config, CpuModel, HybridCache, HybridModel, KvCache, Logits, ModelError};
 
 /// A sequence's KV cache as the scheduler sees it.
 pub trait Cache {
@@ -40,8 +40,9 @@ pub trait Backend {
 
     fn config(&self) -> &Config;
 
-    /// A cache for one sequence of at most `n_ctx` positions.
-    fn new_cache(&self, n_ctx: usize) -> Self::Cache;
+    /// A cache for one sequence of at most `n_ctx` positions (on the GPU,
+    /// for offloaded layers, so it can fail).
+    fn new_cache(&self, n_ctx: usize) -> Result<Self::Cache, ModelError>;
 
     /// Runs `tokens` after what `cache` holds and returns the logits of the
     /// last one (`n_vocab` floats).
@@ -66,8 +67,8 @@ impl Backend for CpuModel<'_> {
         &self.config
     }
 
-    fn new_cache(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(&self.config, n_ctx)
+    fn new_cache(&self, n_ctx: usize) -> Result<KvCache, ModelError> {
+        Ok(KvCache::new(&self.config, n_ctx))
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
@@ -89,6 +90,51 @@ impl Backend for CpuModel<'_> {
         }
         work.iter_mut()
             .map(|(tokens, cache)| CpuModel::forward(self, tokens, cache, Logits::Last))
+            .collect()
+    }
+}
+
+impl Cache for HybridCache {
+    fn len(&self) -> usize {
+        HybridCache::len(self)
+    }
+    fn capacity(&self) -> usize {
+        HybridCache::capacity(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        HybridCache::truncate(self, len)
+    }
+}
+
+/// The model as placement put it: blocks on the CPU, the GPU, or both.
+impl Backend for HybridModel<'_> {
+    type Cache = HybridCache;
+
+    fn config(&self) -> &Config {
+        HybridModel::config(self)
+    }
+
+    fn new_cache(&self, n_ctx: usize) -> Result<HybridCache, ModelError> {
+        HybridModel::new_cache(self, n_ctx)
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut HybridCache) -> Result<Vec<f32>, ModelError> {
+        HybridModel::forward(self, tokens, cache, Logits::Last)
+    }
+
+    /// As for the CPU model: jointly when it can, and one by one if the joint
+    /// step fails, so one bad sequence cannot fail the others.
+    fn forward_batch(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        if work.len() > 1 {
+            if let Ok(all) = self.forward_multi(work) {
+                return all.into_iter().map(Ok).collect();
+            }
+        }
+        work.iter_mut()
+            .map(|(tokens, cache)| HybridModel::forward(self, tokens, cache, Logits::Last))
             .collect()
     }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use lamina_gguf::{LoadMode, Model};
-use lamina_model::CpuModel;
+use lamina_model::placement::{self, LoadArgs, Ngl};
 use tokio::sync::mpsc as tmpsc;
 
 use crate::error::EngineError;
@@ -43,6 +43,10 @@ pub struct EngineConfig {
     pub n_batch: usize,
     /// A chat template to use instead of the file's.
     pub chat_template: Option<String>,
+    /// Layers on the GPU (`-ngl`), as `lamina run` places them.
+    pub ngl: Ngl,
+    /// GPU memory budget for placement.
+    pub gpu_memory: Option<u64>,
 }
 
 impl EngineConfig {
@@ -56,6 +60,8 @@ impl EngineConfig {
             timeout: Duration::from_secs(600),
             n_batch: 512,
             chat_template: None,
+            ngl: Ngl::Auto,
+            gpu_memory: None,
         }
     }
 }
@@ -263,10 +269,22 @@ fn load_and_serve(
     };
     let file = Model::open(&cfg.model, LoadMode::Mmap)
         .map_err(|e| fail(EngineError::Load(format!("{}: {e}", cfg.model.display()))))?;
-    let model = CpuModel::load(&file).map_err(|e| fail(EngineError::Load(e.to_string())))?;
-    let info = model_info::build(
+    // Placement needs the context first: the per-slot size decides the KV
+    // cache the plan accounts for.
+    let config = lamina_model::Config::from_gguf(&file)
+        .map_err(|e| fail(EngineError::Load(e.to_string())))?;
+    let (n_ctx_slot, _) = model_info::slot_context(&config, cfg.n_ctx, cfg.n_parallel);
+    let load = LoadArgs {
+        ngl: cfg.ngl,
+        gpu_memory: cfg.gpu_memory,
+        n_ctx: n_ctx_slot * cfg.n_parallel.max(1),
+        n_parallel: cfg.n_parallel.max(1),
+    };
+    let (model, table) =
+        placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;
+    let mut info = model_info::build(
         &file,
-        &model.config,
+        model.config(),
         &InfoParams {
             path: &cfg.model,
             n_ctx: cfg.n_ctx,
@@ -275,6 +293,9 @@ fn load_and_serve(
         },
     )
     .map_err(fail)?;
+    info.placement = table;
+    let slots = scheduler::slots(&model, &info)
+        .map_err(|e| fail(EngineError::Load(format!("allocating the KV cache: {e}"))))?;
     let info = Arc::new(info);
     tracing::info!(
         "model {} loaded in {:.0} ms: {} with {} blocks, {} parameters, vocabulary {}",
@@ -296,6 +317,7 @@ fn load_and_serve(
     scheduler::run(
         &model,
         &info,
+        slots,
         Limits {
             max_tokens: cfg.max_tokens.max(1),
             timeout: cfg.timeout,

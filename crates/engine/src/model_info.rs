@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use lamina_chat::{builtin_for, ChatTemplate};
 use lamina_gguf::Model;
-use lamina_model::plan::{self, PlanParams};
 use lamina_model::Config;
 use lamina_tokenizer::Tokenizer;
 
@@ -71,6 +70,21 @@ pub(crate) struct InfoParams<'a> {
 /// or less where the model was trained on less.
 const DEFAULT_SLOT_CTX: usize = 4096;
 
+/// `(tokens per slot, slots)` for a total context `n_ctx` (or the default)
+/// split over `n_parallel` slots, capped by the training context.
+pub(crate) fn slot_context(
+    config: &Config,
+    n_ctx: Option<usize>,
+    n_parallel: usize,
+) -> (usize, usize) {
+    let n_parallel = n_parallel.max(1);
+    let train = config.context_length.max(1);
+    let n_ctx = n_ctx
+        .filter(|&c| c > 0)
+        .unwrap_or(n_parallel * DEFAULT_SLOT_CTX.min(train));
+    ((n_ctx / n_parallel).min(train), n_parallel)
+}
+
 pub(crate) fn build(
     file: &Model,
     config: &Config,
@@ -80,13 +94,8 @@ pub(crate) fn build(
         Tokenizer::from_gguf(file).map_err(|e| EngineError::Load(format!("tokenizer: {e}")))?;
     let (template, template_origin) = template(file, &tokenizer, p.template_override)?;
 
-    let n_parallel = p.n_parallel.max(1);
-    let train = config.context_length.max(1);
-    let n_ctx = p
-        .n_ctx
-        .filter(|&c| c > 0)
-        .unwrap_or(n_parallel * DEFAULT_SLOT_CTX.min(train));
-    let n_ctx_slot = (n_ctx / n_parallel).min(train);
+    let (n_ctx_slot, n_parallel) = slot_context(config, p.n_ctx, p.n_parallel);
+    let n_ctx = p.n_ctx.unwrap_or(n_ctx_slot * n_parallel);
     if n_ctx_slot < 2 {
         return Err(EngineError::Load(format!(
             "a context of {n_ctx} split over {n_parallel} slots leaves {n_ctx_slot} tokens per slot"
@@ -95,27 +104,6 @@ pub(crate) fn build(
 
     let n_params = file.tensors().map(|t| t.info.n_elements).sum();
     let size_bytes = file.tensors().map(|t| t.info.n_bytes).sum();
-    let plan = plan::plan(
-        file,
-        config,
-        0,
-        &PlanParams {
-            n_ctx: n_ctx_slot * n_parallel,
-            n_parallel,
-            ..PlanParams::default()
-        },
-    );
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    let placement = format!(
-        "offloaded {}/{} layers to GPU (CPU forward pass); CPU weights {:.2} MiB, KV cache {:.2} MiB ({} slots x {} tokens, f32)",
-        plan.ngl,
-        plan.n_layer + 1,
-        mib(plan.cpu_weights),
-        mib(plan.cpu_kv + plan.gpu_kv),
-        n_parallel,
-        n_ctx_slot,
-    );
-
     Ok(ModelInfo {
         path: p.path.to_path_buf(),
         id: p
@@ -133,7 +121,8 @@ pub(crate) fn build(
         n_ctx: n_ctx_slot * n_parallel,
         n_ctx_slot,
         n_parallel,
-        placement,
+        // Filled in by the loader, which knows where the layers went.
+        placement: String::new(),
     })
 }
 

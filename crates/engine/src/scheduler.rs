@@ -48,7 +48,7 @@ pub(crate) struct Limits {
     pub n_batch: usize,
 }
 
-struct Slot<C> {
+pub(crate) struct Slot<C> {
     cache: C,
     /// The tokens whose keys and values `cache` holds, in order.
     tokens: Vec<u32>,
@@ -116,10 +116,28 @@ struct Ctx<'a> {
     pieces: OnceCell<Vec<Vec<u8>>>,
 }
 
+/// The slots' caches, allocated before the model is announced as ready so
+/// that an allocation failure is a load error.
+pub(crate) fn slots<B: Backend>(
+    backend: &B,
+    info: &ModelInfo,
+) -> Result<Vec<Slot<B::Cache>>, lamina_model::ModelError> {
+    (0..info.n_parallel)
+        .map(|_| {
+            Ok(Slot {
+                cache: backend.new_cache(info.n_ctx_slot)?,
+                tokens: Vec::new(),
+                seq: None,
+            })
+        })
+        .collect()
+}
+
 /// Serves jobs until every sender is gone and nothing is running.
 pub(crate) fn run<B: Backend>(
     backend: &B,
     info: &ModelInfo,
+    mut slots: Vec<Slot<B::Cache>>,
     limits: Limits,
     rx: mpsc::Receiver<Job>,
     metrics: &Metrics,
@@ -132,13 +150,6 @@ pub(crate) fn run<B: Backend>(
         limits,
         pieces: OnceCell::new(),
     };
-    let mut slots: Vec<Slot<B::Cache>> = (0..info.n_parallel)
-        .map(|_| Slot {
-            cache: backend.new_cache(info.n_ctx_slot),
-            tokens: Vec::new(),
-            seq: None,
-        })
-        .collect();
     metrics
         .kv_capacity
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);

@@ -24,6 +24,8 @@ pub enum ModelError {
     ContextFull { pos: usize, n_ctx: usize },
     #[error("a sequence in the batch has no tokens")]
     EmptyBatch,
+    #[error("{0}")]
+    Placement(String),
     #[error("GPU: {0}")]
     Gpu(String),
     #[error(transparent)]

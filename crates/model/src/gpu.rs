@@ -229,6 +229,28 @@ impl<'a> HybridModel<'a> {
         Ok(logits)
     }
 
+    /// One step for several sequences. With every layer on the CPU they go
+    /// through the weights together ([`CpuModel::forward_multi`]); with a
+    /// GPU part, one after the other. Either way each gets the bits it would
+    /// get alone.
+    pub fn forward_multi(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if self.gpu.is_none() {
+            let mut inner: Vec<(&[u32], &mut KvCache)> =
+                work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
+            let out = self.cpu.forward_multi(&mut inner)?;
+            for (t, c) in work.iter_mut() {
+                c.len += t.len();
+            }
+            return Ok(out);
+        }
+        work.iter_mut()
+            .map(|(t, c)| self.forward(t, c, Logits::Last))
+            .collect()
+    }
+
     fn scratch(&self, g: &Gpu, n: usize, kv_len: usize) -> Result<Scratch, ModelError> {
         let c = &self.cpu.config;
         let t = |len: usize| g.tensor(len).map_err(gpu_err);

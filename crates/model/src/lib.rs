@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod error;
 pub mod gpu;
 pub mod ops;
+pub mod placement;
 pub mod plan;
 pub mod weights;
 

@@ -223,6 +223,22 @@ pub fn all_plans(model: &Model, c: &Config, p: &PlanParams) -> Vec<Plan> {
         .collect()
 }
 
+/// `1.50 GiB`, `12.00 MiB`, `512 B`.
+pub fn human_size(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
 /// Parses `6GiB`, `512MiB`, `8GB`, `1.5G`, or a plain byte count.
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();

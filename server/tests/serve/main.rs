@@ -365,3 +365,20 @@ fn json_mode_output_is_a_json_object() {
     let parsed: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert!(parsed.is_object(), "{text}");
 }
+
+/// `--ngl all` on the software GPU serves the same greedy text as the CPU,
+/// and the log says where the layers went.
+#[test]
+fn offloaded_serve_answers_like_the_cpu() {
+    let body = user("Name a colour.", 6);
+    let cpu = Server::start(&["--ngl", "0", "-c", "256", "--parallel", "2"], &[]);
+    let want = content(&cpu.chat(body.clone()).json());
+    drop(cpu);
+    let gpu = Server::start(&["--ngl", "all", "-c", "256", "--parallel", "2"], &[]);
+    let r = gpu.chat(body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(content(&r.json()), want);
+    let props = client::get(gpu.port, "/props").json();
+    let placement = props.to_string();
+    assert!(placement.contains("offloaded 31/31 layers to GPU"), "{placement}");
+}

@@ -1,19 +1,20 @@
-//! Loading a model the way a user asked: open the file, choose the GPU
-//! adapter, plan the placement (`-ngl N|auto|all`, `--gpu-memory`) before any
-//! GPU allocation, print the plan, then upload the offloaded layers straight
-//! from the map.
+//! Loading a model the way a user asked: choose the GPU adapter, plan the
+//! placement (`-ngl N|auto|all`, a GPU memory budget) before any GPU
+//! allocation, describe the plan as a table, then upload the offloaded layers
+//! straight from the map. `lamina run`, `bench` and `serve` all load here.
 
 use std::fmt::Write as _;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _};
 use lamina_gguf::Model;
 use lamina_gpu::{Gpu, GpuOptions};
-use lamina_model::plan::{self, Device, Plan, PlanParams};
-use lamina_model::{Config, CpuModel, HybridModel};
 
-use crate::inspect::human_size;
+use crate::config::Config;
+use crate::cpu::CpuModel;
+use crate::error::ModelError;
+use crate::gpu::HybridModel;
+use crate::plan::{self, human_size, Device, Plan, PlanParams};
 
 /// Budget assumed by `-ngl auto` when `--gpu-memory` is not given: wgpu
 /// reports limits, not free memory, so we assume the smallest common
@@ -52,7 +53,7 @@ pub struct LoadArgs {
 /// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
 /// rasteriser such as lavapipe is slower than the CPU path), an explicit
 /// count uses whatever adapter there is.
-fn open_gpu(ngl: Ngl) -> anyhow::Result<Option<Arc<Gpu>>> {
+fn open_gpu(ngl: Ngl) -> Result<Option<Arc<Gpu>>, ModelError> {
     if ngl == Ngl::Layers(0) {
         return Ok(None);
     }
@@ -67,7 +68,7 @@ fn open_gpu(ngl: Ngl) -> anyhow::Result<Option<Arc<Gpu>>> {
             eprintln!("lamina: no usable GPU ({e}); running on the CPU");
             Ok(None)
         }
-        Err(e) => Err(e).context("opening the GPU for -ngl"),
+        Err(e) => Err(ModelError::Gpu(format!("opening the GPU for -ngl: {e}"))),
     }
 }
 
@@ -77,7 +78,7 @@ pub fn choose_plan(
     cfg: &Config,
     a: &LoadArgs,
     have_gpu: bool,
-) -> anyhow::Result<Plan> {
+) -> Result<Plan, ModelError> {
     let params = PlanParams {
         n_ctx: a.n_ctx,
         n_parallel: a.n_parallel,
@@ -100,7 +101,7 @@ pub fn choose_plan(
     if let (Some(budget), Ngl::All | Ngl::Layers(_)) = (a.gpu_memory, a.ngl) {
         let usable = budget.saturating_sub(plan::margin(budget));
         if p.gpu_total() > usable {
-            bail!(
+            return Err(ModelError::Placement(format!(
                 "-ngl {} needs {} of GPU memory (weights {}, KV cache {}, scratch {}) but the budget \
                  allows {} ({} less a margin of {}); `lamina fit` shows what fits",
                 p.ngl,
@@ -111,7 +112,7 @@ pub fn choose_plan(
                 human_size(usable),
                 human_size(budget),
                 human_size(plan::margin(budget))
-            );
+            )));
         }
     }
     Ok(p)
@@ -175,21 +176,30 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
         human_size(p.cpu_weights),
         human_size(p.cpu_kv)
     );
-    out.push_str(&crate::fit::summary(p));
+    out.push_str(&summary(p));
     out
 }
 
-/// Builds the model as `a` asks, printing the plan to stderr unless `quiet`.
-pub fn load<'m>(model: &'m Model, a: &LoadArgs, quiet: bool) -> anyhow::Result<HybridModel<'m>> {
-    let cpu = CpuModel::load(model).context("loading the model")?;
+/// `offloaded 12/31 layers to GPU`, as llama.cpp says it.
+pub fn summary(p: &Plan) -> String {
+    let on_gpu = p.slots.iter().filter(|s| s.device == Device::Gpu).count();
+    format!(
+        "offloaded {on_gpu}/{} layers to GPU ({} GPU, {} CPU)",
+        p.n_layer + 1,
+        human_size(p.gpu_total()),
+        human_size(p.cpu_total())
+    )
+}
+
+/// Builds the model as `a` asks; returns it with the plan's table.
+pub fn load<'m>(model: &'m Model, a: &LoadArgs) -> Result<(HybridModel<'m>, String), ModelError> {
+    let cpu = CpuModel::load(model)?;
     let gpu = open_gpu(a.ngl)?;
     let p = choose_plan(model, &cpu.config, a, gpu.is_some())?;
     let device = gpu
         .as_ref()
         .map_or("no GPU".to_owned(), |g| g.adapter_info().name.clone());
-    if !quiet {
-        eprintln!("{}", plan_table(&p, &device));
-    }
+    let table = plan_table(&p, &device);
     let gpu = if p.ngl > 0 { gpu } else { None };
-    Ok(HybridModel::new(cpu, p, gpu)?)
+    Ok((HybridModel::new(cpu, p, gpu)?, table))
 }
