@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use lamina_gguf::{LoadMode, Model};
-use lamina_model::plan::{self, PlanParams};
+use lamina_gguf::{GgmlType, LoadMode, Model};
+use lamina_model::plan::{self, Device, Plan, PlanParams};
 use lamina_model::Config;
 use serde_json::json;
 
@@ -20,6 +20,80 @@ pub struct FitArgs<'a> {
     pub n_ctx: Option<usize>,
     pub n_parallel: usize,
     pub json: bool,
+    /// Probe the CPU's and the GPU's kernel bandwidth and predict decode speed.
+    pub measure: bool,
+}
+
+/// Kernel bandwidth of each device, measured on the model's dominant weight type.
+struct Probe {
+    ty: GgmlType,
+    cpu_gbs: f64,
+    gpu_gbs: Option<f64>,
+    gpu_name: Option<String>,
+}
+
+/// The weight type holding the most bytes in the blocks.
+fn dominant_type(model: &Model) -> GgmlType {
+    let mut by_type: Vec<(GgmlType, u64)> = Vec::new();
+    for t in model.tensors().filter(|t| t.info.name.starts_with("blk.")) {
+        match by_type.iter_mut().find(|(ty, _)| *ty == t.info.ty) {
+            Some(e) => e.1 += t.info.n_bytes,
+            None => by_type.push((t.info.ty, t.info.n_bytes)),
+        }
+    }
+    by_type
+        .into_iter()
+        .max_by_key(|e| e.1)
+        .map_or(GgmlType::Q8_0, |e| e.0)
+}
+
+/// A short bandwidth probe: a 4096×4096 mat-vec of the dominant type on each
+/// device, as decoding reads weights.
+fn probe(model: &Model) -> anyhow::Result<Probe> {
+    const N: usize = 4096;
+    let mut ty = dominant_type(model);
+    if !lamina_quant::supports(ty) || !lamina_gpu::has_kernel(ty) {
+        ty = GgmlType::Q8_0;
+    }
+    let bytes = ty.bytes_for((N * N) as u64).unwrap_or(0) as usize;
+    // Any bytes do: the kernels' speed does not depend on the values.
+    let w: Vec<u8> = (0..bytes).map(|i| (i as u8) & 0x3b).collect();
+    let x = vec![0.5f32; N];
+    let mut y = vec![0.0f32; N];
+    lamina_quant::matvec(ty, &w, N, N, &x, &mut y)?;
+    let iters = 5;
+    let t0 = std::time::Instant::now();
+    for _ in 0..iters {
+        lamina_quant::matvec(ty, &w, N, N, &x, &mut y)?;
+    }
+    let cpu_gbs = (bytes * iters) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    let (gpu_gbs, gpu_name) = match lamina_gpu::Gpu::new(lamina_gpu::GpuOptions::default()) {
+        Ok(g) => {
+            let t = lamina_gpu::bench::matvec(&g, ty, N, N, 10)?;
+            (Some(t.gb_per_s()), Some(g.adapter_info().name.clone()))
+        }
+        Err(_) => (None, None),
+    };
+    Ok(Probe {
+        ty,
+        cpu_gbs,
+        gpu_gbs,
+        gpu_name,
+    })
+}
+
+/// Decode tokens/s predicted for a plan: every weight byte is read once per
+/// token, each device at its probed speed (the two run one after the other).
+/// The embedding lookup reads one row; a tied head on the CPU reads it all.
+fn predict(p: &Plan, tied: bool, probe: &Probe) -> Option<f64> {
+    let head_on_cpu = p.slots.last().is_some_and(|s| s.device == Device::Cpu);
+    let cpu_read =
+        p.cpu_weights - p.embd_bytes + if tied && head_on_cpu { p.embd_bytes } else { 0 };
+    let mut seconds = cpu_read as f64 / (probe.cpu_gbs * 1e9);
+    if p.gpu_weights > 0 {
+        seconds += p.gpu_weights as f64 / (probe.gpu_gbs? * 1e9);
+    }
+    Some(1.0 / seconds)
 }
 
 pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
@@ -45,6 +119,13 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
         None => COMMON_CARDS_GIB.iter().map(|g| g << 30).collect(),
     };
     let recommend = |budget, n_ctx| plan::fit(&model, &cfg, budget, &params(n_ctx));
+    let tied = model.tensor("output.weight").is_none();
+    let probe = if a.measure {
+        Some(probe(&model)?)
+    } else {
+        None
+    };
+    let predicted = |p: &Plan| probe.as_ref().and_then(|pr| predict(p, tied, pr));
 
     if a.json {
         let rows: Vec<_> = plans
@@ -52,7 +133,8 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             .map(|p| {
                 json!({"ngl": p.ngl, "gpu_bytes": p.gpu_total(), "cpu_bytes": p.cpu_total(),
                        "kv_bytes": p.gpu_kv + p.cpu_kv, "gpu_weight_bytes": p.gpu_weights,
-                       "gpu_kv_bytes": p.gpu_kv, "gpu_scratch_bytes": p.gpu_scratch})
+                       "gpu_kv_bytes": p.gpu_kv, "gpu_scratch_bytes": p.gpu_scratch,
+                       "predicted_tokens_per_second": predicted(p)})
             })
             .collect();
         let fits: Vec<_> = budgets
@@ -68,7 +150,9 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             "{}",
             json!({"n_layer": cfg.n_layer, "n_ctx": main_ctx, "n_parallel": a.n_parallel,
                    "budget_bytes": a.budget, "margin_bytes": plan::margin(budgets[0]),
-                   "rows": rows, "recommended_ngl": main.ngl, "fits": fits})
+                   "rows": rows, "recommended_ngl": main.ngl, "fits": fits,
+                   "probe": probe.as_ref().map(|p| json!({"type": p.ty.name(), "cpu_gb_per_s": p.cpu_gbs,
+                       "gpu_gb_per_s": p.gpu_gbs, "gpu": p.gpu_name}))})
         );
         return Ok(());
     }
@@ -81,19 +165,31 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
         a.n_parallel
     );
     println!("\nAt context {main_ctx}:");
+    if let Some(pr) = &probe {
+        println!(
+            "Probe ({}×4096×4096 mat-vec): CPU {:.2} GB/s; GPU {}",
+            pr.ty,
+            pr.cpu_gbs,
+            match (&pr.gpu_gbs, &pr.gpu_name) {
+                (Some(g), Some(n)) => format!("{g:.2} GB/s ({n})"),
+                _ => "none".into(),
+            }
+        );
+    }
     println!(
-        "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}",
-        "-ngl", "GPU weights", "GPU KV", "GPU scratch", "GPU total", "CPU total"
+        "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>10}",
+        "-ngl", "GPU weights", "GPU KV", "GPU scratch", "GPU total", "CPU total", "pred tok/s"
     );
     for p in &plans {
         println!(
-            "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}",
+            "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>10}",
             p.ngl,
             human_size(p.gpu_weights),
             human_size(p.gpu_kv),
             human_size(p.gpu_scratch),
             human_size(p.gpu_total()),
-            human_size(p.cpu_total())
+            human_size(p.cpu_total()),
+            predicted(p).map_or("-".into(), |t| format!("{t:.1}"))
         );
     }
     println!(

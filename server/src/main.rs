@@ -174,6 +174,9 @@ enum Command {
         parallel: usize,
         #[arg(long)]
         json: bool,
+        /// Probe the CPU's and GPU's bandwidth and predict decode tokens/s per -ngl.
+        #[arg(long)]
+        measure: bool,
     },
     /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
     Bench {
@@ -356,12 +359,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ctx,
             parallel,
             json,
+            measure,
         } => fit::run(fit::FitArgs {
             file: &file,
             budget: gpu_memory,
             n_ctx: ctx,
             n_parallel: parallel.max(1),
             json,
+            measure,
         })?,
         Command::Bench {
             what:

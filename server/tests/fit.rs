@@ -91,3 +91,27 @@ fn devices_lists_the_software_adapter() {
     );
     assert!(list[0]["max_storage_buffer_binding_size"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn fit_measure_predicts_decode_speed_per_ngl() {
+    let m = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let v = lamina_json(&[
+        "fit",
+        "-m",
+        m.to_str().unwrap(),
+        "-c",
+        "512",
+        "--measure",
+        "--json",
+    ]);
+    assert!(v["probe"]["cpu_gb_per_s"].as_f64().unwrap() > 0.0);
+    let rows = v["rows"].as_array().unwrap();
+    let cpu_only = rows[0]["predicted_tokens_per_second"].as_f64().unwrap();
+    assert!(cpu_only > 0.0 && cpu_only.is_finite());
+    if v["probe"]["gpu_gb_per_s"].is_number() {
+        let all = rows.last().unwrap()["predicted_tokens_per_second"]
+            .as_f64()
+            .unwrap();
+        assert!(all > 0.0 && all.is_finite());
+    }
+}
