@@ -12,6 +12,7 @@ mod devices;
 mod fit;
 mod http;
 mod inspect;
+mod progress;
 mod run;
 mod serve;
 

@@ -41,6 +41,9 @@ pub struct Generation {
     pub load_ms: f64,
     pub prompt_ms: f64,
     pub predict_ms: f64,
+    /// (peak resident, anonymous, file-backed) bytes right after loading.
+    pub memory_after_load: Option<(u64, u64, u64)>,
+    pub ngl: usize,
 }
 
 pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Generation> {
@@ -57,12 +60,17 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         n_ctx: a.n_ctx,
         n_parallel: 1,
     };
-    let (model, table) = lamina_model::placement::load(&file, &load_args)?;
+    let (model, table) = lamina_model::placement::load_with_progress(
+        &file,
+        &load_args,
+        &crate::progress::uploads(a.json),
+    )?;
     if !a.json {
         eprintln!("{table}");
     }
     let tok = Tokenizer::from_gguf(&file).context("building the tokenizer")?;
     let load_ms = ms(t0);
+    let memory_after_load = crate::progress::memory();
 
     let prompt = if a.chat {
         let text = render_chat(&file, &tok, &a.prompt)?;
@@ -128,6 +136,8 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         load_ms,
         prompt_ms,
         predict_ms: ms(t2),
+        memory_after_load,
+        ngl: model.plan.ngl,
     })
 }
 
@@ -158,6 +168,10 @@ fn render_chat(file: &Model, tok: &Tokenizer, user: &str) -> anyhow::Result<Stri
         ..RenderOptions::default()
     };
     Ok(template.render(&messages, &opts)?)
+}
+
+fn memory_json((hwm, anon, file): (u64, u64, u64)) -> serde_json::Value {
+    json!({"peak_resident_bytes": hwm, "anonymous_bytes": anon, "file_bytes": file})
 }
 
 fn ms(t: Instant) -> f64 {
@@ -196,7 +210,10 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
                     "predicted_n": gn,
                     "predicted_ms": g.predict_ms,
                     "predicted_per_second": per_second(gn, g.predict_ms),
-                }
+                },
+                "ngl": g.ngl,
+                "memory_after_load": g.memory_after_load.map(memory_json),
+                "memory_at_end": crate::progress::memory().map(memory_json),
             })
         );
         return Ok(());

@@ -169,3 +169,35 @@ fn an_ngl_over_the_budget_fails_before_allocating() {
         "{err}"
     );
 }
+
+/// Zero copy: with every layer on the CPU the weights are used in place from
+/// the map, so the anonymous memory after loading is the KV cache and
+/// scratch, far below the model's size, mapped or not... unless --no-mmap,
+/// which reads the file into memory by design.
+#[test]
+fn cpu_layers_use_the_map_in_place() {
+    let m = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let size = std::fs::metadata(&m).unwrap().len();
+    let anon = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["run", "-m", m.to_str().unwrap(), "-p", "Hi", "-n", "1"])
+            .args(["--temp", "0", "-c", "256", "--ngl", "0", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["memory_after_load"]["anonymous_bytes"].as_u64().unwrap()
+    };
+    let mapped = anon(&[]);
+    assert!(
+        mapped < size / 2,
+        "{mapped} anonymous bytes for a {size}-byte model"
+    );
+    let read = anon(&["--no-mmap"]);
+    assert!(read > size, "--no-mmap holds the file: {read} of {size}");
+}

@@ -142,6 +142,17 @@ impl<'a> HybridModel<'a> {
     /// Uploads the GPU part of `plan` straight from the mapped weights. With
     /// `plan.ngl == 0`, or no `gpu`, everything runs on the CPU.
     pub fn new(cpu: CpuModel<'a>, plan: Plan, gpu: Option<Arc<Gpu>>) -> Result<Self, ModelError> {
+        Self::with_progress(cpu, plan, gpu, &|_, _| {})
+    }
+
+    /// [`HybridModel::new`], calling `progress(bytes uploaded, bytes to upload)`
+    /// after each layer goes to the GPU.
+    pub fn with_progress(
+        cpu: CpuModel<'a>,
+        plan: Plan,
+        gpu: Option<Arc<Gpu>>,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Self, ModelError> {
         let n_layer = cpu.config.n_layer;
         let first_gpu = plan
             .slots
@@ -160,13 +171,21 @@ impl<'a> HybridModel<'a> {
         let mut layers = Vec::new();
         let mut head = None;
         if let Some(g) = &gpu {
-            for l in &cpu.weights.layers[first_gpu..] {
+            let total = plan.gpu_weights;
+            let mut done = 0;
+            for (l, slot) in cpu.weights.layers[first_gpu..]
+                .iter()
+                .zip(&plan.slots[first_gpu..])
+            {
                 layers.push(upload_layer(g, l)?);
+                done += slot.weight_bytes;
+                progress(done, total);
             }
             head = Some(GpuHead {
                 norm: upload_vec(g, &cpu.weights.output_norm)?,
                 weight: upload_matrix(g, &cpu.weights.output)?,
             });
+            progress(total, total);
         }
         Ok(Self {
             cpu,

@@ -193,6 +193,15 @@ pub fn summary(p: &Plan) -> String {
 
 /// Builds the model as `a` asks; returns it with the plan's table.
 pub fn load<'m>(model: &'m Model, a: &LoadArgs) -> Result<(HybridModel<'m>, String), ModelError> {
+    load_with_progress(model, a, &|_, _| {})
+}
+
+/// [`load`], reporting upload progress as `(bytes done, bytes total)`.
+pub fn load_with_progress<'m>(
+    model: &'m Model,
+    a: &LoadArgs,
+    progress: &dyn Fn(u64, u64),
+) -> Result<(HybridModel<'m>, String), ModelError> {
     let cpu = CpuModel::load(model)?;
     let gpu = open_gpu(a.ngl)?;
     let p = choose_plan(model, &cpu.config, a, gpu.is_some())?;
@@ -201,5 +210,5 @@ pub fn load<'m>(model: &'m Model, a: &LoadArgs) -> Result<(HybridModel<'m>, Stri
         .map_or("no GPU".to_owned(), |g| g.adapter_info().name.clone());
     let table = plan_table(&p, &device);
     let gpu = if p.ngl > 0 { gpu } else { None };
-    Ok((HybridModel::new(cpu, p, gpu)?, table))
+    Ok((HybridModel::with_progress(cpu, p, gpu, progress)?, table))
 }
