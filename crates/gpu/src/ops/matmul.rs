@@ -26,6 +26,19 @@
 //! multiply-adds are explicit `fma`, so no compiler contraction choice can
 //! differ between kernels. Splitting a weight over several bindings changes
 //! only which dispatch computes a row, never the order within it.
+//!
+//! # Why the lane tree does not use subgroups
+//!
+//! `subgroupAdd` would replace step 3 with one instruction where the adapter
+//! has subgroups, but WGSL leaves the order of its additions to the driver,
+//! and the subgroup size varies (8 on lavapipe, 32 or 64 on hardware). The
+//! tiled kernel cannot use the same subgroup shape as the mat-vec kernel, so
+//! a subgroup reduction would break the bit-identity between them — the
+//! promise that a request's greedy output does not change with load. The
+//! tree runs once per output after the whole row has been streamed, so its
+//! cost is small beside the weight reads; the portable tree is used on every
+//! adapter, and `SUBGROUP` is requested only so that later kernels whose
+//! results do not need invariance (e.g. softmax maxima) can use it.
 
 use lamina_gguf::GgmlType;
 
