@@ -14,6 +14,7 @@ mod http;
 mod inspect;
 mod progress;
 mod run;
+mod score;
 mod serve;
 
 #[derive(Parser)]
@@ -157,6 +158,36 @@ enum Command {
         ngl: lamina_model::placement::Ngl,
         /// GPU memory budget for placement, e.g. 6GiB.
         #[arg(long, env = "LAMINA_GPU_MEMORY", value_parser = parse_size)]
+        gpu_memory: Option<u64>,
+    },
+    /// Print the token ids of TEXT (and their pieces), like llama-tokenize.
+    Tokenize {
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        text: String,
+        /// Do not add BOS even where the file says to.
+        #[arg(long)]
+        no_bos: bool,
+        /// Treat control-token text as plain text.
+        #[arg(long)]
+        no_parse_special: bool,
+        /// Print the ids as one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Teacher-forced log-probabilities: reads {"prompt_ids", "forced_tokens",
+    /// "top"} on stdin, prints {"steps": [{"top": [[id, logprob]...], "forced_logprob"}]}.
+    Score {
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        #[arg(
+            long = "n-gpu-layers",
+            visible_alias = "ngl",
+            short = 'g',
+            default_value = "auto"
+        )]
+        ngl: lamina_model::placement::Ngl,
+        #[arg(long, value_parser = parse_size)]
         gpu_memory: Option<u64>,
     },
     /// Plan layer placement for a GPU memory budget, from the header alone.
@@ -415,6 +446,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 json,
             })?
         }
+        Command::Tokenize {
+            file,
+            text,
+            no_bos,
+            no_parse_special,
+            json,
+        } => score::tokenize(&file, &text, !no_bos, !no_parse_special, json)?,
+        Command::Score {
+            file,
+            ngl,
+            gpu_memory,
+        } => score::score(&file, ngl, gpu_memory)?,
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())

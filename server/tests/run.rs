@@ -12,9 +12,10 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The shared reference's guidance: llama.cpp's greedy choice can legitimately
-/// flip against an exact engine where its top-2 gap is below about 1 nat.
-const NEAR_TIE: f64 = 1.0;
+/// The bound: a divergence from llama.cpp is only allowed where its own
+/// top-2 logit gap is below 0.6 (its 8-bit activation rounding moves gaps by
+/// up to ~0.5); the largest gap seen at a divergence here is 0.26.
+const NEAR_TIE: f64 = 0.6;
 
 fn shared(rel: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -46,7 +47,7 @@ fn ids(v: &Value) -> Vec<u64> {
         .collect()
 }
 
-fn check(short: &str, file: &str, logits_file: &str, prompts: usize) {
+fn check(short: &str, file: &str, logits_file: &str, prompts: usize, ngl: &str) {
     let runs = shared("llama.cpp/greedy_generation.json");
     let logits = shared(&format!("llama.cpp/{logits_file}"));
     let mut checked = 0;
@@ -66,7 +67,7 @@ fn check(short: &str, file: &str, logits_file: &str, prompts: usize) {
                 "-p",
                 prompt,
             ])
-            .args(["-n", "32", "--temp", "0", "--json"])
+            .args(["-n", "32", "--temp", "0", "--json", "--ngl", ngl])
             .output()
             .unwrap();
         assert!(
@@ -91,7 +92,10 @@ fn check(short: &str, file: &str, logits_file: &str, prompts: usize) {
             .unwrap()
             .clone();
         match a.iter().zip(&b).position(|(x, y)| x != y) {
-            None => assert_eq!(a.len(), b.len(), "{prompt:?}: lengths"),
+            None => {
+                assert_eq!(a.len(), b.len(), "{prompt:?}: lengths");
+                eprintln!("{prompt:?} --ngl {ngl}: all {} tokens identical", a.len());
+            }
             Some(t) => {
                 let top = steps[t]["logits"]["top"].as_array().unwrap();
                 let gap = top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap();
@@ -101,7 +105,7 @@ fn check(short: &str, file: &str, logits_file: &str, prompts: usize) {
                     a[t],
                     b[t]
                 );
-                eprintln!("{prompt:?}: identical for {t} tokens, then a near-tie (gap {gap:.3})");
+                eprintln!("{prompt:?} --ngl {ngl}: identical for {t} tokens, then a near-tie (gap {gap:.3})");
             }
         }
         checked += 1;
@@ -116,6 +120,27 @@ fn smollm2_greedy_matches_llama_cpp() {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "logits_greedy_smollm2.json",
         3,
+        "0",
+    );
+}
+
+/// The same through the GPU path (lavapipe in CI), one prompt per model to
+/// keep the suite's time reasonable on a software rasteriser.
+#[test]
+fn greedy_on_the_gpu_matches_llama_cpp() {
+    check(
+        "smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "logits_greedy_smollm2.json",
+        1,
+        "all",
+    );
+    check(
+        "gemma3",
+        "gemma-3-270m-q4_k_m.gguf",
+        "logits_greedy_gemma3.json",
+        1,
+        "all",
     );
 }
 
@@ -126,6 +151,7 @@ fn gemma3_greedy_matches_llama_cpp() {
         "gemma-3-270m-q4_k_m.gguf",
         "logits_greedy_gemma3.json",
         3,
+        "0",
     );
 }
 

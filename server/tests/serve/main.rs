@@ -380,5 +380,8 @@ fn offloaded_serve_answers_like_the_cpu() {
     assert_eq!(content(&r.json()), want);
     let props = client::get(gpu.port, "/props").json();
     let placement = props.to_string();
-    assert!(placement.contains("offloaded 31/31 layers to GPU"), "{placement}");
+    assert!(
+        placement.contains("offloaded 31/31 layers to GPU"),
+        "{placement}"
+    );
 }
