@@ -1,53 +1,113 @@
 //! Dot products over quantized rows: the CPU mat-vec (decode) and mat-mul (prompt)
 //! kernels, multithreaded over rows with rayon.
 //!
-//! A row is walked in chunks of [`CHUNK`] weights (whole blocks; every block type has
-//! at most 256 weights); each chunk is decoded once into a stack buffer and multiplied
-//! into [`LANES`] f32 accumulators per column, which are summed by a fixed pairwise
-//! tree at the end of the row. Weights stay quantized in memory.
+//! # The reduction order
 //!
-//! Batch invariance: the value computed for (row, column) depends only on that row and
-//! that column. The chunking, the lane assignment and the final tree are functions of
-//! the row length alone, and Rust neither reassociates nor contracts f32 arithmetic,
-//! so `matmul` column j is bit-identical to `matvec` of column j and to `dot_row`.
-//! Columns are processed in tiles of [`COL_TILE`] only to reuse each decoded chunk;
-//! the tiling never mixes columns.
+//! Every (row, column) value is computed the same way, whatever the path:
+//! [`LANES`] = 16 f32 accumulators, lane `l` summing `w[i]·x[i]` for `i ≡ l (mod 16)`
+//! in increasing `i`, each product rounded and then added (never an FMA); at the end
+//! of the row the lanes are summed by a fixed pairwise tree (8 + 8, 4 + 4, 2 + 2,
+//! 1 + 1). Weights are decoded exactly as ggml decodes them, so `w[i]` is one f32
+//! value whichever code produced it.
+//!
+//! Two paths follow that order:
+//! - **AVX2** (x86-64 with `avx2` and `f16c`, detected at run time; `avx2` module):
+//!   the common block types are decoded straight into registers, 32 weights at a time,
+//!   four rows at once in a mat-vec (independent add chains, one x load per four
+//!   rows) and four columns at once in a mat-mul (one decode per four columns). The
+//!   16 lanes of a (row, column) pair are two 8-lane registers.
+//! - **Portable** (every type and CPU): a row is walked in chunks of [`CHUNK`] weights
+//!   (whole blocks); each chunk is decoded into a stack buffer by the type's scalar
+//!   decoder and multiplied into the lanes of each column, up to [`COL_TILE`] columns
+//!   per decoded chunk.
+//!
+//! Both compute the same bits (tested), so results depend neither on the CPU's
+//! features nor on how rows and columns are grouped into tiles and rayon tasks.
+//!
+//! Batch invariance follows: the value for (row, column) depends only on that row and
+//! that column, and Rust neither reassociates nor contracts f32 arithmetic, so `matmul`
+//! column j is bit-identical to `matvec` of column j and to `dot_row`, for any number
+//! of columns or threads.
 
 use rayon::prelude::*;
 
 use crate::Decoder;
+use lamina_gguf::GgmlType;
 
-/// Accumulator lanes per column: two AVX or four SSE/NEON registers, enough
-/// independent sums for the compiler to vectorise and pipeline the loop.
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+/// Accumulator lanes per (row, column) pair: two AVX registers.
 const LANES: usize = 16;
-/// Weights decoded per step; a multiple of every block size.
+/// Weights decoded per step of the portable path; a multiple of every block size.
 const CHUNK: usize = 256;
-/// Columns sharing one decoded chunk in `matmul`.
+/// Columns sharing one decoded chunk in the portable `matmul`.
 const COL_TILE: usize = 8;
-/// Aim for at least this many weights per rayon task, so small matrices are not
-/// split into tasks that cost more to schedule than to compute.
+/// Aim for at least this many weight·column products per rayon task, so small
+/// matrices are not split into tasks that cost more to schedule than to compute.
 const MIN_WEIGHTS_PER_TASK: usize = 1 << 15;
+/// Rows per rayon task are a multiple of this, so the SIMD path's row groups stay whole.
+const ROW_GROUP: usize = 4;
+
+/// A SIMD kernel over whole rows: `(w, row_bytes, x, n, out)` sets `out[r·n + c]` to
+/// row r of `w` · column c of `x` (n columns, column-major) and returns true, or
+/// returns false without writing when the shapes are not those of its type.
+pub(crate) type SimdDots = fn(&[u8], usize, &[f32], usize, &mut [f32]) -> bool;
+
+/// The SIMD kernel of `ty` on this CPU, if any.
+fn simd_dots(ty: GgmlType) -> Option<SimdDots> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        avx2::dots_fn(ty)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}
 
 /// How to walk rows of one type.
 #[derive(Clone, Copy)]
 pub(crate) struct RowKernel {
-    pub decode: Decoder,
-    pub block_size: usize,
-    pub type_size: usize,
+    decode: Decoder,
+    block_size: usize,
+    type_size: usize,
+    simd: Option<SimdDots>,
 }
 
 impl RowKernel {
+    /// The kernel for rows of `ty`, using this CPU's SIMD path where one exists.
+    pub fn new(ty: GgmlType, decode: Decoder, block_size: usize, type_size: usize) -> Self {
+        RowKernel {
+            decode,
+            block_size,
+            type_size,
+            simd: simd_dots(ty),
+        }
+    }
+
+    /// The same kernel restricted to the portable path.
+    #[cfg(test)]
+    fn portable(self) -> Self {
+        RowKernel { simd: None, ..self }
+    }
+
     /// Bytes of one decode step.
     fn chunk_bytes(&self) -> usize {
         CHUNK / self.block_size * self.type_size
     }
 
-    /// Rows per rayon task for rows of `cols` weights.
-    pub fn min_rows_per_task(cols: usize) -> usize {
-        (MIN_WEIGHTS_PER_TASK / cols.max(1)).max(1)
+    /// Rows per rayon task when each row costs `work` products: a whole number of
+    /// [`ROW_GROUP`]s.
+    fn rows_per_task(work: usize) -> usize {
+        (MIN_WEIGHTS_PER_TASK / work.max(1))
+            .max(1)
+            .next_multiple_of(ROW_GROUP)
     }
 
-    /// `out[c] = row · x[(col0 + c)·cols ..][..cols]` for `c < out.len() ≤ COL_TILE`.
+    /// `out[c] = row · x[(col0 + c)·cols ..][..cols]` for `c < out.len() ≤ COL_TILE`
+    /// (the portable path).
     ///
     /// Caller's invariants: `row` holds exactly `cols` weights of this kernel's type and
     /// `x` holds columns `col0 .. col0 + out.len()` of length `cols`.
@@ -70,25 +130,40 @@ impl RowKernel {
         }
     }
 
+    /// `out[r·n + c] = W[r] · X[c]` for the whole rows of `row_bytes` (> 0) in `w` and
+    /// the n columns of `x`.
+    fn dots(&self, w: &[u8], row_bytes: usize, x: &[f32], n: usize, out: &mut [f32]) {
+        if let Some(simd) = self.simd {
+            if simd(w, row_bytes, x, n, out) {
+                return;
+            }
+        }
+        let cols = x.len() / n.max(1);
+        for (row, o) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
+            for (t, tile) in o.chunks_mut(COL_TILE).enumerate() {
+                self.row_dots(row, cols, x, t * COL_TILE, tile);
+            }
+        }
+    }
+
     pub fn dot(&self, row: &[u8], x: &[f32]) -> f32 {
         let mut out = [0.0];
-        self.row_dots(row, x.len(), x, 0, &mut out);
+        if !row.is_empty() {
+            self.dots(row, row.len(), x, 1, &mut out);
+        }
         out[0]
     }
 
     /// `y[r] = W[r] · x`; `w` holds `y.len()` rows of `row_bytes` bytes.
     pub fn matvec(&self, w: &[u8], row_bytes: usize, x: &[f32], y: &mut [f32]) {
-        let cols = x.len();
         if row_bytes == 0 {
             y.fill(0.0);
             return;
         }
-        y.par_iter_mut()
-            .zip(w.par_chunks(row_bytes))
-            .with_min_len(Self::min_rows_per_task(cols))
-            .for_each(|(y, row)| {
-                self.row_dots(row, cols, x, 0, std::slice::from_mut(y));
-            });
+        let per_task = Self::rows_per_task(x.len());
+        y.par_chunks_mut(per_task)
+            .zip(w.par_chunks(per_task * row_bytes))
+            .for_each(|(y, w)| self.dots(w, row_bytes, x, 1, y));
     }
 
     /// `Y[c][r] = W[r] · X[c]` for column-major `x` (n columns of `cols`) and `y`
@@ -105,23 +180,23 @@ impl RowKernel {
         if n == 0 || rows == 0 {
             return;
         }
+        if n == 1 {
+            // One column is already laid out as the mat-vec's output.
+            self.matvec(w, row_bytes, x, y);
+            return;
+        }
         if row_bytes == 0 {
             y.fill(0.0);
             return;
         }
-        let cols = x.len() / n;
         // Rows are the parallel axis; results land row-major first and are transposed
         // into the column-major output afterwards.
+        let per_task = Self::rows_per_task(x.len());
         let mut by_row = vec![0.0f32; rows * n];
         by_row
-            .par_chunks_mut(n)
-            .zip(w.par_chunks(row_bytes))
-            .with_min_len(Self::min_rows_per_task(cols.saturating_mul(n)))
-            .for_each(|(out, row)| {
-                for (t, tile) in out.chunks_mut(COL_TILE).enumerate() {
-                    self.row_dots(row, cols, x, t * COL_TILE, tile);
-                }
-            });
+            .par_chunks_mut(per_task * n)
+            .zip(w.par_chunks(per_task * row_bytes))
+            .for_each(|(out, w)| self.dots(w, row_bytes, x, n, out));
         for (r, vals) in by_row.chunks_exact(n).enumerate() {
             for (c, v) in vals.iter().enumerate() {
                 y[c * rows + r] = *v;
@@ -163,3 +238,6 @@ fn reduce(acc: &[f32; LANES]) -> f32 {
     }
     s[0]
 }
+
+#[cfg(test)]
+mod tests;

@@ -118,11 +118,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Quant
 fn kernel(ty: GgmlType) -> Result<dot::RowKernel, QuantError> {
     let decode = decoder(ty).ok_or(QuantError::Unsupported { ty })?;
     let (block_size, type_size) = geometry(ty);
-    Ok(dot::RowKernel {
-        decode,
-        block_size,
-        type_size,
-    })
+    Ok(dot::RowKernel::new(ty, decode, block_size, type_size))
 }
 
 fn check_len(

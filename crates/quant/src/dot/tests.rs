@@ -1,0 +1,136 @@
+//! The SIMD path against the portable one, bit for bit, over random blocks (valid and
+//! arbitrary scales, subnormal and special values included) and every tile shape.
+
+#![allow(clippy::unwrap_used)]
+
+use super::{RowKernel, ROW_GROUP};
+use crate::{geometry, GgmlType};
+
+/// xorshift64*: deterministic, no dependencies.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+    /// Mostly uniform in [-1, 1); one value in 64 is 0, ±huge or subnormal.
+    fn x(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| match self.next() % 64 {
+                0 => 0.0,
+                1 => 3.0e38,
+                2 => -1.0e-40,
+                _ => (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0,
+            })
+            .collect()
+    }
+}
+
+/// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales.
+const SIMD_TYPES: [(GgmlType, &[usize]); 9] = [
+    (GgmlType::Q4_0, &[0]),
+    (GgmlType::Q4_1, &[0, 2]),
+    (GgmlType::Q5_0, &[0]),
+    (GgmlType::Q5_1, &[0, 2]),
+    (GgmlType::Q8_0, &[0]),
+    (GgmlType::IQ4NL, &[0]),
+    (GgmlType::Q4K, &[0, 2]),
+    (GgmlType::Q5K, &[0, 2]),
+    (GgmlType::Q6K, &[208]),
+];
+
+fn kernel(ty: GgmlType) -> RowKernel {
+    crate::kernel(ty).unwrap()
+}
+
+/// Equal bits, or both NaN (x86 picks a NaN operand's payload, and the compiler may
+/// commute the operands of a product or sum).
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// Random blocks; with `finite_scales`, each f16 scale is rewritten with exponent ≤ 15
+/// (|s| < 2, subnormals and zeros included) so that every weight is finite.
+fn blocks(rng: &mut Rng, ty: GgmlType, scales: &[usize], n: usize, finite_scales: bool) -> Vec<u8> {
+    let (_, ts) = geometry(ty);
+    let mut w = rng.bytes(n * ts);
+    if finite_scales {
+        for b in w.chunks_exact_mut(ts) {
+            for &off in scales {
+                let h = (rng.next() as u16) & !0x4000;
+                b[off..off + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+    }
+    w
+}
+
+#[test]
+fn simd_kernels_exist_where_the_cpu_has_them() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        for (ty, _) in SIMD_TYPES {
+            assert!(kernel(ty).simd.is_some(), "{ty} has no AVX2 kernel");
+        }
+    }
+}
+
+#[test]
+fn simd_path_equals_portable_path_bit_for_bit() {
+    let mut rng = Rng(0x5EED_51AD);
+    for (ty, scales) in SIMD_TYPES {
+        let k = kernel(ty);
+        let Some(simd) = k.simd else { continue };
+        let (bs, ts) = geometry(ty);
+        for finite_scales in [true, false] {
+            for blocks_per_row in [1, 2, 3] {
+                let (cols, row_bytes) = (blocks_per_row * bs, blocks_per_row * ts);
+                // Row counts around the SIMD row group, column counts around its tile.
+                for rows in [1, 3, ROW_GROUP, ROW_GROUP + 1, 2 * ROW_GROUP + 3] {
+                    let w = blocks(&mut rng, ty, scales, rows * blocks_per_row, finite_scales);
+                    for n in 1..=9 {
+                        let x = rng.x(n * cols);
+                        let mut want = vec![f32::NAN; rows * n];
+                        k.portable().dots(&w, row_bytes, &x, n, &mut want);
+                        let mut got = vec![f32::NAN; rows * n];
+                        assert!(simd(&w, row_bytes, &x, n, &mut got));
+                        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                same(*g, *e),
+                                "{ty} rows {rows} cols {cols} n {n} out[{i}]: simd {g:e} \
+                                 ({:#010x}), portable {e:e} ({:#010x})",
+                                g.to_bits(),
+                                e.to_bits()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_kernels_reject_wrong_shapes() {
+    for (ty, _) in SIMD_TYPES {
+        let Some(simd) = kernel(ty).simd else {
+            continue;
+        };
+        let (bs, ts) = geometry(ty);
+        let w = vec![0u8; 2 * ts];
+        let x = vec![0.0; bs];
+        let mut out = [0.0; 2];
+        assert!(simd(&w, ts, &x, 1, &mut out));
+        assert!(!simd(&w, ts, &x, 1, &mut out[..1]), "{ty}: short out");
+        assert!(!simd(&w, ts, &x[1..], 1, &mut out), "{ty}: short x");
+        assert!(!simd(&w[1..], ts, &x, 1, &mut out), "{ty}: partial row");
+        assert!(!simd(&w, ts - 1, &x, 1, &mut out), "{ty}: partial block");
+        assert!(!simd(&w, 0, &x, 1, &mut out), "{ty}: empty rows");
+    }
+}
