@@ -7,7 +7,7 @@
 //! is recorded into one command buffer, submitted once, with one readback (the
 //! logits). Each layer's KV cache lives on the device of its layer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{Attention, Batch, Columns, Gpu, MatmulKernel, Rope, Tensor, Weight};
 
@@ -50,6 +50,10 @@ pub struct HybridModel<'a> {
     first_gpu: usize,
     layers: Vec<GpuLayer>,
     head: Option<GpuHead>,
+    /// The last step's scratch, reused while the batch size matches: decoding
+    /// allocates nothing per token. Held for the whole GPU part of a step, so
+    /// two steps never share buffers.
+    scratch: Mutex<Option<Scratch>>,
 }
 
 /// Keys and values: CPU layers in host memory, GPU layers in device buffers.
@@ -121,6 +125,10 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
 
 /// Scratch tensors of one step, sized for `n` tokens.
 struct Scratch {
+    n: usize,
+    /// Positions the attention scores have room for.
+    kv_room: usize,
+    logits: Tensor,
     x: Tensor,
     x2: Tensor,
     h: Tensor,
@@ -194,6 +202,7 @@ impl<'a> HybridModel<'a> {
             first_gpu: if offload { first_gpu } else { n_layer },
             layers,
             head,
+            scratch: Mutex::new(None),
         })
     }
 
@@ -270,11 +279,14 @@ impl<'a> HybridModel<'a> {
             .collect()
     }
 
-    fn scratch(&self, g: &Gpu, n: usize, kv_len: usize) -> Result<Scratch, ModelError> {
+    fn scratch(&self, g: &Gpu, n: usize, kv_room: usize) -> Result<Scratch, ModelError> {
         let c = &self.cpu.config;
         let t = |len: usize| g.tensor(len).map_err(gpu_err);
         let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         Ok(Scratch {
+            n,
+            kv_room,
+            logits: t(n * c.n_vocab)?,
             x: t(n * e)?,
             x2: t(n * e)?,
             h: t(n * e)?,
@@ -289,7 +301,7 @@ impl<'a> HybridModel<'a> {
             g: t(n * ff)?,
             u: t(n * ff)?,
             a: t(n * ff)?,
-            scores: t(n * c.n_head * kv_len)?,
+            scores: t(n * c.n_head * kv_room)?,
         })
     }
 
@@ -306,7 +318,23 @@ impl<'a> HybridModel<'a> {
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cpu.config;
         let kv_len = pos0 + n;
-        let s = self.scratch(g, n, kv_len)?;
+        let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if !held
+            .as_ref()
+            .is_some_and(|s| s.n == n && s.kv_room >= kv_len)
+        {
+            // Single-token steps get room for the whole cache, so a decode
+            // allocates once; prompt batches get what they need.
+            let room = if n == 1 {
+                cache.n_ctx.max(kv_len)
+            } else {
+                kv_len
+            };
+            *held = Some(self.scratch(g, n, room)?);
+        }
+        let Some(s) = held.as_ref() else {
+            return Err(ModelError::Gpu("scratch buffers missing".into()));
+        };
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
         // Each block leaves the hidden state where it found it (in `x`).
@@ -317,7 +345,7 @@ impl<'a> HybridModel<'a> {
                 &mut b,
                 il,
                 l,
-                &s,
+                s,
                 cur,
                 &s.x2,
                 n,
@@ -329,14 +357,14 @@ impl<'a> HybridModel<'a> {
         }
         let first = which.first(n);
         let m = n - first;
-        let logits = g.tensor(m * c.n_vocab).map_err(gpu_err)?;
+        let logits = &s.logits;
         b.rms_norm(cur, &head.norm, &s.h, c.n_embd, c.rms_eps)
             .map_err(gpu_err)?;
         b.matmul_strided(
             MatmulKernel::Auto,
             &head.weight,
             &s.h,
-            &logits,
+            logits,
             Columns {
                 n: m,
                 x_offset: first * c.n_embd,
@@ -347,7 +375,7 @@ impl<'a> HybridModel<'a> {
         )
         .map_err(gpu_err)?;
         b.submit().map_err(gpu_err)?;
-        g.read_f32(&logits).map_err(gpu_err)
+        g.read_f32_range(logits, 0, m * c.n_vocab).map_err(gpu_err)
     }
 
     /// Records one block: `cur` holds the hidden state on entry and on exit;
