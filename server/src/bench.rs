@@ -5,6 +5,8 @@
 //!   the CPU kernels beside a memcpy of the same bytes.
 //! - `lamina bench model -m FILE`: prompt processing and generation tokens/s,
 //!   as `llama-bench -p 128 -n 64` measures them, for a chosen `-ngl`.
+//! - `lamina bench serve -m FILE`: the server under concurrent streaming
+//!   clients (`bench_serve.rs`).
 
 use std::time::Instant;
 

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use lamina_gguf::{LoadMode, Model};
 
 mod bench;
+mod bench_serve;
 mod devices;
 mod fit;
 mod http;
@@ -143,6 +144,10 @@ enum Command {
         /// Largest request body accepted, e.g. 1MiB.
         #[arg(long, env = "LAMINA_BODY_LIMIT", value_parser = parse_size, default_value = "1MiB")]
         body_limit: u64,
+        /// Seconds a client has to send a request's headers, and again its
+        /// body; idle keep-alive connections close after it too.
+        #[arg(long, env = "LAMINA_READ_TIMEOUT", default_value_t = 30)]
+        read_timeout: u64,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long, env = "LAMINA_THREADS")]
         threads: Option<usize>,
@@ -271,6 +276,42 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The server under load: concurrent streaming chat clients over loopback
+    /// HTTP; generated tokens/s, time to first token and latency per level.
+    Serve {
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        /// Concurrency levels, run in turn.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+        clients: Vec<usize>,
+        /// Requests each client sends, one after another.
+        #[arg(long, default_value_t = 4)]
+        requests_per_client: usize,
+        /// max_tokens of every request.
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        /// Server slots (default: the largest level).
+        #[arg(long, visible_alias = "np")]
+        parallel: Option<usize>,
+        /// Total context (default: max_tokens + 256 per slot).
+        #[arg(short = 'c', long = "ctx-size")]
+        ctx: Option<usize>,
+        #[arg(
+            long = "n-gpu-layers",
+            visible_alias = "ngl",
+            short = 'g',
+            default_value = "0"
+        )]
+        ngl: lamina_model::placement::Ngl,
+        /// Seconds one request may take before it counts as failed.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// CPU threads (default: all cores).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn thread_pool(threads: Option<usize>) -> anyhow::Result<()> {
@@ -358,6 +399,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_tokens,
             timeout_s,
             body_limit,
+            read_timeout,
             threads,
             ngl,
             gpu_memory,
@@ -381,6 +423,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_tokens,
                 timeout_s,
                 body_limit: usize::try_from(body_limit).unwrap_or(usize::MAX),
+                read_timeout_s: read_timeout,
                 ngl,
                 gpu_memory,
             })?
@@ -421,6 +464,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu: !cpu_only,
                 cpu: !gpu_only,
                 matmul_cols,
+                json,
+            })?
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Serve {
+                    file,
+                    clients,
+                    requests_per_client,
+                    max_tokens,
+                    parallel,
+                    ctx,
+                    ngl,
+                    timeout,
+                    threads,
+                    json,
+                },
+        } => {
+            thread_pool(threads)?;
+            bench_serve::run(&bench_serve::ServeBenchArgs {
+                file,
+                clients,
+                requests_per_client,
+                max_tokens,
+                parallel,
+                n_ctx: ctx,
+                ngl,
+                timeout_s: timeout,
                 json,
             })?
         }

@@ -3,7 +3,9 @@
 //! Binds first (so `/health` answers 503 while the model loads), starts the
 //! engine thread, logs the model and its placement, then
 //! `listening on http://HOST:PORT` once requests can be served. Ctrl-C or
-//! SIGTERM stops accepting connections and lets open ones finish.
+//! SIGTERM stops accepting connections and lets open ones finish. A client
+//! has `--read-timeout` seconds to send a request's headers, and again its
+//! body; an idle keep-alive connection is closed after the same time.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +31,7 @@ pub struct ServeArgs {
     pub max_tokens: usize,
     pub timeout_s: u64,
     pub body_limit: usize,
+    pub read_timeout_s: u64,
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
 }
@@ -87,9 +90,11 @@ async fn serve(
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();
-    let state = Arc::new(AppState::new(engine.clone(), api_key, a.body_limit));
-    let server = axum::serve(listener, http::app(state)).with_graceful_shutdown(shutdown());
-    let server = tokio::spawn(async move { server.await });
+    let read_timeout = Duration::from_secs(a.read_timeout_s.max(1));
+    let state =
+        AppState::new(engine.clone(), api_key, a.body_limit).with_read_timeout(read_timeout);
+    let app = http::app(Arc::new(state));
+    let server = tokio::spawn(http::serve(listener, app, read_timeout, shutdown()));
 
     loop {
         match engine.status() {
@@ -106,10 +111,7 @@ async fn serve(
         SocketAddr::V4(v4) => v4.ip().to_string(),
     };
     tracing::info!("listening on http://{url_host}:{}", local.port());
-    server
-        .await
-        .context("the HTTP server task failed")?
-        .context("serving HTTP")?;
+    server.await.context("the HTTP server task failed")?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Every error a handler returns, and the one place that turns it into a
 //! response: OpenAI's `{"error": {"message", "type", "param", "code"}}` with
-//! the status that fits (400 the request is wrong, 401 no key, 404, 413 too
-//! large, 503 busy or loading, 500 only for faults of the server).
+//! the status that fits (400 the request is wrong, 401 no key, 404, 408 body too
+//! slow, 413 too large, 503 busy or loading, 500 only for faults of the
+//! server, a handler's panic included).
 
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -71,6 +72,31 @@ impl ApiError {
             message: "this route does not accept that method".into(),
             param: None,
             code: Some("method_not_allowed"),
+        }
+    }
+
+    /// 413: the body is past `--body-limit`.
+    pub fn too_large() -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "invalid_request_error",
+            message: "the request body is larger than the server's limit (--body-limit)".into(),
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    /// 408: the client did not send its body in time.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self {
+            status: StatusCode::REQUEST_TIMEOUT,
+            kind: "invalid_request_error",
+            message: format!(
+                "the request body did not arrive within {} s (--read-timeout)",
+                limit.as_secs_f64()
+            ),
+            param: None,
+            code: Some("request_timeout"),
         }
     }
 
@@ -152,15 +178,8 @@ impl From<ChatError> for ApiError {
 
 impl From<BytesRejection> for ApiError {
     fn from(r: BytesRejection) -> Self {
-        let status = r.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            Self {
-                status,
-                kind: "invalid_request_error",
-                message: "the request body is larger than the server's limit (--body-limit)".into(),
-                param: None,
-                code: Some("request_too_large"),
-            }
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large()
         } else {
             ApiError::bad_body(format!("reading the request body: {}", r.body_text()))
         }

@@ -5,11 +5,14 @@
 //! model: they validate, render and tokenize, then hand the engine a job and
 //! read its events. Every error leaves through `ApiError` (`error.rs`).
 //!
-//! Layers, outermost first: status counting for `/metrics`, the API key
-//! (every route but `/health`), the body limit.
+//! Layers, outermost first: status counting for `/metrics`, a handler's
+//! panic turned into a 500, the API key (every route but `/health`), the body
+//! limit, and (on routes) the body read under `--read-timeout`. [`serve`]
+//! runs the router on a listener with the same timeout on headers.
 
 mod error;
 mod generate;
+mod listen;
 mod misc;
 mod params;
 mod stream;
@@ -18,18 +21,26 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::FutureExt as _;
 use lamina_engine::{Engine, ModelInfo, Status};
 
 pub use error::ApiError;
+pub use listen::serve;
+
+/// How long a client has to send a request's headers, and again its body.
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What every handler shares.
 pub struct AppState {
@@ -37,6 +48,9 @@ pub struct AppState {
     /// `None`: no key is required.
     pub api_key: Option<String>,
     pub body_limit: usize,
+    /// Deadline for reading a request body ([`DEFAULT_READ_TIMEOUT`] unless
+    /// set with [`AppState::with_read_timeout`]).
+    pub read_timeout: Duration,
     pub started_unix: u64,
     pub http: StatusCounts,
 }
@@ -47,9 +61,15 @@ impl AppState {
             engine,
             api_key: api_key.filter(|k| !k.is_empty()),
             body_limit,
+            read_timeout: DEFAULT_READ_TIMEOUT,
             started_unix: unix_time(),
             http: StatusCounts::default(),
         }
+    }
+
+    pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_timeout = timeout;
+        self
     }
 
     /// The model, or 503 while it loads.
@@ -86,7 +106,7 @@ impl StatusCounts {
 
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.body_limit;
-    Router::new()
+    let routes = Router::new()
         .route("/health", get(misc::health))
         .route("/v1/health", get(misc::health))
         .route("/v1/models", get(misc::models))
@@ -99,11 +119,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(misc::detokenize))
         .route("/apply-template", post(misc::apply_template))
         .route("/props", get(misc::props))
-        .route("/metrics", get(misc::metrics))
+        .route("/metrics", get(misc::metrics));
+    // Lets the tests check that a panicking handler is a 500 and no more.
+    #[cfg(test)]
+    let routes = routes.route("/test/panic", get(panics));
+    routes
+        .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn(catch_panic))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
 }
@@ -112,6 +138,56 @@ async fn count(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     let resp = next.run(req).await;
     st.http.add(resp.status().as_u16());
     resp
+}
+
+#[cfg(test)]
+async fn panics() -> &'static str {
+    panic!("a handler panicked on purpose")
+}
+
+/// A panic in a handler becomes a 500 in the error shape, and the server
+/// goes on serving (the panic message goes to the log, not to the client).
+async fn catch_panic(req: Request, next: Next) -> Response {
+    match AssertUnwindSafe(next.run(req)).catch_unwind().await {
+        Ok(resp) => resp,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!("a request handler panicked: {what}");
+            ApiError::internal("the server failed while handling this request").into_response()
+        }
+    }
+}
+
+/// Reads the whole body (at most `--body-limit` bytes) within
+/// `--read-timeout`, so a client that sends its headers and then trickles
+/// the body cannot hold a connection open: past the deadline it gets 408.
+async fn read_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, st.body_limit);
+    match tokio::time::timeout(st.read_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(e)) if past_limit(&e) => ApiError::too_large().into_response(),
+        Ok(Err(e)) => ApiError::bad_body(format!("reading the request body: {e}")).into_response(),
+        Err(_) => ApiError::body_timeout(st.read_timeout).into_response(),
+    }
+}
+
+fn past_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// Every route but `/health` needs the key when one is set, given as

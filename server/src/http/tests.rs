@@ -472,3 +472,116 @@ async fn metrics_are_prometheus_text() {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
 }
+
+/// `serve` on a free loopback port with `read_timeout`; it stops when the
+/// returned sender is dropped.
+async fn listening(read_timeout: Duration) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let state = AppState::new(engine(), None, 1 << 20).with_read_timeout(read_timeout);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(super::serve(
+        listener,
+        app(Arc::new(state)),
+        read_timeout,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (port, stop)
+}
+
+/// Connects, writes `raw`, then reads until the server closes the
+/// connection (or 20 s pass): what came back, and how long it took.
+async fn until_closed(port: u16, raw: &'static [u8]) -> (String, Duration) {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let t0 = std::time::Instant::now();
+        s.write_all(raw).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("still open after {:?} ({e}): {raw:?}", t0.elapsed()),
+            }
+        }
+        (String::from_utf8_lossy(&got).into_owned(), t0.elapsed())
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn slow_clients_are_cut_off_at_the_read_timeout() {
+    let t = Duration::from_millis(600);
+    let (port, _stop) = listening(t).await;
+    let within = |took: Duration| took >= t * 3 / 4 && took < t + Duration::from_secs(5);
+
+    // Half a request line, then nothing (slowloris).
+    let (got, took) = until_closed(port, b"GET /hea").await;
+    assert!(within(took), "closed after {took:?}");
+    assert!(!got.contains(" 200 "), "{got}");
+    // Headers begun and never finished.
+    let (_, took) = until_closed(port, b"GET /health HTTP/1.1\r\nHost: x\r\nAccept: */").await;
+    assert!(within(took), "closed after {took:?}");
+    // Connected, and not a byte sent.
+    let (got, took) = until_closed(port, b"").await;
+    assert!(within(took) && got.is_empty(), "{got:?} after {took:?}");
+    // One request answered, then the keep-alive connection idles.
+    let (got, took) = until_closed(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(within(took), "closed after {took:?}");
+    // A body that stops short of its Content-Length: 408, then closed.
+    let (got, took) = until_closed(
+        port,
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"content\": ",
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("\"request_timeout\""), "{got}");
+    assert!(within(took), "closed after {took:?}");
+
+    // The server is unharmed.
+    let (got, _) = until_closed(
+        port,
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 16\r\n\r\n{\"content\":\"Hi\"}",
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(got.contains("\"tokens\""), "{got}");
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_500_and_the_server_keeps_serving() {
+    let (s, v, _) = send(router(None, 1 << 20), get("/test/panic")).await;
+    assert_error(s, &v, StatusCode::INTERNAL_SERVER_ERROR, "server_error");
+    assert!(!v.to_string().contains("on purpose"), "{v}");
+
+    // Over a real connection: the panic is counted, and the next request on
+    // the same server is answered.
+    let (port, _stop) = listening(Duration::from_secs(10)).await;
+    for _ in 0..2 {
+        let (got, _) = until_closed(
+            port,
+            b"GET /test/panic HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(got.starts_with("HTTP/1.1 500"), "{got}");
+        assert!(got.contains("\"server_error\""), "{got}");
+    }
+    let (got, _) = until_closed(
+        port,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert!(
+        got.contains("lamina_requests_total{status=\"500\"} 2"),
+        "{got}"
+    );
+}

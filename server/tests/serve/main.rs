@@ -3,7 +3,9 @@
 //! greedy, short max_tokens.
 #![allow(clippy::unwrap_used)]
 
+mod bench;
 mod client;
+mod hardening;
 mod openai;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,54 @@
+//! `lamina bench serve` end to end: a tiny run, its JSON checked for shape.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::model;
+
+#[test]
+fn bench_serve_reports_every_level_in_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["bench", "serve", "-m", &model()])
+        .args(["--clients", "1,2", "--requests-per-client", "1"])
+        .args(["--max-tokens", "2", "--timeout", "120", "--json"])
+        .env_remove("LAMINA_API_KEY")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["model"], "SmolLM2-135M-Instruct.Q4_1.gguf", "{v}");
+    assert_eq!(v["parallel"], 2, "{v}");
+    assert_eq!(v["max_tokens"], 2, "{v}");
+    assert_eq!(v["requests_per_client"], 1, "{v}");
+    assert!(v["placement"].as_str().unwrap().contains("layers"), "{v}");
+    let levels = v["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{v}");
+    for (level, clients) in levels.iter().zip([1u64, 2]) {
+        assert_eq!(level["clients"], clients, "{level}");
+        assert_eq!(level["requests"], clients, "{level}");
+        assert_eq!(level["errors"], 0, "{level}");
+        let tokens = level["generated_tokens"].as_u64().unwrap();
+        assert!((clients..=2 * clients).contains(&tokens), "{level}");
+        for key in [
+            "wall_s",
+            "tokens_per_s",
+            "requests_per_s",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "latency_p50_ms",
+        ] {
+            let x = level[key].as_f64().unwrap_or(f64::NAN);
+            assert!(x.is_finite() && x > 0.0, "{key} in {level}");
+        }
+        // Order statistics keep the per-request order: TTFT <= latency.
+        let ms = |key: &str| level[key].as_f64().unwrap();
+        assert!(ms("ttft_p50_ms") <= ms("ttft_p99_ms"), "{level}");
+        assert!(ms("ttft_p50_ms") <= ms("latency_p50_ms"), "{level}");
+    }
+}
