@@ -10,18 +10,23 @@
 //! 1 + 1). Weights are decoded exactly as ggml decodes them, so `w[i]` is one f32
 //! value whichever code produced it.
 //!
-//! Two paths follow that order:
-//! - **AVX2** (x86-64 with `avx2` and `f16c`, detected at run time; `avx2` module):
-//!   the common block types are decoded straight into registers, 32 weights at a time,
-//!   four rows at once in a mat-vec (independent add chains, one x load per four
-//!   rows) and four columns at once in a mat-mul (one decode per four columns). The
-//!   16 lanes of a (row, column) pair are two 8-lane registers.
+//! Three paths follow that order:
+//! - **AVX-512** (x86-64 with `avx512f/bw/vl`, run-time detection; `avx512` module,
+//!   built with Rust ≥ 1.89): the 16 lanes of a (row, column) pair are one register;
+//!   4- and 5-bit weights are looked up in a table of the block's possible weights
+//!   (each entry computed by the scalar decoder's operations), 8-bit and 6-bit ones
+//!   converted. Four rows at once in a mat-vec; in a mat-mul, tiles of 2 rows × 4
+//!   columns (legacy types) or 1 row × 8 columns (k-quants).
+//! - **AVX2** (x86-64 with `avx2` and `f16c`; `avx2` module): the common block types
+//!   are decoded straight into registers, 32 weights at a time, four rows at once in a
+//!   mat-vec (independent add chains, one x load per four rows) and four columns at
+//!   once in a mat-mul (one decode per four columns); the 16 lanes are two registers.
 //! - **Portable** (every type and CPU): a row is walked in chunks of [`CHUNK`] weights
 //!   (whole blocks); each chunk is decoded into a stack buffer by the type's scalar
 //!   decoder and multiplied into the lanes of each column, up to [`COL_TILE`] columns
 //!   per decoded chunk.
 //!
-//! Both compute the same bits (tested), so results depend neither on the CPU's
+//! All compute the same bits (tested), so results depend neither on the CPU's
 //! features nor on how rows and columns are grouped into tiles and rayon tasks.
 //!
 //! Batch invariance follows: the value for (row, column) depends only on that row and
@@ -36,6 +41,10 @@ use lamina_gguf::GgmlType;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+// Compiled only by Rust ≥ 1.89 (the build script sets `lamina_avx512`).
+#[cfg(all(target_arch = "x86_64", lamina_avx512))]
+#[clippy::msrv = "1.89"]
+mod avx512;
 
 /// Accumulator lanes per (row, column) pair: two AVX registers.
 const LANES: usize = 16;
@@ -54,17 +63,61 @@ const ROW_GROUP: usize = 4;
 /// returns false without writing when the shapes are not those of its type.
 pub(crate) type SimdDots = fn(&[u8], usize, &[f32], usize, &mut [f32]) -> bool;
 
-/// The SIMD kernel of `ty` on this CPU, if any.
-fn simd_dots(ty: GgmlType) -> Option<SimdDots> {
+/// The SIMD kernels of `ty` this CPU can run, widest first (tests compare each with
+/// the portable path).
+#[cfg(test)]
+fn simd_kernels(ty: GgmlType) -> Vec<(&'static str, SimdDots)> {
+    #[allow(unused_mut)]
+    let mut found: Vec<(&'static str, SimdDots)> = Vec::new();
+    #[cfg(all(target_arch = "x86_64", lamina_avx512))]
+    found.extend(avx512::dots_fn(ty).map(|f| ("avx512", f)));
     #[cfg(target_arch = "x86_64")]
-    {
-        avx2::dots_fn(ty)
-    }
+    found.extend(avx2::dots_fn(ty).map(|f| ("avx2", f)));
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = ty;
-        None
+    let _ = ty;
+    found
+}
+
+/// The widest SIMD kernel of `ty` on this CPU, if any, up to the limit set by
+/// [`SIMD_LIMIT_VAR`].
+fn simd_dots(ty: GgmlType) -> Option<SimdDots> {
+    let limit = simd_limit();
+    #[cfg(all(target_arch = "x86_64", lamina_avx512))]
+    if limit >= SimdLevel::Avx512 {
+        if let Some(f) = avx512::dots_fn(ty) {
+            return Some(f);
+        }
     }
+    #[cfg(target_arch = "x86_64")]
+    if limit >= SimdLevel::Avx2 {
+        if let Some(f) = avx2::dots_fn(ty) {
+            return Some(f);
+        }
+    }
+    let _ = (ty, limit);
+    None
+}
+
+/// Environment variable capping the SIMD path: `portable`, `avx2` or `avx512` (the
+/// default: the widest this CPU has). Results are the same bits whichever path runs;
+/// the knob is for measuring and for ruling a path out.
+pub const SIMD_LIMIT_VAR: &str = "LAMINA_CPU_SIMD";
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum SimdLevel {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+/// [`SIMD_LIMIT_VAR`], read once; an unknown value means no limit.
+fn simd_limit() -> SimdLevel {
+    static LIMIT: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| match std::env::var(SIMD_LIMIT_VAR).as_deref() {
+        Ok("portable") => SimdLevel::Portable,
+        Ok("avx2") => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
+    })
 }
 
 /// How to walk rows of one type.

@@ -7,7 +7,9 @@
 //!
 //! [`dot_row`], [`matvec`] and [`matmul`] multiply straight from the quantized blocks,
 //! decoding a chunk at a time (see the `dot` module for the reduction order that makes
-//! them batch invariant).
+//! them batch invariant). On x86-64 the common types run AVX-512 or AVX2 kernels,
+//! chosen at run time and bit-identical to the portable path; [`SIMD_LIMIT_VAR`] caps
+//! the choice.
 //!
 //! Inputs are untrusted: lengths are checked up front and reported as
 //! [`QuantError`]; nothing in this crate panics on a malformed buffer.
@@ -23,6 +25,7 @@ mod kquants;
 mod legacy;
 mod ternary;
 
+pub use dot::SIMD_LIMIT_VAR;
 pub use error::QuantError;
 pub use lamina_gguf::GgmlType;
 

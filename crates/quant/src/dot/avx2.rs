@@ -18,7 +18,7 @@ use lamina_gguf::GgmlType;
 
 use super::SimdDots;
 
-mod units;
+pub(super) mod units;
 
 use units::{Unit, IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
@@ -138,11 +138,14 @@ unsafe fn tile<K: Unit, const R: usize, const T: usize>(
         // SAFETY: block b < blocks of row r < R lies inside that row (caller's contract),
         // and its weights are x[b·BS .. (b+1)·BS] of every column.
         unsafe {
-            for (r, acc) in acc.iter_mut().enumerate() {
+            for (r, row_acc) in acc.iter_mut().enumerate() {
                 let bp = w.add(r * row_bytes + b * K::TS);
                 prefetch::<K>(bp);
+                // A copy per block: when this loop over rows is not unrolled (k-quants),
+                // indexing `acc` inside the unit loop would keep it in memory.
+                let mut local = *row_acc;
                 K::units(bp, |u, q| {
-                    for (c, a) in acc.iter_mut().enumerate() {
+                    for (c, a) in local.iter_mut().enumerate() {
                         let xs = x.add(c * cols + b * K::BS + 32 * u);
                         for (k, wk) in q.iter().enumerate() {
                             let p = _mm256_mul_ps(*wk, _mm256_loadu_ps(xs.add(8 * k)));
@@ -150,6 +153,7 @@ unsafe fn tile<K: Unit, const R: usize, const T: usize>(
                         }
                     }
                 });
+                *row_acc = local;
             }
         }
     }
@@ -186,7 +190,7 @@ fn prefetch<K: Unit>(bp: *const u8) {
 /// 4 + 4, 2 + 2, 1 + 1, each sum keeping the lower lane as its first operand.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn reduce(lo: __m256, hi: __m256) -> f32 {
+pub(super) fn reduce(lo: __m256, hi: __m256) -> f32 {
     let s8 = _mm256_add_ps(lo, hi);
     let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
     let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use super::{RowKernel, ROW_GROUP};
+use super::{simd_kernels, RowKernel, ROW_GROUP};
 use crate::{geometry, GgmlType};
 
 /// xorshift64*: deterministic, no dependencies.
@@ -74,9 +74,17 @@ fn blocks(rng: &mut Rng, ty: GgmlType, scales: &[usize], n: usize, finite_scales
 #[test]
 fn simd_kernels_exist_where_the_cpu_has_them() {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
-        for (ty, _) in SIMD_TYPES {
-            assert!(kernel(ty).simd.is_some(), "{ty} has no AVX2 kernel");
+    for (ty, _) in SIMD_TYPES {
+        let names: Vec<_> = simd_kernels(ty).iter().map(|k| k.0).collect();
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+            assert!(names.contains(&"avx2"), "{ty} has no AVX2 kernel");
+        }
+        #[cfg(lamina_avx512)]
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+        {
+            assert_eq!(names.first(), Some(&"avx512"), "{ty} has no AVX-512 kernel");
         }
     }
 }
@@ -86,28 +94,29 @@ fn simd_path_equals_portable_path_bit_for_bit() {
     let mut rng = Rng(0x5EED_51AD);
     for (ty, scales) in SIMD_TYPES {
         let k = kernel(ty);
-        let Some(simd) = k.simd else { continue };
         let (bs, ts) = geometry(ty);
-        for finite_scales in [true, false] {
-            for blocks_per_row in [1, 2, 3] {
-                let (cols, row_bytes) = (blocks_per_row * bs, blocks_per_row * ts);
-                // Row counts around the SIMD row group, column counts around its tile.
-                for rows in [1, 3, ROW_GROUP, ROW_GROUP + 1, 2 * ROW_GROUP + 3] {
-                    let w = blocks(&mut rng, ty, scales, rows * blocks_per_row, finite_scales);
-                    for n in 1..=9 {
-                        let x = rng.x(n * cols);
-                        let mut want = vec![f32::NAN; rows * n];
-                        k.portable().dots(&w, row_bytes, &x, n, &mut want);
-                        let mut got = vec![f32::NAN; rows * n];
-                        assert!(simd(&w, row_bytes, &x, n, &mut got));
-                        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                            assert!(
-                                same(*g, *e),
-                                "{ty} rows {rows} cols {cols} n {n} out[{i}]: simd {g:e} \
+        for (name, simd) in simd_kernels(ty) {
+            for finite_scales in [true, false] {
+                for blocks_per_row in [1, 2, 3] {
+                    let (cols, row_bytes) = (blocks_per_row * bs, blocks_per_row * ts);
+                    // Row counts around the SIMD row group, column counts around its tile.
+                    for rows in [1, 3, ROW_GROUP, ROW_GROUP + 1, 2 * ROW_GROUP + 3] {
+                        let w = blocks(&mut rng, ty, scales, rows * blocks_per_row, finite_scales);
+                        for n in 1..=9 {
+                            let x = rng.x(n * cols);
+                            let mut want = vec![f32::NAN; rows * n];
+                            k.portable().dots(&w, row_bytes, &x, n, &mut want);
+                            let mut got = vec![f32::NAN; rows * n];
+                            assert!(simd(&w, row_bytes, &x, n, &mut got));
+                            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                                assert!(
+                                    same(*g, *e),
+                                    "{ty} {name} rows {rows} cols {cols} n {n} out[{i}]: {g:e} \
                                  ({:#010x}), portable {e:e} ({:#010x})",
-                                g.to_bits(),
-                                e.to_bits()
-                            );
+                                    g.to_bits(),
+                                    e.to_bits()
+                                );
+                            }
                         }
                     }
                 }

@@ -35,7 +35,7 @@ pub(crate) unsafe trait Unit {
 /// the previous block's arithmetic.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_splat(p: *const u8) -> __m256 {
+pub(crate) unsafe fn f16_splat(p: *const u8) -> __m256 {
     // SAFETY: the caller guarantees 2 readable bytes; unaligned read.
     let bits = unsafe { p.cast::<u16>().read_unaligned() };
     _mm256_cvtph_ps(_mm_set1_epi16(bits as i16))
@@ -45,7 +45,7 @@ unsafe fn f16_splat(p: *const u8) -> __m256 {
 /// 4-bit block. Caller: avx2 available, 16 bytes readable.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn nibbles16(p: *const u8) -> (__m128i, __m128i) {
+pub(crate) unsafe fn nibbles16(p: *const u8) -> (__m128i, __m128i) {
     // SAFETY: the caller guarantees 16 readable bytes; unaligned load.
     let q = unsafe { _mm_loadu_si128(p.cast()) };
     let m = _mm_set1_epi8(0x0F);
@@ -59,7 +59,7 @@ unsafe fn nibbles16(p: *const u8) -> (__m128i, __m128i) {
 /// and 5-bit k-quants. Caller: avx2 available, 32 bytes readable.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn nibbles32(p: *const u8) -> (__m256i, __m256i) {
+pub(crate) unsafe fn nibbles32(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller guarantees 32 readable bytes; unaligned load.
     let q = unsafe { _mm256_loadu_si256(p.cast()) };
     let m = _mm256_set1_epi8(0x0F);
@@ -135,7 +135,7 @@ fn mul_sub(q: [__m256; 4], d: __m256, m: __m256) -> [__m256; 4] {
 /// written to `out`: the per-sub-block factors of a k-quant block.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn scale8(d: __m256, bytes: u64, signed: bool, out: &mut [f32; 8]) {
+pub(crate) fn scale8(d: __m256, bytes: u64, signed: bool, out: &mut [f32; 8]) {
     let v = _mm_cvtsi64_si128(bytes as i64);
     let wide = if signed {
         _mm256_cvtepi8_epi32(v)
@@ -282,7 +282,7 @@ unsafe impl Unit for IQ4NL {
 /// once with ggml's `kmask` word trick). Caller: avx2, 12 bytes readable.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn k4_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32; 8], [f32; 8]) {
+pub(crate) unsafe fn k4_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32; 8], [f32; 8]) {
     // SAFETY: the caller guarantees the 12 bytes; unaligned reads.
     let (a, b, c) = unsafe {
         let p = sc.cast::<u32>();
@@ -360,6 +360,33 @@ unsafe impl Unit for Q5K {
     }
 }
 
+/// The four 32-weight passes of one Q6_K half, as signed bytes `q − 32`: pass j takes
+/// the low (j < 2) or high nibbles of `ql0` (even j) or `ql1` (odd j) and bits 2j–2j+1
+/// of `qh` as bits 4–5.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q6_bytes(ql0: __m256i, ql1: __m256i, qh: __m256i) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m2 = _mm256_set1_epi8(0x30);
+    // ((qh >> 2j) & 3) << 4, shifted inside 16-bit lanes: the 0x30 mask drops whatever
+    // crosses from the neighbouring byte.
+    let high = [
+        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
+        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
+        _mm256_and_si256(qh, m2),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
+    ];
+    let low = [
+        _mm256_and_si256(ql0, m4),
+        _mm256_and_si256(ql1, m4),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+    ];
+    let bias = _mm256_set1_epi8(32);
+    let f = |j: usize| _mm256_sub_epi8(_mm256_or_si256(low[j], high[j]), bias);
+    [f(0), f(1), f(2), f(3)]
+}
+
 // SAFETY: ql at 0–127, qh at 128–191, scales at 192–207, d at 208; 210 bytes.
 unsafe impl Unit for Q6K {
     const BS: usize = 256;
@@ -382,9 +409,6 @@ unsafe impl Unit for Q6K {
         let (mut ds0, mut ds1) = ([0.0; 8], [0.0; 8]);
         scale8(d, sc[0], true, &mut ds0);
         scale8(d, sc[1], true, &mut ds1);
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m2 = _mm256_set1_epi8(0x30);
-        let bias = _mm256_set1_epi8(32);
         for (h, ds) in [ds0, ds1].iter().enumerate() {
             // SAFETY: ql bytes 64h .. 64h + 64 ≤ 128 and qh bytes 128 + 32h .. + 32 ≤ 192.
             let (ql0, ql1, qh) = unsafe {
@@ -394,23 +418,9 @@ unsafe impl Unit for Q6K {
                     _mm256_loadu_si256(b.add(128 + 32 * h).cast()),
                 )
             };
-            // ((qh >> 2j) & 3) << 4, shifted inside 16-bit lanes: the 0x30 mask drops
-            // whatever crosses from the neighbouring byte.
-            let high = [
-                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m2),
-                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m2),
-                _mm256_and_si256(qh, m2),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m2),
-            ];
-            let low = [
-                _mm256_and_si256(ql0, m4),
-                _mm256_and_si256(ql1, m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-            ];
+            let q = q6_bytes(ql0, ql1, qh);
             for j in 0..4 {
-                let q = _mm256_sub_epi8(_mm256_or_si256(low[j], high[j]), bias);
-                let q = widen32(q);
+                let q = widen32(q[j]);
                 let (s0, s1) = (_mm256_set1_ps(ds[2 * j]), _mm256_set1_ps(ds[2 * j + 1]));
                 let w = [
                     _mm256_mul_ps(s0, q[0]),

@@ -1,0 +1,241 @@
+//! AVX-512 row kernels: the AVX2 kernels' structure with the 16 lanes of a (row,
+//! column) pair in one `__m512`, and 4- and 5-bit weights looked up in per-block tables
+//! (see `units`). Same order as the portable kernel, so bit-identical to it.
+//!
+//! A unit of 32 weights arrives as two registers, weights 0–15 and 16–31, each added
+//! into the pair's accumulator after its product: lane l takes weight 32u + l, then
+//! 32u + 16 + l, in increasing order as the portable lanes do.
+//!
+//! Built only with Rust ≥ 1.89 (`lamina_avx512`, set by the build script) and used
+//! only where `avx512f`, `avx512bw` and `avx512vl` are detected at run time.
+
+use std::arch::x86_64::*;
+
+use lamina_gguf::GgmlType;
+
+use super::avx2::reduce;
+use super::avx2::units::{IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::SimdDots;
+
+mod units;
+
+use units::Unit512;
+
+/// Rows decoded together in a mat-vec (one accumulator register each).
+const MATVEC_ROWS: usize = 4;
+/// As in the AVX2 kernels: bytes ahead of the current block requested into L1.
+const PREFETCH_AHEAD: usize = 4096;
+
+/// The AVX-512 kernel of `ty`, when this CPU has the features and the type has one.
+pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
+    let features = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c");
+    if !features {
+        return None;
+    }
+    let f: SimdDots = match ty {
+        GgmlType::Q4_0 => dots::<Q4_0>,
+        GgmlType::Q4_1 => dots::<Q4_1>,
+        GgmlType::Q5_0 => dots::<Q5_0>,
+        GgmlType::Q5_1 => dots::<Q5_1>,
+        GgmlType::Q8_0 => dots::<Q8_0>,
+        GgmlType::Q4K => dots::<Q4K>,
+        GgmlType::Q5K => dots::<Q5K>,
+        GgmlType::Q6K => dots::<Q6K>,
+        GgmlType::IQ4NL => dots::<IQ4NL>,
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// `out[r·n + c] = row r of w · column c of x`; false (nothing written) when the
+/// buffers do not have those shapes. See the AVX2 `dots`.
+fn dots<K: Unit512>(w: &[u8], row_bytes: usize, x: &[f32], n: usize, out: &mut [f32]) -> bool {
+    if row_bytes == 0 || !row_bytes.is_multiple_of(K::TS) || !w.len().is_multiple_of(row_bytes) {
+        return false;
+    }
+    let rows = w.len() / row_bytes;
+    let cols = row_bytes / K::TS * K::BS;
+    if cols.checked_mul(n) != Some(x.len()) || rows.checked_mul(n) != Some(out.len()) {
+        return false;
+    }
+    // SAFETY: `dots_fn` hands this function out only after detecting the features, and
+    // the shapes `dots_avx512` relies on were checked just above.
+    unsafe { dots_avx512::<K>(w, row_bytes, x, cols, n, out) };
+    true
+}
+
+/// [`dots`] after its checks. Caller: the features of [`dots_fn`] are available; `w` is
+/// whole rows of `row_bytes` (a non-zero multiple of `K::TS`), `x` is n columns of
+/// `cols` weights, `out` holds rows · n values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn dots_avx512<K: Unit512>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    cols: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let rows = w.len() / row_bytes;
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    let op = out.as_mut_ptr();
+    // SAFETY (for every `tile` call below): row r < rows starts at wp + r·row_bytes and
+    // holds row_bytes bytes; column c < n starts at xp + c·cols; out[r·n + c] is in
+    // bounds for r < rows, c < n. Each call covers rows r .. r + R ≤ rows and columns
+    // c .. c + T ≤ n.
+    unsafe {
+        if n == 1 {
+            let mut r = 0;
+            while r + MATVEC_ROWS <= rows {
+                tile::<K, MATVEC_ROWS, 1>(wp.add(r * row_bytes), row_bytes, xp, cols, op.add(r), 1);
+                r += MATVEC_ROWS;
+            }
+            while r < rows {
+                tile::<K, 1, 1>(wp.add(r * row_bytes), row_bytes, xp, cols, op.add(r), 1);
+                r += 1;
+            }
+            return;
+        }
+        // Blocks of one unit (the legacy types) share each column load between two
+        // rows; with 8 units a block, the loads of a whole block would be hoisted out
+        // of the row loop and spilled, so the k-quants take one row and more columns.
+        if K::BS == 32 {
+            matmul_tiles::<K, 2, 4>(wp, rows, row_bytes, xp, cols, n, op);
+        } else {
+            matmul_tiles::<K, 1, 8>(wp, rows, row_bytes, xp, cols, n, op);
+        }
+    }
+}
+
+/// The mat-mul in tiles of R rows × T columns, then the leftover rows one at a time
+/// and the leftover columns in tiles of 4, 2 and 1.
+///
+/// Caller: as for [`dots_avx512`], with `w`, `x` and `out` its buffers' pointers.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn matmul_tiles<K: Unit512, const R: usize, const T: usize>(
+    w: *const u8,
+    rows: usize,
+    row_bytes: usize,
+    x: *const f32,
+    cols: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    // SAFETY: each call covers rows r .. r + R' ≤ rows and columns c .. c + T' ≤ n.
+    unsafe {
+        let mut r = 0;
+        while r < rows {
+            let (w, out) = (w.add(r * row_bytes), out.add(r * n));
+            if r + R <= rows {
+                row_group::<K, R, T>(w, row_bytes, x, cols, n, out);
+                r += R;
+            } else {
+                row_group::<K, 1, T>(w, row_bytes, x, cols, n, out);
+                r += 1;
+            }
+        }
+    }
+}
+
+/// All n columns for R rows: tiles of T columns, then the rest in tiles of 4, 2, 1.
+///
+/// Caller: as for [`tile`] with R rows at `w`, n columns at `x`, and `out` the R·n
+/// row-major results of these rows.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn row_group<K: Unit512, const R: usize, const T: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    x: *const f32,
+    cols: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    // SAFETY: each call covers columns c .. c + T' ≤ n of the caller's R rows.
+    unsafe {
+        let mut c = 0;
+        while c + T <= n {
+            tile::<K, R, T>(w, row_bytes, x.add(c * cols), cols, out.add(c), n);
+            c += T;
+        }
+        if T > 4 && c + 4 <= n {
+            tile::<K, R, 4>(w, row_bytes, x.add(c * cols), cols, out.add(c), n);
+            c += 4;
+        }
+        while c + 2 <= n {
+            tile::<K, R, 2>(w, row_bytes, x.add(c * cols), cols, out.add(c), n);
+            c += 2;
+        }
+        if c < n {
+            tile::<K, R, 1>(w, row_bytes, x.add(c * cols), cols, out.add(c), n);
+        }
+    }
+}
+
+/// Dot products of R rows with T columns: `out[r·stride + c] = row r · column c`.
+///
+/// Caller: the features of [`dots_fn`] are available; row r (< R) is `row_bytes` bytes
+/// at `w + r·row_bytes`, a whole number of blocks; column c (< T) is `cols` floats at
+/// `x + c·cols`, `cols` being the weights in a row; `out + r·stride + c` is writable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn tile<K: Unit512, const R: usize, const T: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    x: *const f32,
+    cols: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let blocks = row_bytes / K::TS;
+    for b in 0..blocks {
+        // SAFETY: block b < blocks of row r < R lies inside that row (caller's contract),
+        // and its weights are x[b·BS .. (b+1)·BS] of every column.
+        unsafe {
+            for (r, row_acc) in acc.iter_mut().enumerate() {
+                let bp = w.add(r * row_bytes + b * K::TS);
+                prefetch::<K>(bp);
+                // A copy per block: when this loop over rows is not unrolled (k-quants),
+                // indexing `acc` inside the unit loop would keep it in memory.
+                let mut local = *row_acc;
+                K::units(bp, |u, q| {
+                    for (c, a) in local.iter_mut().enumerate() {
+                        let xs = x.add(c * cols + b * K::BS + 32 * u);
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(q[0], _mm512_loadu_ps(xs)));
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(q[1], _mm512_loadu_ps(xs.add(16))));
+                    }
+                });
+                *row_acc = local;
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (c, a) in row.iter().enumerate() {
+            let lo = _mm512_castps512_ps256(*a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+            // SAFETY: r < R and c < T, inside `out` by the caller's contract.
+            unsafe { *out.add(r * stride + c) = reduce(lo, hi) };
+        }
+    }
+}
+
+/// Prefetches the cache lines [`PREFETCH_AHEAD`] bytes past the block at `bp`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn prefetch<K: Unit512>(bp: *const u8) {
+    // `wrapping_add` keeps the arithmetic defined past the end of the buffer, and a
+    // prefetch never faults, whatever the address.
+    let p = bp.wrapping_add(PREFETCH_AHEAD);
+    let mut off = 0;
+    while off < K::TS {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
+        off += 64;
+    }
+}
