@@ -52,9 +52,15 @@ const LANES: usize = 16;
 const CHUNK: usize = 256;
 /// Columns sharing one decoded chunk in the portable `matmul`.
 const COL_TILE: usize = 8;
-/// Aim for at least this many weight·column products per rayon task, so small
-/// matrices are not split into tasks that cost more to schedule than to compute.
-const MIN_WEIGHTS_PER_TASK: usize = 1 << 15;
+/// Least estimated single-thread time per rayon task, in ns, when called from a pool
+/// worker: a split then costs a steal, about a microsecond.
+const MIN_TASK_NS_IN_POOL: usize = 2_500;
+/// The same when called from any other thread: the caller hands the call to the pool
+/// and sleeps until it is done, two thread wake-ups that cost 6–10 µs here (more on a
+/// busy machine), so only calls long enough to absorb them are split. (A model's
+/// 1536 × 576 projection, ~37 µs on one core with AVX-512, ran no faster split in two
+/// from outside the pool.)
+const MIN_TASK_NS_OUTSIDE_POOL: usize = 40_000;
 /// Rows per rayon task are a multiple of this, so the SIMD path's row groups stay whole.
 const ROW_GROUP: usize = 4;
 
@@ -80,18 +86,18 @@ fn simd_kernels(ty: GgmlType) -> Vec<(&'static str, SimdDots)> {
 
 /// The widest SIMD kernel of `ty` on this CPU, if any, up to the limit set by
 /// [`SIMD_LIMIT_VAR`].
-fn simd_dots(ty: GgmlType) -> Option<SimdDots> {
+fn simd_dots(ty: GgmlType) -> Option<(SimdLevel, SimdDots)> {
     let limit = simd_limit();
     #[cfg(all(target_arch = "x86_64", lamina_avx512))]
     if limit >= SimdLevel::Avx512 {
         if let Some(f) = avx512::dots_fn(ty) {
-            return Some(f);
+            return Some((SimdLevel::Avx512, f));
         }
     }
     #[cfg(target_arch = "x86_64")]
     if limit >= SimdLevel::Avx2 {
         if let Some(f) = avx2::dots_fn(ty) {
-            return Some(f);
+            return Some((SimdLevel::Avx2, f));
         }
     }
     let _ = (ty, limit);
@@ -108,6 +114,18 @@ enum SimdLevel {
     Portable,
     Avx2,
     Avx512,
+}
+
+impl SimdLevel {
+    /// Rough single-thread cost of one weight·column product, in picoseconds (the
+    /// 4-bit mat-vecs of `benches/matvec.rs`); it only sizes rayon tasks.
+    fn ps_per_product(self) -> usize {
+        match self {
+            SimdLevel::Portable => 350,
+            SimdLevel::Avx2 => 80,
+            SimdLevel::Avx512 => 40,
+        }
+    }
 }
 
 /// [`SIMD_LIMIT_VAR`], read once; an unknown value means no limit.
@@ -127,23 +145,34 @@ pub(crate) struct RowKernel {
     block_size: usize,
     type_size: usize,
     simd: Option<SimdDots>,
+    /// The path `simd` belongs to (`Portable` when it is `None`).
+    level: SimdLevel,
 }
 
 impl RowKernel {
     /// The kernel for rows of `ty`, using this CPU's SIMD path where one exists.
     pub fn new(ty: GgmlType, decode: Decoder, block_size: usize, type_size: usize) -> Self {
+        let (level, simd) = match simd_dots(ty) {
+            Some((level, f)) => (level, Some(f)),
+            None => (SimdLevel::Portable, None),
+        };
         RowKernel {
             decode,
             block_size,
             type_size,
-            simd: simd_dots(ty),
+            simd,
+            level,
         }
     }
 
     /// The same kernel restricted to the portable path.
     #[cfg(test)]
     fn portable(self) -> Self {
-        RowKernel { simd: None, ..self }
+        RowKernel {
+            simd: None,
+            level: SimdLevel::Portable,
+            ..self
+        }
     }
 
     /// Bytes of one decode step.
@@ -151,12 +180,17 @@ impl RowKernel {
         CHUNK / self.block_size * self.type_size
     }
 
-    /// Rows per rayon task when each row costs `work` products: a whole number of
-    /// [`ROW_GROUP`]s.
-    fn rows_per_task(work: usize) -> usize {
-        (MIN_WEIGHTS_PER_TASK / work.max(1))
-            .max(1)
-            .next_multiple_of(ROW_GROUP)
+    /// Rows per rayon task when each row costs `work` products: enough for the task to
+    /// outweigh its scheduling, a whole number of [`ROW_GROUP`]s. A call that fits in
+    /// one task runs on the calling thread (rayon splits nothing).
+    fn rows_per_task(&self, work: usize) -> usize {
+        let ns = if rayon::current_thread_index().is_some() {
+            MIN_TASK_NS_IN_POOL
+        } else {
+            MIN_TASK_NS_OUTSIDE_POOL
+        };
+        let products = ns * 1000 / self.level.ps_per_product();
+        (products / work.max(1)).max(1).next_multiple_of(ROW_GROUP)
     }
 
     /// `out[c] = row · x[(col0 + c)·cols ..][..cols]` for `c < out.len() ≤ COL_TILE`
@@ -213,7 +247,7 @@ impl RowKernel {
             y.fill(0.0);
             return;
         }
-        let per_task = Self::rows_per_task(x.len());
+        let per_task = self.rows_per_task(x.len());
         y.par_chunks_mut(per_task)
             .zip(w.par_chunks(per_task * row_bytes))
             .for_each(|(y, w)| self.dots(w, row_bytes, x, 1, y));
@@ -244,7 +278,7 @@ impl RowKernel {
         }
         // Rows are the parallel axis; results land row-major first and are transposed
         // into the column-major output afterwards.
-        let per_task = Self::rows_per_task(x.len());
+        let per_task = self.rows_per_task(x.len());
         let mut by_row = vec![0.0f32; rows * n];
         by_row
             .par_chunks_mut(per_task * n)

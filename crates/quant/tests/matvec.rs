@@ -158,17 +158,43 @@ fn matmul_and_dot_row_are_batch_invariant() {
 
 #[test]
 fn large_matvec_splits_across_threads_without_changing_results() {
-    // Enough rows for rayon to split the work; every row must equal its own dot_row.
+    // Enough rows for rayon to split the work (called from inside a pool, where tasks
+    // are small); every row must equal its own dot_row, and every thread count must
+    // give the same bits.
     let (ty, rows, cols) = (GgmlType::Q4K, 1001, 512);
     let mut rng = Rng(0x5EED_0003);
     let w = random_matrix(ty, rows, cols, &mut rng);
     let x = rng.vec(cols);
-    let mut y = vec![0.0; rows];
-    matvec(ty, &w, rows, cols, &x, &mut y).unwrap();
     let rb = w.len() / rows;
-    for (r, got) in y.iter().enumerate() {
-        let want = dot_row(ty, &w[r * rb..(r + 1) * rb], &x).unwrap();
-        assert_eq!(got.to_bits(), want.to_bits(), "row {r}");
+    let want: Vec<u32> = (0..rows)
+        .map(|r| dot_row(ty, &w[r * rb..(r + 1) * rb], &x).unwrap().to_bits())
+        .collect();
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut y = vec![0.0; rows];
+        pool.install(|| matvec(ty, &w, rows, cols, &x, &mut y))
+            .unwrap();
+        for (r, got) in y.iter().enumerate() {
+            assert_eq!(got.to_bits(), want[r], "{threads} threads, row {r}");
+        }
+        let n = 5;
+        let xs = rng.vec(n * cols);
+        let mut ys = vec![0.0; n * rows];
+        pool.install(|| matmul(ty, &w, rows, cols, &xs, n, &mut ys))
+            .unwrap();
+        for c in 0..n {
+            for r in 0..rows {
+                let want = dot_row(ty, &w[r * rb..(r + 1) * rb], &xs[c * cols..][..cols]).unwrap();
+                assert_eq!(
+                    ys[c * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{threads} threads, col {c} row {r}"
+                );
+            }
+        }
     }
 }
 
