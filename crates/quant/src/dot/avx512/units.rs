@@ -10,8 +10,7 @@
 use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
-    f16_splat, k4_factors, nibbles16, nibbles32, q6_bytes, scale8, IQ4NL, Q4K, Q4_0, Q4_1, Q5K,
-    Q5_0, Q5_1, Q6K, Q8_0,
+    f16_splat, k4_factors, q6_bytes, scale8, IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -72,20 +71,44 @@ unsafe fn f16_splat16(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_set1_epi16(bits as i16))
 }
 
-/// Weights of 16 byte-sized table indices (< 16) from a 16-entry table.
+/// The 16 bytes at `p`, one per 32-bit lane (zero-extended). A lane indexes a 16-entry
+/// table by its low nibble as it is (`vpermps` reads index bits 0–3 only) and by its
+/// high nibble after [`high`]. Caller: avx512f, 16 bytes readable.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn lookup16(idx: __m128i, table: __m512) -> __m512 {
-    _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(idx), table)
+unsafe fn bytes16(p: *const u8) -> __m512i {
+    // SAFETY: the caller guarantees 16 readable bytes; unaligned load.
+    _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) })
 }
 
-/// Weights of 16 nibbles plus fifth bits (bit i of `fifth` for lane i) from the
-/// 32-entry table `lo ‖ hi`.
+/// The high nibble of each lane of [`bytes16`].
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn lookup32(nib: __m128i, fifth: u16, lo: __m512, hi: __m512) -> __m512 {
-    let i = _mm512_cvtepu8_epi32(nib);
-    let i = _mm512_mask_or_epi32(i, fifth, i, _mm512_set1_epi32(16));
+fn high(v: __m512i) -> __m512i {
+    _mm512_srli_epi32::<4>(v)
+}
+
+/// The low nibble of each lane of [`bytes16`], cleared of the high one (for
+/// [`lookup32`], which reads index bit 4).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn low(v: __m512i) -> __m512i {
+    _mm512_and_si512(v, _mm512_set1_epi32(0x0F))
+}
+
+/// Weights of 16 indices (bits 0–3 of each lane) from a 16-entry table.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lookup16(idx: __m512i, table: __m512) -> __m512 {
+    _mm512_permutexvar_ps(idx, table)
+}
+
+/// Weights of 16 nibbles (lanes < 16) plus fifth bits (bit i of `fifth` for lane i)
+/// from the 32-entry table `lo ‖ hi`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lookup32(nib: __m512i, fifth: u16, lo: __m512, hi: __m512) -> __m512 {
+    let i = _mm512_mask_or_epi32(nib, fifth, nib, _mm512_set1_epi32(16));
     _mm512_permutex2var_ps(lo, i, hi)
 }
 
@@ -112,10 +135,10 @@ unsafe impl Unit512 for Q4_0 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
         // SAFETY: bytes 0–17 of the block.
-        let (d, (lo, hi)) = unsafe { (f16_splat16(b), nibbles16(b.add(2))) };
+        let (d, v) = unsafe { (f16_splat16(b), bytes16(b.add(2))) };
         // (q − 8) · d for q = 0 … 15.
         let t = _mm512_mul_ps(levels(-8), d);
-        f(0, [lookup16(lo, t), lookup16(hi, t)]);
+        f(0, [lookup16(v, t), lookup16(high(v), t)]);
     }
 }
 
@@ -128,11 +151,10 @@ unsafe impl Unit512 for Q4_1 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
         // SAFETY: bytes 0–19 of the block.
-        let (d, m, (lo, hi)) =
-            unsafe { (f16_splat16(b), f16_splat16(b.add(2)), nibbles16(b.add(4))) };
+        let (d, m, v) = unsafe { (f16_splat16(b), f16_splat16(b.add(2)), bytes16(b.add(4))) };
         // q · d + m for q = 0 … 15.
         let t = _mm512_add_ps(_mm512_mul_ps(levels(0), d), m);
-        f(0, [lookup16(lo, t), lookup16(hi, t)]);
+        f(0, [lookup16(v, t), lookup16(high(v), t)]);
     }
 }
 
@@ -145,17 +167,17 @@ unsafe impl Unit512 for Q5_0 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
         // SAFETY: bytes 0–1 (d), 2–5 (qh) and 6–21 (qs) of the block.
-        let (d, qh, (lo, hi)) = unsafe {
+        let (d, qh, v) = unsafe {
             let qh = b.add(2).cast::<u32>().read_unaligned();
-            (f16_splat16(b), qh, nibbles16(b.add(6)))
+            (f16_splat16(b), qh, bytes16(b.add(6)))
         };
         // (q − 16) · d for q = 0 … 31.
         let (t0, t1) = (_mm512_mul_ps(levels(-16), d), _mm512_mul_ps(levels(0), d));
         f(
             0,
             [
-                lookup32(lo, qh as u16, t0, t1),
-                lookup32(hi, (qh >> 16) as u16, t0, t1),
+                lookup32(low(v), qh as u16, t0, t1),
+                lookup32(high(v), (qh >> 16) as u16, t0, t1),
             ],
         );
     }
@@ -170,14 +192,9 @@ unsafe impl Unit512 for Q5_1 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
         // SAFETY: bytes 0–3 (d, m), 4–7 (qh) and 8–23 (qs) of the block.
-        let (d, m, qh, (lo, hi)) = unsafe {
+        let (d, m, qh, v) = unsafe {
             let qh = b.add(4).cast::<u32>().read_unaligned();
-            (
-                f16_splat16(b),
-                f16_splat16(b.add(2)),
-                qh,
-                nibbles16(b.add(8)),
-            )
+            (f16_splat16(b), f16_splat16(b.add(2)), qh, bytes16(b.add(8)))
         };
         // q · d + m for q = 0 … 31.
         let t0 = _mm512_add_ps(_mm512_mul_ps(levels(0), d), m);
@@ -185,8 +202,8 @@ unsafe impl Unit512 for Q5_1 {
         f(
             0,
             [
-                lookup32(lo, qh as u16, t0, t1),
-                lookup32(hi, (qh >> 16) as u16, t0, t1),
+                lookup32(low(v), qh as u16, t0, t1),
+                lookup32(high(v), (qh >> 16) as u16, t0, t1),
             ],
         );
     }
@@ -215,13 +232,13 @@ unsafe impl Unit512 for IQ4NL {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
         // SAFETY: bytes 0–17 of the block; the table is 16 f32.
-        let (d, (lo, hi), kv) = unsafe {
+        let (d, v, kv) = unsafe {
             let kv = _mm512_loadu_ps(KVALUES_IQ4NL_F32.as_ptr());
-            (f16_splat16(b), nibbles16(b.add(2)), kv)
+            (f16_splat16(b), bytes16(b.add(2)), kv)
         };
         // d · value, as the scalar decoder reads it.
         let t = _mm512_mul_ps(d, kv);
-        f(0, [lookup16(lo, t), lookup16(hi, t)]);
+        f(0, [lookup16(v, t), lookup16(high(v), t)]);
     }
 }
 
@@ -244,17 +261,13 @@ unsafe impl Unit512 for Q4K {
                 _mm512_set1_ps(dm[u]),
             )
         };
-        let look = |nib: __m256i, t| {
-            [
-                lookup16(_mm256_castsi256_si128(nib), t),
-                lookup16(_mm256_extracti128_si256::<1>(nib), t),
-            ]
-        };
         for p in 0..4 {
             // SAFETY: bytes 16 + 32p .. 48 + 32p ≤ 144 of the block.
-            let (lo, hi) = unsafe { nibbles32(b.add(16 + 32 * p)) };
-            f(2 * p, look(lo, table(2 * p)));
-            f(2 * p + 1, look(hi, table(2 * p + 1)));
+            let (v0, v1) = unsafe { (bytes16(b.add(16 + 32 * p)), bytes16(b.add(32 + 32 * p))) };
+            let t = table(2 * p);
+            f(2 * p, [lookup16(v0, t), lookup16(v1, t)]);
+            let t = table(2 * p + 1);
+            f(2 * p + 1, [lookup16(high(v0), t), lookup16(high(v1), t)]);
         }
     }
 }
@@ -275,23 +288,19 @@ unsafe impl Unit512 for Q5K {
             (factors, _mm256_loadu_si256(b.add(16).cast::<__m256i>()))
         };
         let (q0, q1) = (levels(0), levels(16));
-        let look = |nib: __m256i, fifth: u32, u: usize| {
+        let look = |nib: [__m512i; 2], fifth: u32, u: usize| {
             let (d1, m1) = (_mm512_set1_ps(ds[u]), _mm512_set1_ps(dm[u]));
             let t0 = _mm512_sub_ps(_mm512_mul_ps(d1, q0), m1);
             let t1 = _mm512_sub_ps(_mm512_mul_ps(d1, q1), m1);
             [
-                lookup32(_mm256_castsi256_si128(nib), fifth as u16, t0, t1),
-                lookup32(
-                    _mm256_extracti128_si256::<1>(nib),
-                    (fifth >> 16) as u16,
-                    t0,
-                    t1,
-                ),
+                lookup32(nib[0], fifth as u16, t0, t1),
+                lookup32(nib[1], (fifth >> 16) as u16, t0, t1),
             ]
         };
         for p in 0..4 {
             // SAFETY: bytes 48 + 32p .. 80 + 32p ≤ 176 of the block.
-            let (lo, hi) = unsafe { nibbles32(b.add(48 + 32 * p)) };
+            let (v0, v1) = unsafe { (bytes16(b.add(48 + 32 * p)), bytes16(b.add(64 + 32 * p))) };
+            let (lo, hi) = ([low(v0), low(v1)], [high(v0), high(v1)]);
             // qh holds bits 2p and 2p + 1 in bits 0 and 1 of each byte; `movemask`
             // reads bit 7 of each byte, and shifting 16-bit lanes left by 7 or 6 puts
             // each byte's own bit there.
