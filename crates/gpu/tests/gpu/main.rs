@@ -3,7 +3,6 @@
 //! They share one device and take turns on it (see `common::gpu`).
 #![allow(clippy::unwrap_used)]
 
-mod bench;
 mod common;
 mod device;
 mod elementwise;
