@@ -18,24 +18,9 @@ use serde_json::json;
 
 use lamina_model::placement::{LoadArgs, Ngl};
 
-/// Types the kernels issue covers on both devices.
-const TYPES: [GgmlType; 15] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::IQ4NL,
-    GgmlType::IQ4XS,
-];
+/// The types with GPU kernels; the CPU rows cover the same ones so the two
+/// tables line up.
+const TYPES: [GgmlType; 15] = lamina_gpu::SUPPORTED;
 
 pub struct KernelArgs {
     pub rows: usize,
