@@ -310,7 +310,7 @@ unsafe impl Unit for Q4K {
     const BS: usize = 256;
     const TS: usize = 144;
 
-    /// Sub-blocks 2p and 2p + 1 are the low and high nibbles of qs[32p ..][..32].
+    /// Sub-blocks 2p and 2p + 1 are the low and high nibbles of `qs[32p..][..32]`.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
@@ -333,7 +333,7 @@ unsafe impl Unit for Q5K {
     const BS: usize = 256;
     const TS: usize = 176;
 
-    /// As Q4_K, plus bit u of qh[l] as the fifth bit of weight l of sub-block u.
+    /// As Q4_K, plus bit u of `qh[l]` as the fifth bit of weight l of sub-block u.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
@@ -392,9 +392,9 @@ unsafe impl Unit for Q6K {
     const BS: usize = 256;
     const TS: usize = 210;
 
-    /// In half h, pass j takes the low (j < 2) or high nibbles of ql[64h + 32·(j mod 2)
-    /// ..][..32], bits 2j–2j+1 of qh[32h ..][..32] as bits 4–5, and scales sc[8h + 2j]
-    /// (first 16 weights) and sc[8h + 2j + 1] (last 16).
+    /// In half h, pass j takes the low (j < 2) or high nibbles of
+    /// `ql[64h + 32·(j mod 2)..][..32]`, bits 2j–2j+1 of `qh[32h..][..32]` as bits 4–5,
+    /// and scales `sc[8h + 2j]` (first 16 weights) and `sc[8h + 2j + 1]` (last 16).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {

@@ -247,7 +247,7 @@ unsafe impl Unit512 for Q4K {
     const BS: usize = 256;
     const TS: usize = 144;
 
-    /// Sub-blocks 2p and 2p + 1 are the low and high nibbles of qs[32p ..][..32]; the
+    /// Sub-blocks 2p and 2p + 1 are the low and high nibbles of `qs[32p..][..32]`; the
     /// table of sub-block u is d₁·q − m₁ for q = 0 … 15.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
@@ -277,7 +277,7 @@ unsafe impl Unit512 for Q5K {
     const BS: usize = 256;
     const TS: usize = 176;
 
-    /// As Q4_K with 32-entry tables; bit u of qh[l] is the fifth bit of weight l of
+    /// As Q4_K with 32-entry tables; bit u of `qh[l]` is the fifth bit of weight l of
     /// sub-block u.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
