@@ -1,25 +1,12 @@
 //! `lamina fit` and `lamina devices` as a user runs them.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
+use common::model_path;
 use serde_json::Value;
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("LAMINA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
-    p
-}
 
 fn lamina_json(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_lamina"))

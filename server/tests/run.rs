@@ -7,9 +7,12 @@
 //! was below [`NEAR_TIE`] nats, and that our token was llama.cpp's runner-up.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::model_path;
 use serde_json::Value;
 
 /// The bound: a divergence from llama.cpp is only allowed where its own
@@ -22,21 +25,6 @@ fn shared(rel: &str) -> Value {
         .join("../../shared/reference")
         .join(rel);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn model_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("LAMINA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
-        });
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
-    p
 }
 
 fn ids(v: &Value) -> Vec<u64> {
