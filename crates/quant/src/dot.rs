@@ -46,7 +46,7 @@ mod avx2;
 #[clippy::msrv = "1.89"]
 mod avx512;
 
-/// Accumulator lanes per (row, column) pair: two AVX registers.
+/// Accumulator lanes per (row, column) pair: two AVX2 registers, one AVX-512 register.
 const LANES: usize = 16;
 /// Weights decoded per step of the portable path; a multiple of every block size.
 const CHUNK: usize = 256;
@@ -56,10 +56,10 @@ const COL_TILE: usize = 8;
 /// worker: a split then costs a steal, about a microsecond.
 const MIN_TASK_NS_IN_POOL: usize = 2_500;
 /// The same when called from any other thread: the caller hands the call to the pool
-/// and sleeps until it is done, two thread wake-ups that cost 6–10 µs here (more on a
-/// busy machine), so only calls long enough to absorb them are split. (A model's
-/// 1536 × 576 projection, ~37 µs on one core with AVX-512, ran no faster split in two
-/// from outside the pool.)
+/// and sleeps until it is done, two thread wake-ups that cost 6–10 µs on a 2-core
+/// x86 VM (more on a busy machine), so only calls long enough to absorb them are
+/// split. (A model's 1536 × 576 projection, ~37 µs on one core with AVX-512, ran no
+/// faster split in two from outside the pool.)
 const MIN_TASK_NS_OUTSIDE_POOL: usize = 40_000;
 /// Rows per rayon task are a multiple of this, so the SIMD path's row groups stay whole.
 const ROW_GROUP: usize = 4;
