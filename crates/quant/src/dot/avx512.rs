@@ -24,7 +24,7 @@ use units::Unit512;
 /// Rows decoded together in a mat-vec (one accumulator register each).
 const MATVEC_ROWS: usize = 4;
 /// As in the AVX2 kernels: bytes ahead of the current block requested into L1.
-const PREFETCH_AHEAD: usize = 4096;
+const PREFETCH_AHEAD: usize = 16384;
 
 /// The AVX-512 kernel of `ty`, when this CPU has the features and the type has one.
 pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
