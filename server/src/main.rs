@@ -82,19 +82,8 @@ enum Command {
         json: bool,
         #[arg(long)]
         no_mmap: bool,
-        /// Slots on the GPU: blocks plus the output layer, which goes first
-        /// (llama.cpp's rule); `all`, or `auto` to fit --gpu-memory (hardware
-        /// GPUs only).
-        #[arg(
-            long = "n-gpu-layers",
-            visible_alias = "ngl",
-            short = 'g',
-            default_value = "auto"
-        )]
-        ngl: lamina_model::placement::Ngl,
-        /// GPU memory budget for placement, e.g. 6GiB.
-        #[arg(long, value_parser = parse_size)]
-        gpu_memory: Option<u64>,
+        #[command(flatten)]
+        placement: Placement,
     },
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve {
@@ -185,15 +174,8 @@ enum Command {
     Score {
         #[arg(short = 'm', long = "model")]
         file: PathBuf,
-        #[arg(
-            long = "n-gpu-layers",
-            visible_alias = "ngl",
-            short = 'g',
-            default_value = "auto"
-        )]
-        ngl: lamina_model::placement::Ngl,
-        #[arg(long, value_parser = parse_size)]
-        gpu_memory: Option<u64>,
+        #[command(flatten)]
+        placement: Placement,
     },
     /// Plan layer placement for a GPU memory budget, from the header alone.
     Fit {
@@ -225,6 +207,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Where layers run, for the commands that load a model once.
+#[derive(clap::Args)]
+struct Placement {
+    /// Slots on the GPU: blocks plus the output layer, which goes first
+    /// (llama.cpp's rule); `all`, or `auto` to fit --gpu-memory (hardware
+    /// GPUs only).
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "ngl",
+        short = 'g',
+        default_value = "auto"
+    )]
+    ngl: lamina_model::placement::Ngl,
+    /// GPU memory budget for placement, e.g. 6GiB.
+    #[arg(long, value_parser = parse_size)]
+    gpu_memory: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -359,15 +359,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             threads,
             json,
             no_mmap,
-            ngl,
-            gpu_memory,
+            placement,
         } => {
-            if let Some(t) = threads {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t.max(1))
-                    .build_global()
-                    .context("starting the CPU thread pool")?;
-            }
+            thread_pool(threads)?;
             run::run(run::RunArgs {
                 file,
                 prompt,
@@ -382,8 +376,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 chat,
                 json,
                 no_mmap,
-                ngl,
-                gpu_memory,
+                ngl: placement.ngl,
+                gpu_memory: placement.gpu_memory,
             })?
         }
         Command::Serve {
@@ -404,12 +398,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ngl,
             gpu_memory,
         } => {
-            if let Some(t) = threads {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t.max(1))
-                    .build_global()
-                    .context("starting the CPU thread pool")?;
-            }
+            thread_pool(threads)?;
             serve::run(serve::ServeArgs {
                 file,
                 host,
@@ -524,11 +513,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             no_parse_special,
             json,
         } => score::tokenize(&file, &text, !no_bos, !no_parse_special, json)?,
-        Command::Score {
-            file,
-            ngl,
-            gpu_memory,
-        } => score::score(&file, ngl, gpu_memory)?,
+        Command::Score { file, placement } => {
+            score::score(&file, placement.ngl, placement.gpu_memory)?
+        }
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())
