@@ -7,7 +7,8 @@
 //
 // Layouts: q and out [n_tokens][n_head][head_dim]; k and v
 // [position][n_kv_head][head_dim]; scores [n_tokens][n_head][kv_len]
-// (scratch holding s_j, then exp(s_j - max)).
+// (scratch holding s_j, then exp(s_j - max)). q and out start at element
+// p.q_offset (one sequence of a batch of several, each with its own cache).
 
 #include "common/params.wgsl"
 
@@ -59,7 +60,7 @@ fn main(
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
-    let qb = row * hd;
+    let qb = p.q_offset + row * hd;
     let sb = row * p.kv_len;
 
     var m = -3.4028235e38;

@@ -3,63 +3,177 @@
 // decodes each weight once for all columns). W is type {{TYPE}}, kept in its
 // ggml blocks.
 //
-// A workgroup owns ROWS rows; each row has LANES lanes. Lane l sums the
-// 32-weight units l, l + LANES, l + 2*LANES ... in increasing order, each
-// unit's partial computed by unit_dot; then the lanes are combined by
-// lane_tree. This is the canonical order that matmul_tiled.wgsl reproduces
-// (crates/gpu/src/ops.rs).
+// The canonical order (crates/gpu/src/ops/matmul.rs) has 32 lanes per
+// output: lane l sums the 32-weight units l, l + 32, l + 64 ... in
+// increasing order, each unit's partial an fma chain over its weights, and
+// lane_tree combines the lanes. This kernel runs those 32 lanes on TPR =
+// {{TPR}} threads per row: thread t holds lanes t, t + TPR, t + 2*TPR ...
+// (V = 32 / TPR accumulators), walks units t, t + TPR, ... and adds unit u
+// into the accumulator of lane u % 32. Any TPR gives the same bits, so the
+// mapping is chosen per device and shape (ops/matmul.rs, MatvecShape):
+//
+// * TPR 1 (CPU-like devices such as lavapipe): a thread owns whole rows, so
+//   every invocation loads the same activation at the same time. With XSRC
+//   `uniform` the activations are bound as a uniform buffer, which a
+//   software rasteriser reads once per SIMD lane group (a storage load costs
+//   a gather per lane, whatever the index: measured 3-4x slower overall on
+//   lavapipe). No lane idles when a row has fewer than 32 units (K = 576 is
+//   18 units), and the tree runs in registers: no workgroup memory, no
+//   barrier.
+// * TPR 8..32 (GPUs): a team of threads per row. Thread t does the tree's
+//   levels that stay within its own lanes (16 .. TPR), then the team's TPR
+//   values meet in workgroup memory for the last levels.
+//
+// Each thread computes RPT = {{RPT}} rows: the activations of a unit are
+// loaded once and feed RPT rows (and the weights of a unit feed MAXC
+// columns).
 
 #include "common/params.wgsl"
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: MatParams;
 
+// x4(i): activations i .. i + 3 (i a multiple of 4 for `uniform`); x1(i).
+#include "common/x_{{XSRC}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
-#include "common/unit_dot.wgsl"
-#include "common/lane_tree.wgsl"
+
+// Weight j of a decoded unit, with selects rather than a
+// run-time index into the arrays, so they can stay in registers.
+fn pick(u: array<vec4<f32>, 8>, j: u32) -> f32 {
+    let q = j >> 2u;
+    var v = u[0];
+    for (var i = 1u; i < 8u; i++) {
+        v = select(v, u[i], q == i);
+    }
+    let e = j & 3u;
+    return select(select(v.x, v.y, e == 1u), select(v.z, v.w, e == 3u), e >= 2u);
+}
 
 const MAXC: u32 = {{MAXC}}u;
 const LANES: u32 = 32u;
-const WG: u32 = 256u;
-const ROWS: u32 = WG / LANES;
+const TPR: u32 = {{TPR}}u;
+const RPT: u32 = {{RPT}}u;
+const WG: u32 = {{WG}}u;
+const V: u32 = LANES / TPR;
+const TEAMS: u32 = WG / TPR;
+const ROWS: u32 = TEAMS * RPT;
+const NACC: u32 = RPT * MAXC * V;
 
-// Lane partials: column c of local row rl, lane l at c * WG + rl * LANES + l.
-var<workgroup> wgmem: array<f32, WG * MAXC>;
+// Team partials of output (local row, column) o at o * TPR + t; only used
+// when TPR > 1 ({{WGMEM}} values, 1 when unused).
+var<workgroup> wgmem: array<f32, {{WGMEM}}>;
 
-@compute @workgroup_size(256)
+
+@compute @workgroup_size({{WG}})
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
-    let lane = li % LANES;
-    let r = (wid.x + wid.y * nwg.x) * ROWS + li / LANES;
-    var acc: array<f32, MAXC>;
-    if (r < p.rows) {
-        let row = r * p.row_bytes;
-        let units = (p.k + 31u) / 32u;
-        for (var u = lane; u < units; u += LANES) {
-            let lo = dq16(row, 2u * u);
-            let hi = dq16(row, 2u * u + 1u);
-            for (var c = 0u; c < MAXC; c++) {
-                if (c < p.ncols) {
-                    acc[c] = acc[c] + unit_dot(lo, hi, p.x_offset + c * p.x_stride, 32u * u);
+    let team = li / TPR;
+    let t = li % TPR;
+    let r0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let units = (p.k + 31u) / 32u;
+    // Local row of the thread's rr-th row: rr * TEAMS + team, so that
+    // neighbouring teams hold neighbouring rows.
+    var rbase: array<u32, RPT>;
+    for (var rr = 0u; rr < RPT; rr++) {
+        // Rows past the end compute on the last row (in bounds) and are not
+        // written: every invocation runs the same loop, with no divergence.
+        rbase[rr] = min(r0 + rr * TEAMS + team, p.rows - 1u) * p.row_bytes;
+    }
+    var acc: array<f32, NACC>;
+    var m = 0u;
+    for (var u = t; u < units; u += TPR) {
+        let lane_acc = m % V;
+        m += 1u;
+        // The unit's 32 weights of each row (dq32 reads each block byte once).
+        var wv: array<array<vec4<f32>, 8>, RPT>;
+        for (var rr = 0u; rr < RPT; rr++) {
+            wv[rr] = dq32(rbase[rr], u);
+        }
+        let k0 = 32u * u;
+        for (var c = 0u; c < MAXC; c++) {
+            if (c >= p.ncols) {
+                break;
+            }
+            let xb = p.x_offset + c * p.x_stride + k0;
+            // The unit's partial per row: s = fma(w[j], x[j], s), j ascending.
+            var s: array<f32, RPT>;
+            if (k0 + 32u <= p.k) {
+                for (var i = 0u; i < 8u; i++) {
+                    let xv = x4(xb + 4u * i);
+                    for (var rr = 0u; rr < RPT; rr++) {
+                        let v = wv[rr][i];
+                        s[rr] = fma(v.x, xv.x, s[rr]);
+                        s[rr] = fma(v.y, xv.y, s[rr]);
+                        s[rr] = fma(v.z, xv.z, s[rr]);
+                        s[rr] = fma(v.w, xv.w, s[rr]);
+                    }
                 }
+            } else {
+                // A float row's short last unit: its valid weights only.
+                let n = p.k - k0;
+                for (var j = 0u; j < n; j++) {
+                    let xv = x1(xb + j);
+                    for (var rr = 0u; rr < RPT; rr++) {
+                        s[rr] = fma(pick(wv[rr], j), xv, s[rr]);
+                    }
+                }
+            }
+            for (var rr = 0u; rr < RPT; rr++) {
+                let a = (rr * MAXC + c) * V + lane_acc;
+                acc[a] = acc[a] + s[rr];
             }
         }
     }
-    for (var c = 0u; c < MAXC; c++) {
-        if (c < p.ncols) {
-            wgmem[c * WG + li] = acc[c];
+
+    // The canonical tree, v[l] = v[l] + v[l + s] for s = 16 .. 1: first the
+    // levels s >= TPR, whose pairs lie within this thread (lane t + TPR * i
+    // is accumulator i, its partner t + TPR * (i + s / TPR)).
+    for (var o = 0u; o < RPT * MAXC; o++) {
+        for (var h = V / 2u; h > 0u; h >>= 1u) {
+            for (var i = 0u; i < h; i++) {
+                acc[o * V + i] = acc[o * V + i] + acc[o * V + i + h];
+            }
         }
     }
-    workgroupBarrier();
-    // Lane c of each row combines column c.
-    if (lane < p.ncols && r < p.rows) {
-        let v = lane_tree(lane * WG + li - lane);
-        y[p.y_offset + lane * p.y_stride + p.row_offset + r] = v;
+    if (TPR == 1u) {
+        for (var rr = 0u; rr < RPT; rr++) {
+            let r = r0 + rr * TEAMS + team;
+            for (var c = 0u; c < MAXC; c++) {
+                if (c >= p.ncols || r >= p.rows) {
+                    break;
+                }
+                y[p.y_offset + c * p.y_stride + p.row_offset + r] = acc[(rr * MAXC + c) * V];
+            }
+        }
+    } else {
+        // Then the levels s < TPR across the team, by one invocation per output.
+        for (var rr = 0u; rr < RPT; rr++) {
+            for (var c = 0u; c < MAXC; c++) {
+                let o = (rr * TEAMS + team) * MAXC + c;
+                wgmem[o * TPR + t] = acc[(rr * MAXC + c) * V];
+            }
+        }
+        workgroupBarrier();
+        for (var o = li; o < ROWS * MAXC; o += WG) {
+            let r = r0 + o / MAXC;
+            let c = o % MAXC;
+            if (c < p.ncols && r < p.rows) {
+                var v: array<f32, TPR>;
+                for (var l = 0u; l < TPR; l++) {
+                    v[l] = wgmem[o * TPR + l];
+                }
+                for (var h = TPR / 2u; h > 0u; h >>= 1u) {
+                    for (var l = 0u; l < h; l++) {
+                        v[l] = v[l] + v[l + h];
+                    }
+                }
+                y[p.y_offset + c * p.y_stride + p.row_offset + r] = v[0];
+            }
+        }
     }
 }

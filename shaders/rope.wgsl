@@ -2,7 +2,8 @@
 // position pos_offset + t; pair i (i < n_rot/2) turns by
 // theta = pos * freq_base^(-2i/n_rot). Normal ordering rotates
 // (x[2i], x[2i+1]); NeoX ordering rotates (x[i], x[i + n_rot/2]).
-// Dimensions from n_rot on are copied unchanged.
+// Dimensions from n_rot on are copied unchanged. Token 0 starts at element
+// p.base of x and y (one sequence of a batch of several).
 
 #include "common/params.wgsl"
 
@@ -26,7 +27,7 @@ fn main(
     }
     let row = idx / half;
     let i = idx % half;
-    let base = row * p.head_dim;
+    let base = p.base + row * p.head_dim;
     if (2u * i >= p.n_rot) {
         y[base + 2u * i] = x[base + 2u * i];
         y[base + 2u * i + 1u] = x[base + 2u * i + 1u];

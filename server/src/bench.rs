@@ -29,7 +29,82 @@ pub struct KernelArgs {
     pub gpu: bool,
     pub cpu: bool,
     pub matmul_cols: usize,
+    pub model_shapes: bool,
     pub json: bool,
+}
+
+/// (rows, cols, what) of the real models' mat-vecs: SmolLM2-135M
+/// (n_embd 576, kv 192, ff 1536, vocab 49152) and Gemma 3 270M (n_embd 640,
+/// q 1024, kv 256, ff 2048, vocab 262144).
+const MODEL_SHAPES: [(usize, usize, &str); 11] = [
+    (576, 576, "smollm2 q/o"),
+    (192, 576, "smollm2 k/v"),
+    (1536, 576, "smollm2 gate/up"),
+    (576, 1536, "smollm2 down"),
+    (49152, 576, "smollm2 head"),
+    (1024, 640, "gemma3 q"),
+    (2048, 640, "gemma3 gate/up"),
+    (640, 2048, "gemma3 down"),
+    (262144, 640, "gemma3 head"),
+    (2048, 2048, "1B q/o"),
+    (8192, 2048, "1B gate/up"),
+];
+
+/// The types the model-shape table covers: the real models' and the common
+/// downloads'.
+const SHAPE_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// The mat-vec at the models' shapes, each type beside a copy of its own
+/// bytes (small kernels pay the same per-dispatch cost as small copies, so
+/// the share compares like with like).
+fn model_shape_rows(gpu: &Gpu, iters: u32, json: bool) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
+    if !json {
+        println!("  mat-vec at the models' shapes (share of a copy of the same bytes):");
+        print!("  {:<16} {:>13}", "shape", "");
+        for ty in SHAPE_TYPES {
+            print!(" {:>14}", ty.name());
+        }
+        println!();
+    }
+    for (rows, cols, what) in MODEL_SHAPES {
+        if !json {
+            print!("  {what:<16} {:>13}", format!("{rows}×{cols}"));
+        }
+        for ty in SHAPE_TYPES {
+            if cols as u64 % ty.block_size() != 0 {
+                // Not whole blocks (K-quants need K % 256 == 0; llama.cpp
+                // stores such tensors in another type).
+                if !json {
+                    print!(" {:>14}", "—");
+                }
+                continue;
+            }
+            let t = lamina_gpu::bench::matvec(gpu, ty, rows, cols, iters)?;
+            // A copy of the same bytes, within one binding.
+            let c = lamina_gpu::bench::copy(gpu, t.bytes_per_iter.min(gpu.binding_limit()), iters)?;
+            let frac = t.gb_per_s() / c.gb_per_s().max(f64::MIN_POSITIVE);
+            if !json {
+                print!(" {:>6.2} GB/s {:>3.0}%", t.gb_per_s(), 100.0 * frac);
+            }
+            out.push(
+                json!({"device": "gpu", "op": "matvec", "type": ty.name(), "rows": rows,
+                "cols": cols, "shape": what, "bytes": t.bytes_per_iter, "us": t.micros(),
+                "gb_per_s": t.gb_per_s(), "copy_gb_per_s": c.gb_per_s(), "fraction_of_copy": frac}),
+            );
+        }
+        if !json {
+            println!();
+        }
+    }
+    Ok(out)
 }
 
 fn row_bytes(ty: GgmlType, cols: usize) -> usize {
@@ -82,6 +157,9 @@ pub fn kernels(a: &KernelArgs) -> anyhow::Result<()> {
             rows_out.push(json!({"device": "gpu", "op": if t.label == "copy" {"copy"} else {"matvec"},
                 "type": t.label, "bytes": t.bytes_per_iter, "us": t.micros(), "gb_per_s": t.gb_per_s(),
                 "fraction_of_copy": frac}));
+        }
+        if a.model_shapes {
+            rows_out.extend(model_shape_rows(&gpu, a.iters, a.json)?);
         }
         if a.matmul_cols > 1 {
             if !a.json {

@@ -241,6 +241,11 @@ enum BenchCommand {
         /// Columns of the mat-mul measurement (0 skips it).
         #[arg(long, default_value_t = 512)]
         matmul_cols: usize,
+        /// Also the GPU mat-vec at the real models' own shapes (SmolLM2's
+        /// 576×576 … 49152×576 head, Gemma 3's 640×2048 … 262144×640 head),
+        /// each beside a copy kernel moving the same bytes.
+        #[arg(long)]
+        model_shapes: bool,
         /// Only the GPU kernels.
         #[arg(long, conflicts_with = "cpu_only")]
         gpu_only: bool,
@@ -439,6 +444,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     cols,
                     iters,
                     matmul_cols,
+                    model_shapes,
                     gpu_only,
                     cpu_only,
                     threads,
@@ -453,6 +459,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu: !cpu_only,
                 cpu: !gpu_only,
                 matmul_cols,
+                model_shapes,
                 json,
             })?
         }

@@ -42,7 +42,7 @@ struct RopeParams {
     pos_offset: u32,  // position of token 0
     neox: u32,        // 0: pairs (2i, 2i+1); 1: pairs (i, i + n_rot/2)
     freq_base: f32,
-    _pad: u32,
+    base: u32,        // element offset of token 0 in x and y
 }
 
 struct SoftmaxParams {
@@ -75,4 +75,8 @@ struct AttnParams {
     window: u32,      // sliding window (0: none)
     kv_len: u32,      // pos0 + n_tokens: row length of the scores scratch
     scale: f32,
+    q_offset: u32,    // element offset of token 0 in q and out
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }

@@ -25,3 +25,5 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     }
     return o;
 }
+
+#include "common/dq32_pair.wgsl"

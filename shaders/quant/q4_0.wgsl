@@ -12,3 +12,17 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     }
     return o;
 }
+
+// Unit u (weights 0..31 of block u) with each byte loaded once; the same
+// operations per weight as dq16.
+fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = row + 18u * u;
+    let d = wb_f16(b);
+    let qs = w4_at(b + 2u);
+    var o: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 4u; i++) {
+        o[i] = (u8x4(qs[i] & 0x0f0f0f0fu) - 8.0) * d;
+        o[i + 4u] = (u8x4((qs[i] >> 4u) & 0x0f0f0f0fu) - 8.0) * d;
+    }
+    return o;
+}

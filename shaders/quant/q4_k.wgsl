@@ -30,3 +30,37 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     }
     return o;
 }
+
+// Sub-block u % 8 of super-block u / 8 with each word loaded once (the
+// scale bytes from the three scale words); the same operations as dq16.
+fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = row + 144u * (u >> 3u);
+    let S = u & 7u;
+    let wb = b >> 2u;
+    let dm = unpack2x16float(w[wb]);
+    let s0 = w[wb + 1u];
+    let s1 = w[wb + 2u];
+    let s2 = w[wb + 3u];
+    let byte = S & 3u;
+    let sh = 8u * byte;
+    var sc: u32;
+    var m: u32;
+    if (S < 4u) {
+        sc = (s0 >> sh) & 63u;
+        m = (s1 >> sh) & 63u;
+    } else {
+        let a = (s2 >> sh) & 0xffu;
+        sc = (a & 0xfu) | ((((s0 >> sh) & 0xffu) >> 6u) << 4u);
+        m = (a >> 4u) | ((((s1 >> sh) & 0xffu) >> 6u) << 4u);
+    }
+    let dl = dm.x * f32(sc);
+    let ml = dm.y * f32(m);
+    let qw = (b + 16u + 32u * (S >> 1u)) >> 2u;
+    let shift = 4u * (S & 1u);
+    var o: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let q = (w[qw + i] >> shift) & 0x0f0f0f0fu;
+        o[i] = fma(u8x4(q), vec4<f32>(dl), vec4<f32>(-ml));
+    }
+    return o;
+}

@@ -25,3 +25,29 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     }
     return o;
 }
+
+// Unit u: groups 2(u % 8) and 2(u % 8) + 1 of super-block u / 8 (the same
+// n and t, l0 0 and 16), their 32 ql and 32 qh bytes each loaded once; the
+// same operations as dq16.
+fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = row + 210u * (u >> 3u);
+    let G = 2u * (u & 7u);
+    let n = G >> 3u;
+    let t = (G & 7u) >> 1u;
+    let d = wb_f16(b + 208u);
+    let scs = wb_u16(b + 192u + G);
+    let dlo = d * f32((bitcast<i32>(scs) << 24u) >> 24u);
+    let dhi = d * f32((bitcast<i32>(scs) << 16u) >> 24u);
+    let ql = w8_at(b + 64u * n + 32u * (t & 1u));
+    let qh = w8_at(b + 128u + 32u * n);
+    let lshift = 4u * (t >> 1u);
+    let hshift = 2u * t;
+    var o: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let l = (ql[i] >> lshift) & 0x0f0f0f0fu;
+        let h = (qh[i] >> hshift) & 0x03030303u;
+        let dl = select(dlo, dhi, i >= 4u);
+        o[i] = dl * (u8x4(l | (h << 4u)) - 32.0);
+    }
+    return o;
+}

@@ -10,3 +10,15 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     }
     return o;
 }
+
+// Unit u with each byte loaded once; the same operations as dq16.
+fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = row + 34u * u;
+    let d = wb_f16(b);
+    let qs = w8_at(b + 2u);
+    var o: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        o[i] = i8x4(qs[i]) * d;
+    }
+    return o;
+}

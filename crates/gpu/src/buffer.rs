@@ -16,6 +16,11 @@ use crate::quant;
 /// Bytes after the last row of every weight chunk (see module docs).
 pub const WEIGHT_PAD: u64 = 128;
 
+/// Tensor buffers are whole multiples of this many bytes, plus one more
+/// (see [`Gpu::tensor`]); also the granule of the mat-vec kernel's uniform
+/// activation window.
+pub const TENSOR_SLACK: u64 = 1024;
+
 /// Upload pieces: `queue.write_buffer` stages each in its own memory, so
 /// writing in bounded pieces (and letting the queue drain) bounds the staging
 /// held at once.
@@ -125,12 +130,19 @@ impl Gpu {
     }
 
     /// A zero-filled tensor of `len` 32-bit elements.
+    ///
+    /// The buffer is rounded up to whole KiB plus one more, and may also be
+    /// bound as a uniform buffer: the mat-vec kernel binds activations as a
+    /// uniform array whose length is a whole KiB, from an offset aligned
+    /// down to the device's uniform alignment ([`TENSOR_SLACK`]), so that
+    /// range must lie inside the buffer.
     pub fn tensor(&self, len: usize) -> Result<Tensor, GpuError> {
-        let size = (len.max(1) as u64) * 4;
+        let size = ((len.max(1) as u64) * 4).div_ceil(TENSOR_SLACK) * TENSOR_SLACK + TENSOR_SLACK;
         let buf = self.create_buffer(
             "tensor",
             size,
             wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::UNIFORM
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
         )?;

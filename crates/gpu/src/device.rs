@@ -203,6 +203,7 @@ pub struct Gpu {
     limits: wgpu::Limits,
     binding_limit: u64,
     escaped: Arc<Mutex<Escaped>>,
+    matvec: Option<crate::ops::MatvecShape>,
     pub(crate) pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
 }
 
@@ -270,6 +271,20 @@ impl Gpu {
             message: e.to_string(),
         })?;
 
+        // Read before the device is made, so a typo fails fast and names itself.
+        let matvec =
+            match std::env::var("LAMINA_GPU_MATVEC") {
+                Ok(v) => Some(crate::ops::MatvecShape::parse(&v).ok_or_else(|| {
+                    GpuError::RequestDevice {
+                        adapter: info.name.clone(),
+                        message: format!(
+                            "LAMINA_GPU_MATVEC={v:?} is not `tpr,rpt,wg` with tpr a power of two \
+                         ≤ 32, rpt 1..=4, wg a power of two in tpr..=256"
+                        ),
+                    }
+                })?),
+                Err(_) => None,
+            };
         let escaped = Arc::new(Mutex::new(Escaped::default()));
         let sink = escaped.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -296,8 +311,14 @@ impl Gpu {
             limits: device_limits,
             binding_limit,
             escaped,
+            matvec,
             pipelines: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The mat-vec thread shape `LAMINA_GPU_MATVEC` forces, if set.
+    pub(crate) fn matvec_override(&self) -> Option<crate::ops::MatvecShape> {
+        self.matvec
     }
 
     /// The adapter this device was opened on.

@@ -57,7 +57,7 @@ pub(crate) struct RopeParams {
     pub pos_offset: u32,
     pub neox: u32,
     pub freq_base: f32,
-    pub _pad: u32,
+    pub base: u32,
 }
 
 /// `SoftmaxParams`: row-wise softmax of `rows` rows of `cols` values,
@@ -104,6 +104,8 @@ pub(crate) struct AttnParams {
     pub window: u32,
     pub kv_len: u32,
     pub scale: f32,
+    pub q_offset: u32,
+    pub _pad: [u32; 3],
 }
 
 /// Sizes naga must report for the WGSL structs of the same names.

@@ -123,12 +123,24 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
     })
 }
 
-/// Scratch tensors of one step, sized for `n` tokens.
+/// One sequence of a GPU step: its tokens are `first..first + n` of the
+/// step's packed activations, at positions `pos0..`, over its own cache.
+struct Segment<'c> {
+    first: usize,
+    n: usize,
+    pos0: usize,
+    cache: &'c HybridCache,
+}
+
+/// Scratch tensors of one step, sized for `n` tokens of `seqs` sequences.
 struct Scratch {
     n: usize,
+    seqs: usize,
     /// Positions the attention scores have room for.
     kv_room: usize,
     logits: Tensor,
+    /// The last hidden state of each sequence (multi-sequence steps).
+    last: Tensor,
     x: Tensor,
     x2: Tensor,
     h: Tensor,
@@ -257,15 +269,18 @@ impl<'a> HybridModel<'a> {
         Ok(logits)
     }
 
-    /// One step for several sequences. With every layer on the CPU they go
-    /// through the weights together ([`CpuModel::forward_multi`]); with a
-    /// GPU part, one after the other. Either way each gets the bits it would
-    /// get alone.
+    /// One step for several sequences, returning each one's last logits.
+    /// With every layer on the CPU they go through the weights together
+    /// ([`CpuModel::forward_multi`]); with a GPU part, the CPU layers run per
+    /// sequence and the GPU layers take every sequence in one submission:
+    /// each weight is streamed once for all of them (the small-N and tiled
+    /// kernels), with RoPE and attention per sequence over its own cache.
+    /// Either way each sequence gets the bits it would get alone.
     pub fn forward_multi(
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        if self.gpu.is_none() {
+        let (Some(g), Some(head)) = (self.gpu.as_deref(), &self.head) else {
             let mut inner: Vec<(&[u32], &mut KvCache)> =
                 work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
             let out = self.cpu.forward_multi(&mut inner)?;
@@ -273,20 +288,58 @@ impl<'a> HybridModel<'a> {
                 c.len += t.len();
             }
             return Ok(out);
+        };
+        if work.len() == 1 {
+            let (t, c) = &mut work[0];
+            return Ok(vec![self.forward(t, c, Logits::Last)?]);
         }
-        work.iter_mut()
-            .map(|(t, c)| self.forward(t, c, Logits::Last))
-            .collect()
+        let mut xs = Vec::new();
+        let mut firsts = Vec::with_capacity(work.len());
+        for (tokens, cache) in work.iter_mut() {
+            let (n, pos0) = (tokens.len(), cache.len);
+            self.cpu.check_room(n, pos0, cache.n_ctx)?;
+            let mut x = self.cpu.embed(tokens)?;
+            for il in 0..self.first_gpu {
+                self.cpu.layer(il, &mut x, n, pos0, &mut cache.cpu)?;
+            }
+            firsts.push(xs.len() / self.cpu.config.n_embd);
+            xs.extend_from_slice(&x);
+        }
+        let segments: Vec<Segment<'_>> = work
+            .iter()
+            .zip(&firsts)
+            .map(|((t, c), &first)| Segment {
+                first,
+                n: t.len(),
+                pos0: c.len,
+                cache: c,
+            })
+            .collect();
+        let flat = self.gpu_step(g, head, &xs, &segments, Logits::Last)?;
+        let v = self.cpu.config.n_vocab;
+        for (t, c) in work.iter_mut() {
+            c.len += t.len();
+            CpuModel::commit(&mut c.cpu, c.len);
+        }
+        Ok(flat.chunks_exact(v).map(<[f32]>::to_vec).collect())
     }
 
-    fn scratch(&self, g: &Gpu, n: usize, kv_room: usize) -> Result<Scratch, ModelError> {
+    fn scratch(
+        &self,
+        g: &Gpu,
+        n: usize,
+        seqs: usize,
+        kv_room: usize,
+    ) -> Result<Scratch, ModelError> {
         let c = &self.cpu.config;
         let t = |len: usize| g.tensor(len).map_err(gpu_err);
         let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         Ok(Scratch {
             n,
+            seqs,
             kv_room,
-            logits: t(n * c.n_vocab)?,
+            logits: t(n.max(seqs) * c.n_vocab)?,
+            last: t(seqs * e)?,
             x: t(n * e)?,
             x2: t(n * e)?,
             h: t(n * e)?,
@@ -316,21 +369,49 @@ impl<'a> HybridModel<'a> {
         cache: &HybridCache,
         which: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        let seg = Segment {
+            first: 0,
+            n,
+            pos0,
+            cache,
+        };
+        self.gpu_step(g, head, x, &[seg], which)
+    }
+
+    /// The GPU layers and the head for `segments` packed in `x`, in one
+    /// submission. One segment returns the logits `which` asks for; several
+    /// return each segment's last logits, one after another.
+    fn gpu_step(
+        &self,
+        g: &Gpu,
+        head: &GpuHead,
+        x: &[f32],
+        segments: &[Segment<'_>],
+        which: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cpu.config;
-        let kv_len = pos0 + n;
+        let n: usize = segments.iter().map(|s| s.n).sum();
+        let seqs = segments.len();
+        let kv_len = segments.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
         let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if !held
             .as_ref()
-            .is_some_and(|s| s.n == n && s.kv_room >= kv_len)
+            .is_some_and(|s| s.n == n && s.seqs == seqs && s.kv_room >= kv_len)
         {
-            // Single-token steps get room for the whole cache, so a decode
-            // allocates once; prompt batches get what they need.
-            let room = if n == 1 {
-                cache.n_ctx.max(kv_len)
+            // Decode steps (one token per sequence) get room for the whole
+            // cache, so decoding allocates once; prompt batches get what
+            // they need.
+            let room = if n == seqs {
+                segments
+                    .iter()
+                    .map(|s| s.cache.n_ctx)
+                    .max()
+                    .unwrap_or(0)
+                    .max(kv_len)
             } else {
                 kv_len
             };
-            *held = Some(self.scratch(g, n, room)?);
+            *held = Some(self.scratch(g, n, seqs, room)?);
         }
         let Some(s) = held.as_ref() else {
             return Err(ModelError::Gpu("scratch buffers missing".into()));
@@ -341,39 +422,56 @@ impl<'a> HybridModel<'a> {
         let cur = &s.x;
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
-            self.record_layer(
-                &mut b,
-                il,
-                l,
-                s,
-                cur,
-                &s.x2,
-                n,
-                pos0,
-                &cache.k[i],
-                &cache.v[i],
+            self.record_layer(&mut b, il, i, l, s, cur, &s.x2, n, segments)
+                .map_err(gpu_err)?;
+        }
+        let logits = &s.logits;
+        let e = c.n_embd;
+        let m = if let [_] = segments {
+            let first = which.first(n);
+            let m = n - first;
+            b.rms_norm(cur, &head.norm, &s.h, e, c.rms_eps)
+                .map_err(gpu_err)?;
+            b.matmul_strided(
+                MatmulKernel::Auto,
+                &head.weight,
+                &s.h,
+                logits,
+                Columns {
+                    n: m,
+                    x_offset: first * e,
+                    x_stride: e,
+                    y_offset: 0,
+                    y_stride: c.n_vocab,
+                },
             )
             .map_err(gpu_err)?;
-        }
-        let first = which.first(n);
-        let m = n - first;
-        let logits = &s.logits;
-        b.rms_norm(cur, &head.norm, &s.h, c.n_embd, c.rms_eps)
+            m
+        } else {
+            // Gather each sequence's last hidden state, then one head product
+            // for all of them.
+            for (j, seg) in segments.iter().enumerate() {
+                let at = (seg.first + seg.n - 1) * e;
+                b.copy(cur, at, &s.last, j * e, e).map_err(gpu_err)?;
+            }
+            b.rms_norm(&s.last, &head.norm, &s.h, e, c.rms_eps)
+                .map_err(gpu_err)?;
+            b.matmul_strided(
+                MatmulKernel::Auto,
+                &head.weight,
+                &s.h,
+                logits,
+                Columns {
+                    n: seqs,
+                    x_offset: 0,
+                    x_stride: e,
+                    y_offset: 0,
+                    y_stride: c.n_vocab,
+                },
+            )
             .map_err(gpu_err)?;
-        b.matmul_strided(
-            MatmulKernel::Auto,
-            &head.weight,
-            &s.h,
-            logits,
-            Columns {
-                n: m,
-                x_offset: first * c.n_embd,
-                x_stride: c.n_embd,
-                y_offset: 0,
-                y_stride: c.n_vocab,
-            },
-        )
-        .map_err(gpu_err)?;
+            seqs
+        };
         b.submit().map_err(gpu_err)?;
         g.read_f32_range(logits, 0, m * c.n_vocab).map_err(gpu_err)
     }
@@ -385,14 +483,13 @@ impl<'a> HybridModel<'a> {
         &self,
         b: &mut Batch<'_>,
         il: usize,
+        i: usize,
         l: &GpuLayer,
         s: &Scratch,
         cur: &Tensor,
         spare: &Tensor,
         n: usize,
-        pos0: usize,
-        kc: &Tensor,
-        vc: &Tensor,
+        segments: &[Segment<'_>],
     ) -> Result<(), lamina_gpu::GpuError> {
         let c = &self.cpu.config;
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
@@ -419,40 +516,49 @@ impl<'a> HybridModel<'a> {
             b.rms_norm(k, kn, k_alt, hd, c.rms_eps)?;
             std::mem::swap(&mut k, &mut k_alt);
         }
-        let rope = |heads| Rope {
-            head_dim: hd,
-            n_rot: c.rope_dim,
-            n_heads: heads,
-            pos_offset: pos0 as u32,
-            freq_base: c.rope_base_for(il),
-            neox: c.rope_neox,
-        };
-        b.rope(q, q_alt, &rope(c.n_head))?;
-        std::mem::swap(&mut q, &mut q_alt);
-        b.rope(k, k_alt, &rope(c.n_head_kv))?;
-        std::mem::swap(&mut k, &mut k_alt);
-        b.copy(k, 0, kc, pos0 * kvd, n * kvd)?;
-        b.copy(&s.v, 0, vc, pos0 * kvd, n * kvd)?;
-        b.attention(
-            q,
-            kc,
-            vc,
-            &s.scores,
-            &s.attn,
-            &Attention {
-                n_tokens: n,
-                n_head: c.n_head,
-                n_kv_head: c.n_head_kv,
+        // RoPE, the cache writes and attention are per sequence: each has
+        // its own positions and cache.
+        for seg in segments {
+            let rope = |heads| Rope {
                 head_dim: hd,
-                pos0,
-                window: if c.is_swa(il) {
-                    c.sliding_window.unwrap_or(0)
-                } else {
-                    0
+                n_rot: c.rope_dim,
+                n_heads: heads,
+                pos_offset: seg.pos0 as u32,
+                freq_base: c.rope_base_for(il),
+                neox: c.rope_neox,
+            };
+            b.rope_tokens(q, q_alt, &rope(c.n_head), seg.first, seg.n)?;
+            b.rope_tokens(k, k_alt, &rope(c.n_head_kv), seg.first, seg.n)?;
+        }
+        std::mem::swap(&mut q, &mut q_alt);
+        std::mem::swap(&mut k, &mut k_alt);
+        for seg in segments {
+            let (kc, vc) = (&seg.cache.k[i], &seg.cache.v[i]);
+            let (at, len) = (seg.pos0 * kvd, seg.n * kvd);
+            b.copy(k, seg.first * kvd, kc, at, len)?;
+            b.copy(&s.v, seg.first * kvd, vc, at, len)?;
+            b.attention_at(
+                q,
+                kc,
+                vc,
+                &s.scores,
+                &s.attn,
+                &Attention {
+                    n_tokens: seg.n,
+                    n_head: c.n_head,
+                    n_kv_head: c.n_head_kv,
+                    head_dim: hd,
+                    pos0: seg.pos0,
+                    window: if c.is_swa(il) {
+                        c.sliding_window.unwrap_or(0)
+                    } else {
+                        0
+                    },
+                    scale: c.attn_scale,
                 },
-                scale: c.attn_scale,
-            },
-        )?;
+                seg.first,
+            )?;
+        }
         b.matmul(&l.wo, &s.attn, &s.o, n)?;
         let o = match &l.post_attn_norm {
             Some(w) => {

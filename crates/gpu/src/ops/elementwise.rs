@@ -106,11 +106,30 @@ impl Batch<'_> {
 
     /// Rotary embedding of `x` = `[tokens][n_heads][head_dim]` into `y`.
     pub fn rope(&mut self, x: &Tensor, y: &Tensor, rope: &Rope) -> Result<(), GpuError> {
+        let per_token = rope.n_heads * rope.head_dim;
+        let tokens = if per_token == 0 || x.len() % per_token != 0 {
+            usize::MAX
+        } else {
+            x.len() / per_token
+        };
+        self.rope_tokens(x, y, rope, 0, tokens)
+    }
+
+    /// [`Batch::rope`] of tokens `first..first + n` only (one sequence of a
+    /// batch); token `first` is at position `rope.pos_offset`.
+    pub fn rope_tokens(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        rope: &Rope,
+        first: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
         const OP: &str = "rope";
         let per_token = rope.n_heads * rope.head_dim;
+        let end = first.checked_add(n).and_then(|t| t.checked_mul(per_token));
         if per_token == 0
-            || x.len() % per_token != 0
-            || y.len() < x.len()
+            || end.is_none_or(|e| e > x.len() || e > y.len())
             || rope.head_dim % 2 != 0
             || rope.n_rot % 2 != 0
             || rope.n_rot > rope.head_dim
@@ -132,13 +151,16 @@ impl Batch<'_> {
             head_dim: to_u32(OP, "head_dim", rope.head_dim)?,
             n_rot: to_u32(OP, "n_rot", rope.n_rot)?,
             n_heads: to_u32(OP, "n_heads", rope.n_heads)?,
-            n_tokens: to_u32(OP, "tokens", x.len() / per_token)?,
+            n_tokens: to_u32(OP, "tokens", n)?,
             pos_offset: rope.pos_offset,
             neox: u32::from(rope.neox),
             freq_base: rope.freq_base,
-            _pad: 0,
+            base: to_u32(OP, "first element", first * per_token)?,
         };
-        let pairs = to_u32(OP, "pairs", x.len() / 2)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let pairs = to_u32(OP, "pairs", n * per_token / 2)?;
         let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));
         self.push(
             &KernelSpec::new("rope.wgsl"),
@@ -335,9 +357,26 @@ impl Batch<'_> {
         out: &Tensor,
         a: &Attention,
     ) -> Result<(), GpuError> {
+        self.attention_at(q, k, v, scores, out, a, 0)
+    }
+
+    /// [`Batch::attention`] for tokens stored from token index `first` of
+    /// `q` and `out` (one sequence of a batch, over its own cache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_at(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scores: &Tensor,
+        out: &Tensor,
+        a: &Attention,
+        first: usize,
+    ) -> Result<(), GpuError> {
         const OP: &str = "attention";
         let kv_len = a.pos0 + a.n_tokens;
-        let q_len = a.n_tokens * a.n_head * a.head_dim;
+        let q_offset = first * a.n_head * a.head_dim;
+        let q_len = q_offset + a.n_tokens * a.n_head * a.head_dim;
         let kv_need = kv_len * a.n_kv_head * a.head_dim;
         if a.n_kv_head == 0
             || a.head_dim == 0
@@ -377,6 +416,8 @@ impl Batch<'_> {
             window: to_u32(OP, "window", a.window)?,
             kv_len: to_u32(OP, "kv_len", kv_len)?,
             scale: a.scale,
+            q_offset: to_u32(OP, "q_offset", q_offset)?,
+            _pad: [0; 3],
         };
         let (gx, gy) = self.gpu.grid(rows);
         self.push(

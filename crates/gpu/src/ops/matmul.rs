@@ -18,8 +18,10 @@
 //! 3. The lanes are combined by a fixed tree: `v[l] = v[l] + v[l+s]` for
 //!    `s = 16, 8, 4, 2, 1`; the output is `v[0]`.
 //!
-//! The mat-vec kernel gives each row P threads (one per lane); the small-N
-//! kernel is the same kernel with N accumulators per thread; the tiled kernel
+//! The mat-vec kernel runs the P lanes of a row on `tpr` threads (each holding
+//! P / `tpr` lane accumulators, [`MatvecShape`]), and each thread computes
+//! `rpt` rows so that an activation load feeds several rows; the small-N
+//! kernel is the same kernel with N accumulators per lane; the tiled kernel
 //! gives each thread one lane for a 4-row × 8-column block of outputs and
 //! walks the row P units at a time, so the dequantized weights of a step are
 //! shared by 64 columns while every output still sees exactly steps 1–3. All
@@ -43,7 +45,7 @@
 use lamina_gguf::GgmlType;
 
 use super::{shape, to_u32, Batch};
-use crate::buffer::{Tensor, Weight};
+use crate::buffer::{Tensor, Weight, TENSOR_SLACK};
 use crate::error::GpuError;
 use crate::params::{MatParams, RowsParams};
 use crate::quant;
@@ -53,9 +55,118 @@ use crate::shader::KernelSpec;
 pub const MAX_SMALL_COLS: usize = 8;
 /// Lanes per output (P above).
 pub const LANES: usize = 32;
-const MATVEC_ROWS_PER_WG: u32 = 256 / LANES as u32;
 const TILED_ROWS: u32 = 4;
 const TILED_COLS: u32 = 64;
+
+/// How the mat-vec (and small-N) kernel maps the canonical lanes onto
+/// threads. Every shape computes every output with the same operations, so
+/// the choice is free per device and weight shape; it changes speed only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecShape {
+    /// Threads per row, a power of two dividing [`LANES`]: thread `t` holds
+    /// lanes `t, t + tpr, …`.
+    pub tpr: u32,
+    /// Rows per thread (each activation load feeds this many rows).
+    pub rpt: u32,
+    /// Workgroup size, a multiple of `tpr`.
+    pub wg: u32,
+}
+
+impl MatvecShape {
+    /// Every shape the runtime may pick (validated by the shader test and
+    /// compared bit for bit by the invariance test).
+    pub const CANDIDATES: [MatvecShape; 4] = [
+        MatvecShape {
+            tpr: 1,
+            rpt: 1,
+            wg: 64,
+        },
+        MatvecShape {
+            tpr: 8,
+            rpt: 2,
+            wg: 256,
+        },
+        MatvecShape {
+            tpr: 16,
+            rpt: 2,
+            wg: 256,
+        },
+        MatvecShape {
+            tpr: 32,
+            rpt: 2,
+            wg: 256,
+        },
+    ];
+
+    /// Rows one workgroup computes.
+    pub fn rows_per_wg(self) -> u32 {
+        self.wg / self.tpr * self.rpt
+    }
+
+    /// The shape for a row of `units` 32-weight units on `gpu`.
+    ///
+    /// A CPU-backed device (lavapipe, SwiftShader) runs a workgroup's
+    /// invocations as SIMD lanes of one CPU thread: there, one thread per row
+    /// makes every activation load uniform (one load for the whole lane
+    /// group) and leaves no lane idle, so `tpr` is 1. A GPU wants many threads
+    /// per row to spread a short matrix over its cores and coalesce the reads:
+    /// up to 32, but no more than the row has units (K = 576 has 18, so 16
+    /// threads rather than 32 with 14 idle). `LAMINA_GPU_MATVEC=tpr,rpt,wg`
+    /// overrides the choice (for tuning on a new device).
+    pub fn choose(gpu: &crate::Gpu, units: usize) -> MatvecShape {
+        if let Some(shape) = gpu.matvec_override() {
+            return shape;
+        }
+        if gpu.adapter_info().device_type == "cpu" {
+            return MatvecShape {
+                tpr: 1,
+                rpt: 1,
+                wg: 64,
+            };
+        }
+        let tpr = if units >= 32 {
+            32
+        } else if units >= 16 {
+            16
+        } else {
+            8
+        };
+        // Two rows per thread halve the activation loads; at 8 columns that
+        // is 16 × 32/tpr accumulators, still within a GPU's register file.
+        MatvecShape {
+            tpr,
+            rpt: 2,
+            wg: 256,
+        }
+    }
+
+    /// Parses `tpr,rpt,wg`, accepting only shapes the kernel supports and that
+    /// fit the portable limits (256 invocations, 16 KiB of workgroup memory).
+    pub fn parse(s: &str) -> Option<MatvecShape> {
+        let v: Vec<u32> = s
+            .split(',')
+            .map(|p| p.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        let [tpr, rpt, wg] = v[..] else { return None };
+        let shape = MatvecShape { tpr, rpt, wg };
+        let ok = tpr.is_power_of_two()
+            && tpr <= LANES as u32
+            && (1..=4).contains(&rpt)
+            && wg.is_power_of_two()
+            && (tpr..=256).contains(&wg)
+            && shape.wgmem(MAX_SMALL_COLS) * 4 <= 16384;
+        ok.then_some(shape)
+    }
+
+    /// Workgroup memory (f32 values) the kernel declares for `maxc` columns.
+    fn wgmem(self, maxc: usize) -> u32 {
+        if self.tpr == 1 {
+            1
+        } else {
+            self.rows_per_wg() * maxc as u32 * self.tpr
+        }
+    }
+}
 
 /// Which mat-mul kernel to run. All give bit-identical results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,11 +211,70 @@ pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, 
 }
 
 /// The mat-vec kernel (`maxc` 1) or the small-N kernel (`maxc` 8, any
-/// column count up to 8 chosen at run time).
-pub(crate) fn matvec_spec(ty: GgmlType, maxc: usize) -> KernelSpec {
-    KernelSpec::new("matvec.wgsl")
+/// column count up to 8 chosen at run time), in thread shape `shape`, with
+/// the activations from a storage buffer or (`uniform_vec4s`) a uniform
+/// window of that many vec4s.
+pub(crate) fn matvec_spec(
+    ty: GgmlType,
+    maxc: usize,
+    shape: MatvecShape,
+    uniform_vec4s: Option<u64>,
+) -> KernelSpec {
+    let spec = KernelSpec::new("matvec.wgsl")
         .def("TYPE", quant::shader_file(ty).unwrap_or("none"))
         .def("MAXC", maxc.to_string())
+        .def("TPR", shape.tpr.to_string())
+        .def("RPT", shape.rpt.to_string())
+        .def("WG", shape.wg.to_string())
+        .def("WGMEM", shape.wgmem(maxc).to_string());
+    match uniform_vec4s {
+        Some(n) => spec.def("XSRC", "uniform").def("XU", n.to_string()),
+        None => spec.def("XSRC", "storage"),
+    }
+}
+
+/// Every mat-vec variant of `ty` the runtime can build, up to the uniform
+/// window's length (the shader validation test).
+#[cfg(test)]
+pub(crate) fn matvec_variants(ty: GgmlType) -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for shape in MatvecShape::CANDIDATES {
+        for maxc in [1, MAX_SMALL_COLS] {
+            v.push(matvec_spec(ty, maxc, shape, None));
+            v.push(matvec_spec(ty, maxc, shape, Some(64)));
+        }
+    }
+    v
+}
+
+/// The uniform activation window for a mat-vec dispatch reading `span`
+/// values from element `x_offset` of `x`: (byte offset, vec4 count, the
+/// first value's index within the window). `None` when the activations must
+/// come from the storage binding instead: offsets, strides or `k` not whole
+/// vec4s, or a window larger than the device's uniform binding limit.
+fn uniform_window(
+    gpu: &crate::Gpu,
+    x: &Tensor,
+    cols: &Columns,
+    c0: usize,
+    nc: usize,
+    k: usize,
+) -> Option<(u64, u64, u32)> {
+    let x_offset = cols.x_offset + c0 * cols.x_stride;
+    if x_offset % 4 != 0 || cols.x_stride % 4 != 0 || k % 4 != 0 {
+        return None;
+    }
+    let align = u64::from(gpu.limits().min_uniform_buffer_offset_alignment.max(16));
+    let start = (x_offset as u64 * 4) / align * align;
+    let rem = x_offset as u64 * 4 - start;
+    let span = ((nc - 1) * cols.x_stride + k) as u64 * 4;
+    let window = (rem + span).div_ceil(TENSOR_SLACK) * TENSOR_SLACK;
+    let limit = gpu.limits().max_uniform_buffer_binding_size;
+    // The tensor's slack (buffer::TENSOR_SLACK) keeps the window inside it.
+    if window > limit || start + window > x.buf.size() {
+        return None;
+    }
+    Some((start, window / 16, (rem / 4) as u32))
 }
 
 pub(crate) fn tiled_spec(ty: GgmlType) -> KernelSpec {
@@ -140,6 +310,21 @@ impl Batch<'_> {
     pub fn matmul_strided(
         &mut self,
         kernel: MatmulKernel,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        cols: Columns,
+    ) -> Result<(), GpuError> {
+        self.matmul_shaped(kernel, None, w, x, y, cols)
+    }
+
+    /// [`Batch::matmul_strided`] with the mat-vec kernel's thread shape
+    /// forced (`None`: [`MatvecShape::choose`]); benchmarks and the
+    /// invariance tests compare shapes.
+    pub fn matmul_shaped(
+        &mut self,
+        kernel: MatmulKernel,
+        forced: Option<MatvecShape>,
         w: &Weight,
         x: &Tensor,
         y: &Tensor,
@@ -208,9 +393,36 @@ impl Batch<'_> {
                     let gz = (nc as u32).div_ceil(TILED_COLS);
                     self.push(&tiled_spec(w.ty()), &buffers, &params, [gx, gy, gz])?;
                 } else {
-                    let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(MATVEC_ROWS_PER_WG));
                     let maxc = if nc == 1 { 1 } else { MAX_SMALL_COLS };
-                    self.push(&matvec_spec(w.ty(), maxc), &buffers, &params, [gx, gy, 1])?;
+                    let ms = match forced {
+                        Some(s) => s,
+                        None => MatvecShape::choose(self.gpu, k.div_ceil(32)),
+                    };
+                    let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(ms.rows_per_wg()));
+                    // One thread per row reads activations in lockstep: from
+                    // a uniform window where the layout allows.
+                    let window = (ms.tpr == 1)
+                        .then(|| uniform_window(self.gpu, x, &cols, c0, nc, k))
+                        .flatten();
+                    match window {
+                        Some((start, vec4s, first)) => {
+                            let spec = matvec_spec(w.ty(), maxc, ms, Some(vec4s));
+                            let params = MatParams {
+                                x_offset: first,
+                                ..params
+                            };
+                            let ranges = [
+                                (&chunk.buf, 0, None),
+                                (&x.buf, start, Some(vec4s * 16)),
+                                (&y.buf, 0, None),
+                            ];
+                            self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
+                        }
+                        None => {
+                            let spec = matvec_spec(w.ty(), maxc, ms, None);
+                            self.push(&spec, &buffers, &params, [gx, gy, 1])?;
+                        }
+                    }
                 }
             }
             c0 += nc;

@@ -14,8 +14,8 @@ pub mod matmul;
 pub(crate) use elementwise::elementwise_specs;
 pub use elementwise::{Attention, Rope};
 #[cfg(test)]
-pub(crate) use matmul::{get_rows_spec, matvec_spec, tiled_spec};
-pub use matmul::{Columns, MatmulKernel, LANES, MAX_SMALL_COLS};
+pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
+pub use matmul::{Columns, MatmulKernel, MatvecShape, LANES, MAX_SMALL_COLS};
 
 use std::sync::Arc;
 
@@ -29,6 +29,7 @@ use crate::shader::{KernelSpec, Pipeline};
 /// A buffer range bound at one binding slot.
 struct Binding {
     buf: wgpu::Buffer,
+    offset: u64,
     size: Option<u64>,
 }
 
@@ -86,14 +87,27 @@ impl<'g> Batch<'g> {
         params: &P,
         groups: [u32; 3],
     ) -> Result<(), GpuError> {
+        let ranges: Vec<_> = buffers.iter().map(|&(b, size)| (b, 0, size)).collect();
+        self.push_ranges(spec, &ranges, params, groups)
+    }
+
+    /// [`Batch::push`] with each buffer bound from a byte offset.
+    pub(crate) fn push_ranges<P: Pod>(
+        &mut self,
+        spec: &KernelSpec,
+        buffers: &[(&wgpu::Buffer, u64, Option<u64>)],
+        params: &P,
+        groups: [u32; 3],
+    ) -> Result<(), GpuError> {
         let pipeline = self.gpu.pipeline(spec)?;
         self.dispatches.push(Dispatch {
             pipeline,
             bindings: buffers
                 .iter()
-                .map(|(b, size)| Binding {
-                    buf: (*b).clone(),
-                    size: *size,
+                .map(|&(b, offset, size)| Binding {
+                    buf: b.clone(),
+                    offset,
+                    size,
                 })
                 .collect(),
             params: bytemuck::bytes_of(params).to_vec(),
@@ -181,7 +195,7 @@ impl<'g> Batch<'g> {
                             binding: i as u32,
                             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                                 buffer: &b.buf,
-                                offset: 0,
+                                offset: b.offset,
                                 size: b.size.and_then(wgpu::BufferSize::new),
                             }),
                         })

@@ -5,7 +5,7 @@ use super::common;
 
 use common::Rng;
 use lamina_gguf::GgmlType;
-use lamina_gpu::{Gpu, MatmulKernel, Tensor, Weight, SUPPORTED};
+use lamina_gpu::{Columns, Gpu, MatmulKernel, MatvecShape, Tensor, Weight, SUPPORTED};
 
 const NS: [usize; 7] = [1, 2, 5, 8, 9, 64, 300];
 const ROWS: usize = 37;
@@ -71,6 +71,58 @@ fn every_column_count_matches_matvec_bit_for_bit() {
                         "{ty} {kernel:?} N={n}: {diff} of {} outputs differ",
                         want.len()
                     ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every thread shape of the mat-vec kernel (one thread per row with 32 lane
+/// accumulators, teams of 8/16/32 with two rows per thread) gives the same
+/// bits as the tiled kernel, at 1 and at several columns, on a row count that
+/// leaves every shape a partial last workgroup and on a row length with fewer
+/// units than lanes. The shape code is shared by every type (each type only
+/// supplies `dq32`), so the types here cover its three paths: a float row
+/// with a short tail, a 32-weight block and a 256-weight super-block; the
+/// other types run the default shape in every other test.
+#[test]
+fn every_matvec_thread_shape_matches_the_tiled_kernel() {
+    let (_turn, gpu) = common::gpu();
+    let mut failures = Vec::new();
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q4_1, GgmlType::Q4K] {
+        // A long row (more units than lanes) and a short one (fewer).
+        let short = match ty.block_size() {
+            1 => 575,
+            32 => 32 * 18,
+            _ => 256 * 2,
+        };
+        for cols in [cols_for(ty), short] {
+            let mut rng = Rng::new(0x7ead ^ ty.id() as u64 ^ cols as u64);
+            let data = common::random_weight(&mut rng, ty, ROWS, cols);
+            let w = gpu.upload_weight(ty, ROWS, cols, &data).unwrap();
+            for n in [1, 3, 8] {
+                let x = gpu.upload_f32(&rng.vec(cols * n)).unwrap();
+                let want = run(gpu, MatmulKernel::Tiled, &w, &x, n);
+                for shape in MatvecShape::CANDIDATES {
+                    let kernel = if n == 1 {
+                        MatmulKernel::MatVec
+                    } else {
+                        MatmulKernel::Small
+                    };
+                    let y = common::poisoned(gpu, ROWS * n);
+                    let mut b = gpu.batch();
+                    b.matmul_shaped(kernel, Some(shape), &w, &x, &y, Columns::packed(n, &w))
+                        .unwrap();
+                    b.submit().unwrap();
+                    let got = gpu.read_u32(&y).unwrap();
+                    if got != want {
+                        let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                        failures.push(format!(
+                            "{ty} K={cols} N={n} {shape:?}: {diff} of {} outputs differ",
+                            want.len()
+                        ));
+                    }
                 }
             }
         }
