@@ -293,7 +293,24 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
     let prompt: Vec<u32> = (0..a.n_prompt as u64)
         .map(|i| ((i * 7919 + 13) % vocab) as u32)
         .collect();
+    // One untimed run first, as llama-bench does: the first use of each
+    // kernel compiles its pipeline (seconds on a software device), and the
+    // first touch of the map faults the weights in.
+    {
+        let mut cache = m.new_cache(n_ctx)?;
+        if a.n_prompt > 0 {
+            m.forward(&prompt, &mut cache, Logits::Last)?;
+        }
+        for _ in 0..a.n_gen.min(2) {
+            m.forward(&[1], &mut cache, Logits::Last)?;
+        }
+    }
+    let counters = || m.gpu().map_or((0, 0), lamina_gpu::Gpu::counters);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let mut per_token = (0.0, 0.0);
+    if let Some(g) = m.gpu() {
+        g.take_profile();
+    }
     for _ in 0..a.reps.max(1) {
         if a.n_prompt > 0 {
             let mut cache = m.new_cache(n_ctx)?;
@@ -305,11 +322,15 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             let mut cache = m.new_cache(n_ctx)?;
             let t0 = Instant::now();
             let mut tok = 1u32;
+            let (d0, s0) = counters();
             for _ in 0..a.n_gen {
                 let logits = m.forward(&[tok], &mut cache, Logits::Last)?;
                 tok = lamina_sampling::argmax(&logits);
             }
             tg.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+            let (d1, s1) = counters();
+            let n = a.n_gen as f64;
+            per_token = ((d1 - d0) as f64 / n, (s1 - s0) as f64 / n);
         }
     }
     let name = a
@@ -318,12 +339,15 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
     let (ppm, pps) = mean_sd(&pp);
     let (tgm, tgs) = mean_sd(&tg);
+    let gpu_layers = (m.plan.ngl.min(m.config().n_layer)).max(1) as f64;
     if a.json {
         println!(
             "{}",
             json!({"model": name, "ngl": m.plan.ngl, "threads": rayon::current_num_threads(),
                    "pp": {"tokens": a.n_prompt, "tokens_per_second": ppm, "sd": pps},
-                   "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs}})
+                   "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs,
+                          "gpu_dispatches_per_token": per_token.0,
+                          "gpu_submits_per_token": per_token.1}})
         );
     } else {
         println!("| model | ngl | threads | test | tokens/s |");
@@ -340,6 +364,23 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
                 "| {name} | {} | {t} | tg{} | {tgm:.2} ± {tgs:.2} |",
                 m.plan.ngl, a.n_gen
             );
+        }
+        if m.gpu().is_some() && a.n_gen > 0 {
+            println!(
+                "\nGPU per generated token: {:.0} dispatches ({:.1} per offloaded layer), {:.1} submits",
+                per_token.0,
+                per_token.0 / gpu_layers,
+                per_token.1
+            );
+        }
+    }
+    if let Some(profile) = m.gpu().and_then(lamina_gpu::Gpu::take_profile) {
+        let total: f64 = profile.iter().map(|p| p.2).sum();
+        eprintln!("\nLAMINA_GPU_PROFILE: every timed step, each dispatch alone");
+        eprintln!("| kernel | dispatches | ms | share |");
+        eprintln!("| --- | --- | --- | --- |");
+        for (k, n, s) in profile.iter().take(25) {
+            eprintln!("| {k} | {n} | {:.1} | {:.1}% |", s * 1e3, 100.0 * s / total);
         }
     }
     Ok(())

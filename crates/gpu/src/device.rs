@@ -204,6 +204,11 @@ pub struct Gpu {
     binding_limit: u64,
     escaped: Arc<Mutex<Escaped>>,
     matvec: Option<crate::ops::MatvecShape>,
+    /// Per-kernel (dispatches, seconds) when `LAMINA_GPU_PROFILE` is set.
+    pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+    /// Dispatches and submissions since the device was opened.
+    pub(crate) dispatched: std::sync::atomic::AtomicU64,
+    pub(crate) submitted: std::sync::atomic::AtomicU64,
     pub(crate) pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
 }
 
@@ -312,8 +317,30 @@ impl Gpu {
             binding_limit,
             escaped,
             matvec,
+            dispatched: Default::default(),
+            submitted: Default::default(),
+            profile: std::env::var_os("LAMINA_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// (dispatches, submissions) since the device was opened: the host-side
+    /// cost of a step, which `lamina bench model` prints per token.
+    pub fn counters(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.dispatched.load(Relaxed), self.submitted.load(Relaxed))
+    }
+
+    /// With `LAMINA_GPU_PROFILE` set, every dispatch is submitted alone and
+    /// waited for, and its wall time added to its kernel's entry: a profile
+    /// of where a step's time goes (slower than normal running, since
+    /// nothing overlaps). Returns (kernel, dispatches, seconds), slowest
+    /// first, and clears the counts; `None` without the variable.
+    pub fn take_profile(&self) -> Option<Vec<(String, u64, f64)>> {
+        let mut map = lock(self.profile.as_ref()?);
+        let mut v: Vec<_> = map.drain().map(|(k, (n, s))| (k, n, s)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Some(v)
     }
 
     /// The mat-vec thread shape `LAMINA_GPU_MATVEC` forces, if set.

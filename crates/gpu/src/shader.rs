@@ -177,6 +177,8 @@ const RUNTIME_CHECKS: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks {
 pub(crate) struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    /// The kernel's name with its definitions (the profile's key).
+    pub name: String,
 }
 
 impl Gpu {
@@ -240,7 +242,11 @@ impl Gpu {
             })
             .map_err(|e| compile_err(e.to_string()))?;
         let layout = pipeline.get_bind_group_layout(0);
-        Ok(Pipeline { pipeline, layout })
+        Ok(Pipeline {
+            pipeline,
+            layout,
+            name: kernel.to_string(),
+        })
     }
 }
 

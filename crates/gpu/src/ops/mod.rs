@@ -22,7 +22,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 
 use crate::buffer::Tensor;
-use crate::device::Gpu;
+use crate::device::{lock, Gpu};
 use crate::error::GpuError;
 use crate::shader::{KernelSpec, Pipeline};
 
@@ -156,6 +156,12 @@ impl<'g> Batch<'g> {
         if self.dispatches.is_empty() {
             return Ok(());
         }
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            gpu.dispatched
+                .fetch_add(self.dispatches.len() as u64, Relaxed);
+            gpu.submitted.fetch_add(1, Relaxed);
+        }
         let align = u64::from(gpu.limits().min_uniform_buffer_offset_alignment.max(16));
         let mut offsets = Vec::with_capacity(self.dispatches.len());
         let mut blob: Vec<u8> = Vec::new();
@@ -213,6 +219,31 @@ impl<'g> Batch<'g> {
                         layout: &d.pipeline.layout,
                         entries: &entries,
                     });
+                    if let Some(profile) = &gpu.profile {
+                        let mut one =
+                            gpu.device
+                                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                                    label: Some("profiled"),
+                                });
+                        {
+                            let mut p = one.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                                label: Some("profiled"),
+                                timestamp_writes: None,
+                            });
+                            p.set_pipeline(&d.pipeline.pipeline);
+                            p.set_bind_group(0, &group, &[]);
+                            let [x, y, z] = d.groups;
+                            p.dispatch_workgroups(x, y, z);
+                        }
+                        let t = std::time::Instant::now();
+                        gpu.queue.submit([one.finish()]);
+                        let _ = gpu.device.poll(wgpu::PollType::wait_indefinitely());
+                        let mut map = lock(profile);
+                        let e = map.entry(d.pipeline.name.clone()).or_default();
+                        e.0 += 1;
+                        e.1 += t.elapsed().as_secs_f64();
+                        continue;
+                    }
                     pass.set_pipeline(&d.pipeline.pipeline);
                     pass.set_bind_group(0, &group, &[]);
                     let [x, y, z] = d.groups;
