@@ -22,7 +22,7 @@ const NEAR_TIE: f64 = 0.6;
 
 fn shared(rel: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference")
+        .join("../tests/reference")
         .join(rel);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 fn shared(rel: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference")
+        .join("../tests/reference")
         .join(rel);
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }

@@ -1,7 +1,7 @@
 //! The golden corpus: real chat templates rendered on a set of conversations,
 //! compared byte for byte with what Hugging Face transformers produced.
 //!
-//! The corpus lives in `shared/templates/` beside the repository root; its
+//! The corpus lives in `tests/templates/` (a copy of the project's shared template corpus); its
 //! README gives the exact renderer settings (Jinja2 environment, `tojson`,
 //! the clock fixed at 2026-12-02 00:00:00 behind `strftime_now`).
 //!
@@ -23,12 +23,12 @@ use std::path::PathBuf;
 use lamina_chat::{ChatError, ChatTemplate, Clock, NaiveDateTime, RenderOptions, TemplateConfig};
 use serde_json::Value;
 
-/// The shared corpus, or another one of the same layout (a holdout set)
+/// The corpus, or another one of the same layout (a holdout set)
 /// named by `LAMINA_TEMPLATE_CORPUS`.
 fn corpus_dir() -> PathBuf {
     match std::env::var_os("LAMINA_TEMPLATE_CORPUS") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/templates"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/templates"),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The forward pass against the exact float64 log-probs of the same files
-//! (`shared/reference/exact`), teacher-forced on llama.cpp's greedy tokens:
+//! (`tests/reference/exact`), teacher-forced on llama.cpp's greedy tokens:
 //! on the CPU alone, and with layers offloaded to the GPU (lavapipe in CI)
 //! for `-ngl` 1 (head only), half, and all.
 //!

@@ -48,7 +48,7 @@ fn tokenizer(name: &str) -> &'static Tokenizer {
 
 fn reference(file: &str) -> Json {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/reference/llama.cpp")
+        .join("../../tests/reference/llama.cpp")
         .join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));

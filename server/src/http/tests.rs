@@ -65,7 +65,7 @@ fn router(key: Option<&str>, limit: usize) -> Router {
 
 fn reference() -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference/llama.cpp/server_reference.json");
+        .join("../tests/reference/llama.cpp/server_reference.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 

@@ -165,7 +165,7 @@ fn greedy_chat_equals_lamina_run_chat() {
 #[test]
 fn chat_matches_llama_server_reference() {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference/llama.cpp/server_reference.json");
+        .join("../tests/reference/llama.cpp/server_reference.json");
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     let chat = &reference["models"]["smollm2"]["chat"];
     let server = Server::start(&[], &[]);

@@ -22,7 +22,7 @@ pub fn model_path(name: &str) -> PathBuf {
 
 pub fn reference(name: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/reference/exact")
+        .join("../../tests/reference/exact")
         .join(name);
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
