@@ -80,3 +80,29 @@ struct AttnParams {
     _pad1: u32,
     _pad2: u32,
 }
+
+struct HeadNormParams {
+    head_dim: u32,
+    n_tokens: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    stride: u32,      // values per token in x and y (q, k and v heads)
+    base: u32,        // element offset of token 0
+    eps: f32,
+    _pad: u32,
+}
+
+struct RopeKvParams {
+    head_dim: u32,
+    n_rot: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    n_tokens: u32,
+    pos_offset: u32,  // position of token 0
+    neox: u32,
+    freq_base: f32,
+    stride: u32,      // values per token of the QKV product
+    src_base: u32,    // element offset of token 0 in the product
+    q_base: u32,      // element offset of token 0 in q
+    cache_base: u32,  // element offset of token 0 in the caches
+}

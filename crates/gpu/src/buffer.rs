@@ -283,6 +283,21 @@ impl Gpu {
         cols: usize,
         data: &[u8],
     ) -> Result<Weight, GpuError> {
+        self.upload_stacked(ty, cols, &[(rows, data)])
+    }
+
+    /// Uploads several weights of the same type and row length as one,
+    /// their rows one after another (`parts`: rows and bytes of each): Q, K
+    /// and V as one QKV matrix, gate and up as one, so one dispatch streams
+    /// them all. The bytes go from each part to the GPU without a copy of
+    /// the whole; only when a part ends off a 4-byte boundary do the pieces
+    /// after it pass through a bounce buffer of one piece.
+    pub fn upload_stacked(
+        &self,
+        ty: GgmlType,
+        cols: usize,
+        parts: &[(usize, &[u8])],
+    ) -> Result<Weight, GpuError> {
         if !quant::has_kernel(ty) {
             return Err(GpuError::NoKernel {
                 ty,
@@ -299,19 +314,25 @@ impl Gpu {
                 ty.block_size()
             ))
         })?;
-        if rows == 0 || cols == 0 {
+        let rows = parts
+            .iter()
+            .try_fold(0usize, |acc, &(r, _)| acc.checked_add(r))
+            .ok_or_else(|| shape_err("row count overflows".into()))?;
+        if rows == 0 || cols == 0 || parts.iter().any(|&(r, _)| r == 0) {
             return Err(shape_err(format!("empty weight {rows}×{cols}")));
         }
         if rows > u32::MAX as usize || cols > u32::MAX as usize {
             return Err(shape_err(format!("{rows}×{cols} exceeds u32 indexing")));
         }
-        let expected = row_bytes.checked_mul(rows as u64);
-        if expected != Some(data.len() as u64) {
-            return Err(shape_err(format!(
-                "{rows}×{cols} {ty} needs {} bytes, got {}",
-                row_bytes as u128 * rows as u128,
-                data.len()
-            )));
+        for &(r, data) in parts {
+            let expected = row_bytes.checked_mul(r as u64);
+            if expected != Some(data.len() as u64) {
+                return Err(shape_err(format!(
+                    "{r}×{cols} {ty} needs {} bytes, got {}",
+                    row_bytes as u128 * r as u128,
+                    data.len()
+                )));
+            }
         }
         let limit = self.binding_limit().min(MAX_CHUNK) & !3;
         let rows_per_chunk = limit.saturating_sub(WEIGHT_PAD) / row_bytes;
@@ -327,32 +348,49 @@ impl Gpu {
         let mut since_flush = 0usize;
         while first < rows as u64 {
             let n = rows_per_chunk.min(rows as u64 - first);
-            let start = (first * row_bytes) as usize;
-            let end = ((first + n) * row_bytes) as usize;
-            let bytes = &data[start..end];
-            let size = (bytes.len() as u64).div_ceil(4) * 4 + WEIGHT_PAD;
+            let len = n * row_bytes;
+            let size = len.div_ceil(4) * 4 + WEIGHT_PAD;
             let buf = self.create_buffer(
                 "weight",
                 size,
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             )?;
-            for piece in bytes.chunks(UPLOAD_PIECE) {
-                let offset = (piece.as_ptr() as usize - bytes.as_ptr() as usize) as u64;
-                self.scoped("weight upload", piece.len() as u64, || {
-                    if piece.len() % 4 == 0 {
-                        self.queue.write_buffer(&buf, offset, piece);
+            let mut at = 0u64;
+            let mut carry: Vec<u8> = Vec::new();
+            for bytes in rows_of(parts, row_bytes, first, n) {
+                for piece in bytes.chunks(UPLOAD_PIECE) {
+                    // write_buffer needs 4-byte offsets and sizes: a piece
+                    // that starts or ends unaligned goes through `carry`.
+                    if carry.is_empty() && at % 4 == 0 && piece.len() % 4 == 0 {
+                        self.scoped("weight upload", piece.len() as u64, || {
+                            self.queue.write_buffer(&buf, at, piece);
+                        })?;
                     } else {
-                        let mut padded = piece.to_vec();
-                        padded.resize(piece.len().div_ceil(4) * 4, 0);
-                        self.queue.write_buffer(&buf, offset, &padded);
+                        carry.extend_from_slice(piece);
+                        let whole = carry.len() / 4 * 4;
+                        let start = at - (carry.len() - piece.len()) as u64;
+                        if whole > 0 && start % 4 == 0 {
+                            self.scoped("weight upload", whole as u64, || {
+                                self.queue.write_buffer(&buf, start, &carry[..whole]);
+                            })?;
+                            carry.drain(..whole);
+                        }
                     }
-                })?;
-                since_flush += piece.len();
-                if since_flush >= UPLOAD_FLUSH {
-                    self.queue.submit([]);
-                    self.wait()?;
-                    since_flush = 0;
+                    at += piece.len() as u64;
+                    since_flush += piece.len();
+                    if since_flush >= UPLOAD_FLUSH {
+                        self.queue.submit([]);
+                        self.wait()?;
+                        since_flush = 0;
+                    }
                 }
+            }
+            if !carry.is_empty() {
+                let start = at - carry.len() as u64;
+                carry.resize(carry.len().div_ceil(4) * 4, 0);
+                self.scoped("weight upload", carry.len() as u64, || {
+                    self.queue.write_buffer(&buf, start, &carry);
+                })?;
             }
             chunks.push(WeightChunk {
                 buf,
@@ -370,4 +408,21 @@ impl Gpu {
             chunks,
         })
     }
+}
+
+/// The bytes of rows `first..first + n` of `parts` stacked, as slices of
+/// the parts themselves.
+fn rows_of<'a>(
+    parts: &'a [(usize, &'a [u8])],
+    row_bytes: u64,
+    first: u64,
+    n: u64,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let mut start = 0u64;
+    parts.iter().filter_map(move |&(rows, data)| {
+        let (p0, p1) = (start, start + rows as u64);
+        start = p1;
+        let (a, b) = (first.max(p0), (first + n).min(p1));
+        (a < b).then(|| &data[((a - p0) * row_bytes) as usize..((b - p0) * row_bytes) as usize])
+    })
 }

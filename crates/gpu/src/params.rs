@@ -108,6 +108,40 @@ pub(crate) struct AttnParams {
     pub _pad: [u32; 3],
 }
 
+/// `HeadNormParams`: per-head RMSNorm of the query and key heads of a
+/// stacked QKV product.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct HeadNormParams {
+    pub head_dim: u32,
+    pub n_tokens: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub stride: u32,
+    pub base: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+/// `RopeKvParams`: RoPE of the stacked QKV product's queries and keys, keys
+/// and values into the cache.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct RopeKvParams {
+    pub head_dim: u32,
+    pub n_rot: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub n_tokens: u32,
+    pub pos_offset: u32,
+    pub neox: u32,
+    pub freq_base: f32,
+    pub stride: u32,
+    pub src_base: u32,
+    pub q_base: u32,
+    pub cache_base: u32,
+}
+
 /// Sizes naga must report for the WGSL structs of the same names.
 #[cfg(test)]
 pub(crate) const SIZES: &[(&str, usize)] = &[
@@ -119,4 +153,6 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("EltParams", std::mem::size_of::<EltParams>()),
     ("CopyParams", std::mem::size_of::<CopyParams>()),
     ("AttnParams", std::mem::size_of::<AttnParams>()),
+    ("HeadNormParams", std::mem::size_of::<HeadNormParams>()),
+    ("RopeKvParams", std::mem::size_of::<RopeKvParams>()),
 ];

@@ -62,6 +62,10 @@ sources!(
     "copy_f32.wgsl",
     "add_rows.wgsl",
     "attention.wgsl",
+    "add_rms_norm.wgsl",
+    "glu_split.wgsl",
+    "head_norm.wgsl",
+    "rope_kv.wgsl",
 );
 
 fn source(path: &str) -> Option<&'static str> {
@@ -262,6 +266,7 @@ pub(crate) fn all_kernels() -> Vec<KernelSpec> {
         v.push(crate::ops::get_rows_spec(ty));
     }
     v.extend(crate::ops::elementwise_specs());
+    v.extend(crate::ops::fused_specs());
     v
 }
 

@@ -9,7 +9,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use lamina_gpu::{Attention, Batch, Columns, Gpu, MatmulKernel, Rope, Tensor, Weight};
+use lamina_gpu::{
+    Attention, Batch, Columns, Gate, Gpu, MatmulKernel, QkvLayout, Rope, Tensor, Weight,
+};
 
 use crate::config::{Activation, Config};
 use crate::cpu::{CpuModel, KvCache, Logits};
@@ -17,21 +19,76 @@ use crate::error::ModelError;
 use crate::plan::{Device, Plan};
 use crate::weights::{Layer, Matrix};
 
+/// Weights whose products one step needs side by side (Q, K and V; gate
+/// and up), stacked by rows so one dispatch streams them all: one weight
+/// when the parts share a type, else one per part, each writing its rows of
+/// the same stacked output.
+struct Stacked {
+    parts: Vec<Weight>,
+    rows: usize,
+}
+
+impl Stacked {
+    fn upload(gpu: &Gpu, ms: &[&Matrix<'_>]) -> Result<Self, ModelError> {
+        let rows = ms.iter().map(|m| m.rows).sum();
+        let (ty, cols) = (ms[0].ty, ms[0].cols);
+        let parts = if ms.iter().all(|m| m.ty == ty && m.cols == cols) {
+            let data: Vec<(usize, &[u8])> = ms.iter().map(|m| (m.rows, m.data)).collect();
+            vec![gpu
+                .upload_stacked(ty, cols, &data)
+                .map_err(|e| ModelError::Gpu(format!("{}: {e}", ms[0].name)))?]
+        } else {
+            ms.iter()
+                .map(|m| upload_matrix(gpu, m))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(Stacked { parts, rows })
+    }
+
+    /// `y = W x` for `n` packed columns of `x`; `y` gets `rows` values per
+    /// column.
+    fn record(
+        &self,
+        b: &mut Batch<'_>,
+        x: &Tensor,
+        y: &Tensor,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let mut at = 0;
+        for w in &self.parts {
+            b.matmul_strided(
+                MatmulKernel::Auto,
+                w,
+                x,
+                y,
+                Columns {
+                    n,
+                    x_offset: 0,
+                    x_stride: w.cols(),
+                    y_offset: at,
+                    y_stride: self.rows,
+                },
+            )?;
+            at += w.rows();
+        }
+        Ok(())
+    }
+}
+
 struct GpuLayer {
     attn_norm: Tensor,
-    wq: Weight,
-    wk: Weight,
-    wv: Weight,
+    /// Q, K and V stacked: each token's product row is
+    /// `[q (q_dim), k (kv_dim), v (kv_dim)]`.
+    qkv: Stacked,
+    /// The Q, K and V biases (qwen2), concatenated in the same order.
+    bqkv: Option<Tensor>,
     wo: Weight,
-    bq: Option<Tensor>,
-    bk: Option<Tensor>,
-    bv: Option<Tensor>,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    gate: Weight,
-    up: Weight,
+    /// Gate and up stacked: `[gate (n_ff), up (n_ff)]` per token.
+    gate_up: Stacked,
     down: Weight,
     post_ffn_norm: Option<Tensor>,
 }
@@ -103,21 +160,20 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
 }
 
 fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
+    let bqkv = match (&l.bq, &l.bk, &l.bv) {
+        (Some(q), Some(k), Some(v)) => Some(upload_vec(gpu, &[&q[..], k, v].concat())?),
+        _ => None,
+    };
     Ok(GpuLayer {
         attn_norm: upload_vec(gpu, &l.attn_norm)?,
-        wq: upload_matrix(gpu, &l.wq)?,
-        wk: upload_matrix(gpu, &l.wk)?,
-        wv: upload_matrix(gpu, &l.wv)?,
+        qkv: Stacked::upload(gpu, &[&l.wq, &l.wk, &l.wv])?,
+        bqkv,
         wo: upload_matrix(gpu, &l.wo)?,
-        bq: upload_opt(gpu, &l.bq)?,
-        bk: upload_opt(gpu, &l.bk)?,
-        bv: upload_opt(gpu, &l.bv)?,
         q_norm: upload_opt(gpu, &l.q_norm)?,
         k_norm: upload_opt(gpu, &l.k_norm)?,
         post_attn_norm: upload_opt(gpu, &l.post_attn_norm)?,
         ffn_norm: upload_vec(gpu, &l.ffn_norm)?,
-        gate: upload_matrix(gpu, &l.gate)?,
-        up: upload_matrix(gpu, &l.up)?,
+        gate_up: Stacked::upload(gpu, &[&l.gate, &l.up])?,
         down: upload_matrix(gpu, &l.down)?,
         post_ffn_norm: upload_opt(gpu, &l.post_ffn_norm)?,
     })
@@ -143,17 +199,16 @@ struct Scratch {
     last: Tensor,
     x: Tensor,
     x2: Tensor,
+    /// The normed input of the next product (attention, feed-forward, head).
     h: Tensor,
+    /// The stacked QKV product and its biased / per-head-normed copy.
+    qkv: Tensor,
+    qkv2: Tensor,
     q: Tensor,
-    q2: Tensor,
-    k: Tensor,
-    k2: Tensor,
-    v: Tensor,
     attn: Tensor,
     o: Tensor,
-    o2: Tensor,
-    g: Tensor,
-    u: Tensor,
+    /// The stacked gate/up product and the gated activation.
+    gu: Tensor,
     a: Tensor,
     scores: Tensor,
 }
@@ -343,16 +398,12 @@ impl<'a> HybridModel<'a> {
             x: t(n * e)?,
             x2: t(n * e)?,
             h: t(n * e)?,
+            qkv: t(n * (qd + 2 * kvd))?,
+            qkv2: t(n * (qd + 2 * kvd))?,
             q: t(n * qd)?,
-            q2: t(n * qd)?,
-            k: t(n * kvd)?,
-            k2: t(n * kvd)?,
-            v: t(n * kvd)?,
             attn: t(n * qd)?,
             o: t(n * e)?,
-            o2: t(n * e)?,
-            g: t(n * ff)?,
-            u: t(n * ff)?,
+            gu: t(n * 2 * ff)?,
             a: t(n * ff)?,
             scores: t(n * c.n_head * kv_room)?,
         })
@@ -418,20 +469,26 @@ impl<'a> HybridModel<'a> {
         };
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
-        // Each block leaves the hidden state where it found it (in `x`).
+        // Each block leaves the hidden state where it found it (in `x`) and
+        // the next block's normed input in `h`: the residual add at its end
+        // is fused with the RMSNorm that follows (the next block's, or the
+        // head's), so only the first norm runs alone.
         let cur = &s.x;
+        let e = c.n_embd;
+        let first_norm = self.layers.first().map_or(&head.norm, |l| &l.attn_norm);
+        b.rms_norm(cur, first_norm, &s.h, e, c.rms_eps)
+            .map_err(gpu_err)?;
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
-            self.record_layer(&mut b, il, i, l, s, cur, &s.x2, n, segments)
+            let next_norm = self.layers.get(i + 1).map_or(&head.norm, |l| &l.attn_norm);
+            self.record_layer(&mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments)
                 .map_err(gpu_err)?;
         }
+        // `h` now holds the head's RMSNorm of every token.
         let logits = &s.logits;
-        let e = c.n_embd;
         let m = if let [_] = segments {
             let first = which.first(n);
             let m = n - first;
-            b.rms_norm(cur, &head.norm, &s.h, e, c.rms_eps)
-                .map_err(gpu_err)?;
             b.matmul_strided(
                 MatmulKernel::Auto,
                 &head.weight,
@@ -448,18 +505,16 @@ impl<'a> HybridModel<'a> {
             .map_err(gpu_err)?;
             m
         } else {
-            // Gather each sequence's last hidden state, then one head product
+            // Gather each sequence's last normed state, then one head product
             // for all of them.
             for (j, seg) in segments.iter().enumerate() {
                 let at = (seg.first + seg.n - 1) * e;
-                b.copy(cur, at, &s.last, j * e, e).map_err(gpu_err)?;
+                b.copy(&s.h, at, &s.last, j * e, e).map_err(gpu_err)?;
             }
-            b.rms_norm(&s.last, &head.norm, &s.h, e, c.rms_eps)
-                .map_err(gpu_err)?;
             b.matmul_strided(
                 MatmulKernel::Auto,
                 &head.weight,
-                &s.h,
+                &s.last,
                 logits,
                 Columns {
                     n: seqs,
@@ -476,8 +531,12 @@ impl<'a> HybridModel<'a> {
         g.read_f32_range(logits, 0, m * c.n_vocab).map_err(gpu_err)
     }
 
-    /// Records one block: `cur` holds the hidden state on entry and on exit;
-    /// `spare` is scratch of the same size.
+    /// Records one block: `cur` holds the hidden state on entry and on exit,
+    /// `s.h` its attention RMSNorm on entry and its `next_norm` on exit;
+    /// `spare` is scratch of the same size. Nine dispatches for a llama
+    /// block (QKV, RoPE + cache writes, attention, o, add + norm, gate/up,
+    /// activation, down, add + norm), one more for per-head norms or
+    /// biases; RoPE and attention once per sequence.
     #[allow(clippy::too_many_arguments)]
     fn record_layer(
         &self,
@@ -485,6 +544,7 @@ impl<'a> HybridModel<'a> {
         il: usize,
         i: usize,
         l: &GpuLayer,
+        next_norm: &Tensor,
         s: &Scratch,
         cur: &Tensor,
         spare: &Tensor,
@@ -492,53 +552,43 @@ impl<'a> HybridModel<'a> {
         segments: &[Segment<'_>],
     ) -> Result<(), lamina_gpu::GpuError> {
         let c = &self.cpu.config;
-        let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
-        b.rms_norm(cur, &l.attn_norm, &s.h, e, c.rms_eps)?;
-        b.matmul(&l.wq, &s.h, &s.q, n)?;
-        b.matmul(&l.wk, &s.h, &s.k, n)?;
-        b.matmul(&l.wv, &s.h, &s.v, n)?;
-        // Biases (qwen2) then per-head norms (qwen3, gemma3) then RoPE; each
-        // step writes the other buffer of its pair, and `q`/`k` name the
-        // current one.
-        let (mut q, mut q_alt) = (&s.q, &s.q2);
-        let (mut k, mut k_alt) = (&s.k, &s.k2);
-        if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
-            b.add_rows(q, bq, q_alt, qd)?;
-            std::mem::swap(&mut q, &mut q_alt);
-            b.add_rows(k, bk, k_alt, kvd)?;
-            std::mem::swap(&mut k, &mut k_alt);
-            b.add_rows(&s.v, bv, &s.o2, kvd)?;
-            b.copy(&s.o2, 0, &s.v, 0, n * kvd)?;
+        let (e, hd) = (c.n_embd, c.head_dim);
+        let layout = QkvLayout {
+            n_head: c.n_head,
+            n_kv_head: c.n_head_kv,
+            head_dim: hd,
+        };
+        l.qkv.record(b, &s.h, &s.qkv, n)?;
+        // Biases (qwen2), then per-head norms of q and k (qwen3, gemma3):
+        // `v_src` holds the values, `qk_src` the queries and keys.
+        let mut v_src = &s.qkv;
+        if let Some(bias) = &l.bqkv {
+            b.add_rows(&s.qkv, bias, &s.qkv2, layout.stride())?;
+            v_src = &s.qkv2;
         }
+        let mut qk_src = v_src;
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            b.rms_norm(q, qn, q_alt, hd, c.rms_eps)?;
-            std::mem::swap(&mut q, &mut q_alt);
-            b.rms_norm(k, kn, k_alt, hd, c.rms_eps)?;
-            std::mem::swap(&mut k, &mut k_alt);
+            let dst = if l.bqkv.is_some() { &s.qkv } else { &s.qkv2 };
+            b.head_norms(qk_src, qn, kn, dst, &layout, n, c.rms_eps)?;
+            qk_src = dst;
         }
         // RoPE, the cache writes and attention are per sequence: each has
         // its own positions and cache.
         for seg in segments {
-            let rope = |heads| Rope {
+            let (kc, vc) = (&seg.cache.k[i], &seg.cache.v[i]);
+            let rope = Rope {
                 head_dim: hd,
                 n_rot: c.rope_dim,
-                n_heads: heads,
+                n_heads: c.n_head,
                 pos_offset: seg.pos0 as u32,
                 freq_base: c.rope_base_for(il),
                 neox: c.rope_neox,
             };
-            b.rope_tokens(q, q_alt, &rope(c.n_head), seg.first, seg.n)?;
-            b.rope_tokens(k, k_alt, &rope(c.n_head_kv), seg.first, seg.n)?;
-        }
-        std::mem::swap(&mut q, &mut q_alt);
-        std::mem::swap(&mut k, &mut k_alt);
-        for seg in segments {
-            let (kc, vc) = (&seg.cache.k[i], &seg.cache.v[i]);
-            let (at, len) = (seg.pos0 * kvd, seg.n * kvd);
-            b.copy(k, seg.first * kvd, kc, at, len)?;
-            b.copy(&s.v, seg.first * kvd, vc, at, len)?;
+            b.rope_kv(
+                qk_src, v_src, &s.q, kc, vc, &layout, &rope, seg.first, seg.n,
+            )?;
             b.attention_at(
-                q,
+                &s.q,
                 kc,
                 vc,
                 &s.scores,
@@ -560,30 +610,17 @@ impl<'a> HybridModel<'a> {
             )?;
         }
         b.matmul(&l.wo, &s.attn, &s.o, n)?;
-        let o = match &l.post_attn_norm {
-            Some(w) => {
-                b.rms_norm(&s.o, w, &s.o2, e, c.rms_eps)?;
-                &s.o2
-            }
-            None => &s.o,
-        };
-        b.add(cur, o, spare)?;
+        let post = l.post_attn_norm.as_ref();
+        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, c.rms_eps)?;
 
-        b.rms_norm(spare, &l.ffn_norm, &s.h, e, c.rms_eps)?;
-        b.matmul(&l.gate, &s.h, &s.g, n)?;
-        b.matmul(&l.up, &s.h, &s.u, n)?;
-        match c.activation {
-            Activation::SwiGlu => b.silu_mul(&s.g, &s.u, &s.a)?,
-            Activation::GeGlu => b.gelu_mul(&s.g, &s.u, &s.a)?,
-        }
-        b.matmul(&l.down, &s.a, &s.o, n)?;
-        let d = match &l.post_ffn_norm {
-            Some(w) => {
-                b.rms_norm(&s.o, w, &s.o2, e, c.rms_eps)?;
-                &s.o2
-            }
-            None => &s.o,
+        l.gate_up.record(b, &s.h, &s.gu, n)?;
+        let gate = match c.activation {
+            Activation::SwiGlu => Gate::Silu,
+            Activation::GeGlu => Gate::GeluTanh,
         };
-        b.add(spare, d, cur)
+        b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
+        b.matmul(&l.down, &s.a, &s.o, n)?;
+        let post = l.post_ffn_norm.as_ref();
+        b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, c.rms_eps)
     }
 }

@@ -6,13 +6,20 @@
 //!   invariant.
 //! * `elementwise`: RMSNorm, RoPE, softmax, attention, gated activations,
 //!   add, bias rows, scale, copy.
+//! * `fused`: the decode path's fusions: residual add + RMSNorm, RoPE + KV
+//!   cache writes, per-head norms and the gated activation over stacked
+//!   QKV and gate/up products.
 
 mod elementwise;
+mod fused;
 pub mod matmul;
 
 #[cfg(test)]
 pub(crate) use elementwise::elementwise_specs;
 pub use elementwise::{Attention, Rope};
+#[cfg(test)]
+pub(crate) use fused::fused_specs;
+pub use fused::{Gate, QkvLayout};
 #[cfg(test)]
 pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
 pub use matmul::{Columns, MatmulKernel, MatvecShape, LANES, MAX_SMALL_COLS};

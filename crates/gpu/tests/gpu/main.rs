@@ -6,6 +6,7 @@
 mod common;
 mod device;
 mod elementwise;
+mod fused;
 mod invariance;
 mod matmul;
 mod rows;

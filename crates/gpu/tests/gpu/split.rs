@@ -59,14 +59,26 @@ fn split_weights_give_bit_identical_results() {
             "{ty}: {} chunk(s)",
             split.chunk_count()
         );
+        // The same rows uploaded as a stack of two parts, the first ending
+        // off a 4-byte boundary for F16 (101 rows of 4098 bytes).
+        let rb = data.len() / rows;
+        let stacked = small
+            .upload_stacked(
+                ty,
+                cols,
+                &[(101, &data[..101 * rb]), (rows - 101, &data[101 * rb..])],
+            )
+            .unwrap();
         let a = outputs(gpu, &whole, &x, &ids);
         let b = outputs(&small, &split, &x, &ids);
-        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        let c = outputs(&small, &stacked, &x, &ids);
+        for (i, ((a, b), c)) in a.iter().zip(&b).zip(&c).enumerate() {
             assert!(
                 a.iter().all(|v| !f32::from_bits(*v).is_nan()),
                 "{ty} output {i}: NaN"
             );
             assert!(a == b, "{ty} output {i}: split result differs");
+            assert!(a == c, "{ty} output {i}: stacked split result differs");
         }
     }
 }

@@ -1,0 +1,328 @@
+//! The decode path's fused kernels. Each replaces a chain of the kernels in
+//! `elementwise` with one dispatch that performs the same operations in the
+//! same order, so a fused step gives the bits of the unfused one (the tests
+//! compare them): fusion saves dispatches, host work and round trips of the
+//! activations through memory, and changes no result.
+//!
+//! They work on the layouts the stacked weights produce: one QKV product
+//! row per token (`n_head` query heads, then `n_kv_head` key heads, then
+//! `n_kv_head` value heads) and one gate/up row per token (gate, then up).
+
+use super::{shape, to_u32, Batch};
+use crate::buffer::Tensor;
+use crate::error::GpuError;
+use crate::params::{EltParams, HeadNormParams, NormParams, RopeKvParams};
+use crate::shader::KernelSpec;
+use crate::Rope;
+
+const ELT_WG: u32 = 256;
+
+/// The activation of a gated feed-forward block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Silu,
+    GeluTanh,
+}
+
+impl Gate {
+    fn wgsl(self) -> &'static str {
+        match self {
+            Gate::Silu => "silu",
+            Gate::GeluTanh => "gelu_tanh",
+        }
+    }
+}
+
+/// Heads of a stacked QKV product row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvLayout {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+}
+
+impl QkvLayout {
+    /// Values per token: queries, keys, values.
+    pub fn stride(&self) -> usize {
+        (self.n_head + 2 * self.n_kv_head) * self.head_dim
+    }
+
+    fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+}
+
+fn add_norm_spec(pre: bool) -> KernelSpec {
+    KernelSpec::new("add_rms_norm.wgsl").def("PRE", if pre { "1" } else { "0" })
+}
+
+fn glu_split_spec(gate: Gate) -> KernelSpec {
+    KernelSpec::new("glu_split.wgsl").def("ACT", gate.wgsl())
+}
+
+#[cfg(test)]
+pub(crate) fn fused_specs() -> Vec<KernelSpec> {
+    vec![
+        add_norm_spec(false),
+        add_norm_spec(true),
+        glu_split_spec(Gate::Silu),
+        glu_split_spec(Gate::GeluTanh),
+        KernelSpec::new("head_norm.wgsl"),
+        KernelSpec::new("rope_kv.wgsl"),
+    ]
+}
+
+impl Batch<'_> {
+    /// The residual add and the RMSNorm after it: `sum = a + b` (or, with
+    /// `pre`, `a + rms_norm(b) * pre`, a post-norm on the branch), then
+    /// `y = rms_norm(sum) * weight`, over rows of `dim`. The bits of
+    /// [`Batch::rms_norm`] and [`Batch::add`] run one after the other.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &mut self,
+        a: &Tensor,
+        b: &Tensor,
+        pre: Option<&Tensor>,
+        weight: &Tensor,
+        sum: &Tensor,
+        y: &Tensor,
+        dim: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "add_rms_norm";
+        let n = a.len();
+        if dim == 0
+            || n % dim != 0
+            || b.len() != n
+            || weight.len() != dim
+            || pre.is_some_and(|p| p.len() != dim)
+            || sum.len() < n
+            || y.len() < n
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "a {n}, b {}, weight {}, sum {}, y {}, dim {dim}",
+                    b.len(),
+                    weight.len(),
+                    sum.len(),
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, sum, &[a, b, weight])?;
+        Self::distinct(OP, y, &[a, b, weight, sum])?;
+        let rows = to_u32(OP, "rows", n / dim)?;
+        let params = NormParams {
+            dim: to_u32(OP, "dim", dim)?,
+            rows,
+            eps,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(rows);
+        let pw = pre.unwrap_or(weight);
+        self.push(
+            &add_norm_spec(pre.is_some()),
+            &[
+                (&a.buf, None),
+                (&b.buf, None),
+                (&pw.buf, None),
+                (&weight.buf, None),
+                (&sum.buf, None),
+                (&y.buf, None),
+            ],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// `y = act(gate) * up` over a stacked gate/up product `gu` (each token's
+    /// row: `dim` gate values, then `dim` up values); `y` is packed
+    /// `[token][dim]`. The bits of [`Batch::silu_mul`] / [`Batch::gelu_mul`].
+    pub fn glu_stacked(
+        &mut self,
+        gu: &Tensor,
+        y: &Tensor,
+        dim: usize,
+        gate: Gate,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "glu_stacked";
+        if dim == 0 || gu.len() % (2 * dim) != 0 || y.len() < gu.len() / 2 {
+            return Err(shape(
+                OP,
+                format!("gu {} elements, y {}, dim {dim}", gu.len(), y.len()),
+            ));
+        }
+        Self::distinct(OP, y, &[gu])?;
+        let n = to_u32(OP, "n", gu.len() / 2)?;
+        let params = EltParams {
+            n,
+            scale: 0.0,
+            dim: to_u32(OP, "dim", dim)?,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(n.div_ceil(ELT_WG));
+        self.push(
+            &glu_split_spec(gate),
+            &[(&gu.buf, None), (&y.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// Per-head RMSNorm of the query heads (times `q_weight`) and key heads
+    /// (times `k_weight`) of `n_tokens` stacked QKV rows of `x`, into the
+    /// same places of `y`; the value heads of `y` are not written. The bits
+    /// of [`Batch::rms_norm`] over each head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_norms(
+        &mut self,
+        x: &Tensor,
+        q_weight: &Tensor,
+        k_weight: &Tensor,
+        y: &Tensor,
+        layout: &QkvLayout,
+        n_tokens: usize,
+        eps: f32,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "head_norms";
+        let hd = layout.head_dim;
+        let need = n_tokens.checked_mul(layout.stride());
+        if hd == 0
+            || need.is_none_or(|e| e > x.len() || e > y.len())
+            || q_weight.len() != hd
+            || k_weight.len() != hd
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "x {}, y {}, {n_tokens} tokens of {layout:?}, weights {} and {}",
+                    x.len(),
+                    y.len(),
+                    q_weight.len(),
+                    k_weight.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x, q_weight, k_weight])?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let rows = to_u32(OP, "heads", n_tokens * (layout.n_head + layout.n_kv_head))?;
+        let params = HeadNormParams {
+            head_dim: to_u32(OP, "head_dim", hd)?,
+            n_tokens: to_u32(OP, "tokens", n_tokens)?,
+            n_head: to_u32(OP, "n_head", layout.n_head)?,
+            n_kv_head: to_u32(OP, "n_kv_head", layout.n_kv_head)?,
+            stride: to_u32(OP, "stride", layout.stride())?,
+            base: 0,
+            eps,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(rows);
+        self.push(
+            &KernelSpec::new("head_norm.wgsl"),
+            &[
+                (&x.buf, None),
+                (&q_weight.buf, None),
+                (&k_weight.buf, None),
+                (&y.buf, None),
+            ],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
+    /// For tokens `first..first + n` of stacked QKV rows (queries and keys
+    /// read from `qk`, values from `vs`, which may be the same tensor): RoPE
+    /// of the queries into `q` (packed `[token][n_head * head_dim]`, token
+    /// `first` at its row `first`), RoPE of the keys into `k_cache` and the
+    /// values into `v_cache`, token `first` at cache row `rope.pos_offset`.
+    /// The bits of [`Batch::rope_tokens`] and [`Batch::copy`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv(
+        &mut self,
+        qk: &Tensor,
+        vs: &Tensor,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        layout: &QkvLayout,
+        rope: &Rope,
+        first: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "rope_kv";
+        let hd = layout.head_dim;
+        let (qd, kvd, stride) = (layout.q_dim(), layout.kv_dim(), layout.stride());
+        let pos0 = rope.pos_offset as usize;
+        let end = first.checked_add(n);
+        let fits = |t: &Tensor, rows: Option<usize>, per: usize| {
+            rows.and_then(|r| r.checked_mul(per))
+                .is_some_and(|e| e <= t.len())
+        };
+        if hd == 0
+            || hd % 2 != 0
+            || rope.n_rot % 2 != 0
+            || rope.n_rot > hd
+            || rope.head_dim != hd
+            || !fits(qk, end, stride)
+            || !fits(vs, end, stride)
+            || !fits(q, end, qd)
+            || !fits(k_cache, pos0.checked_add(n), kvd)
+            || !fits(v_cache, pos0.checked_add(n), kvd)
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "tokens {first}..+{n} of {layout:?} at position {pos0}, rotating {}: \
+                     qk {}, v {}, q {}, caches {} and {}",
+                    rope.n_rot,
+                    qk.len(),
+                    vs.len(),
+                    q.len(),
+                    k_cache.len(),
+                    v_cache.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, q, &[qk, vs, k_cache, v_cache])?;
+        Self::distinct(OP, k_cache, &[qk, vs, v_cache])?;
+        Self::distinct(OP, v_cache, &[qk, vs])?;
+        if n == 0 {
+            return Ok(());
+        }
+        let params = RopeKvParams {
+            head_dim: to_u32(OP, "head_dim", hd)?,
+            n_rot: to_u32(OP, "n_rot", rope.n_rot)?,
+            n_head: to_u32(OP, "n_head", layout.n_head)?,
+            n_kv_head: to_u32(OP, "n_kv_head", layout.n_kv_head)?,
+            n_tokens: to_u32(OP, "tokens", n)?,
+            pos_offset: rope.pos_offset,
+            neox: u32::from(rope.neox),
+            freq_base: rope.freq_base,
+            stride: to_u32(OP, "stride", stride)?,
+            src_base: to_u32(OP, "first element", first * stride)?,
+            q_base: to_u32(OP, "first query", first * qd)?,
+            cache_base: to_u32(OP, "cache offset", pos0 * kvd)?,
+        };
+        let pairs = to_u32(OP, "pairs", n * stride / 2)?;
+        let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("rope_kv.wgsl"),
+            &[
+                (&qk.buf, None),
+                (&vs.buf, None),
+                (&q.buf, None),
+                (&k_cache.buf, None),
+                (&v_cache.buf, None),
+            ],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+}

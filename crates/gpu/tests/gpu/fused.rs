@@ -1,0 +1,262 @@
+//! The fused kernels give the bits of the unfused chains they replace, on
+//! random data: residual add + RMSNorm (with and without a branch
+//! post-norm), the gated activation over a stacked gate/up product,
+//! per-head norms and RoPE + cache writes over a stacked QKV product, and a
+//! stacked weight upload.
+
+use super::common;
+
+use common::Rng;
+use lamina_gguf::GgmlType;
+use lamina_gpu::{Columns, Gate, Gpu, QkvLayout, Rope, Tensor};
+
+fn bits(gpu: &Gpu, t: &Tensor) -> Vec<u32> {
+    gpu.read_u32(t).unwrap()
+}
+
+fn same(what: &str, got: &[u32], want: &[u32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let diff = got.iter().zip(want).filter(|(a, b)| a != b).count();
+    assert_eq!(diff, 0, "{what}: {diff} of {} values differ", want.len());
+}
+
+#[test]
+fn add_rms_norm_equals_add_then_norm() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0xadd);
+    // 640 (gemma3) is more than one pass of 256 invocations; 3 rows.
+    for (dim, rows) in [(640, 3), (64, 5)] {
+        let n = dim * rows;
+        let a = gpu.upload_f32(&rng.vec(n)).unwrap();
+        let b = gpu.upload_f32(&rng.vec(n)).unwrap();
+        let w = gpu.upload_f32(&rng.vec(dim)).unwrap();
+        let pw = gpu.upload_f32(&rng.vec(dim)).unwrap();
+        for pre in [None, Some(&pw)] {
+            let (s1, y1, tmp) = (
+                common::poisoned(gpu, n),
+                common::poisoned(gpu, n),
+                common::poisoned(gpu, n),
+            );
+            let mut batch = gpu.batch();
+            let branch = match pre {
+                Some(p) => {
+                    batch.rms_norm(&b, p, &tmp, dim, 1e-6).unwrap();
+                    &tmp
+                }
+                None => &b,
+            };
+            batch.add(&a, branch, &s1).unwrap();
+            batch.rms_norm(&s1, &w, &y1, dim, 1e-6).unwrap();
+            batch.submit().unwrap();
+            let (s2, y2) = (common::poisoned(gpu, n), common::poisoned(gpu, n));
+            let mut batch = gpu.batch();
+            batch
+                .add_rms_norm(&a, &b, pre, &w, &s2, &y2, dim, 1e-6)
+                .unwrap();
+            batch.submit().unwrap();
+            let what = format!("dim {dim}, post-norm {}", pre.is_some());
+            same(&format!("{what}: sum"), &bits(gpu, &s2), &bits(gpu, &s1));
+            same(&format!("{what}: norm"), &bits(gpu, &y2), &bits(gpu, &y1));
+        }
+    }
+}
+
+#[test]
+fn stacked_gate_equals_the_separate_one() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x61);
+    let (ff, tokens) = (300, 3);
+    let g: Vec<f32> = (0..ff * tokens).map(|_| rng.signed() * 8.0).collect();
+    let u = rng.vec(ff * tokens);
+    let mut gu = Vec::new();
+    for t in 0..tokens {
+        gu.extend_from_slice(&g[t * ff..(t + 1) * ff]);
+        gu.extend_from_slice(&u[t * ff..(t + 1) * ff]);
+    }
+    let (gt, ut, gut) = (
+        gpu.upload_f32(&g).unwrap(),
+        gpu.upload_f32(&u).unwrap(),
+        gpu.upload_f32(&gu).unwrap(),
+    );
+    for gate in [Gate::Silu, Gate::GeluTanh] {
+        let (y1, y2) = (
+            common::poisoned(gpu, ff * tokens),
+            common::poisoned(gpu, ff * tokens),
+        );
+        let mut b = gpu.batch();
+        match gate {
+            Gate::Silu => b.silu_mul(&gt, &ut, &y1).unwrap(),
+            Gate::GeluTanh => b.gelu_mul(&gt, &ut, &y1).unwrap(),
+        }
+        b.glu_stacked(&gut, &y2, ff, gate).unwrap();
+        b.submit().unwrap();
+        same(&format!("{gate:?}"), &bits(gpu, &y2), &bits(gpu, &y1));
+    }
+}
+
+/// Head norms and RoPE + cache writes over a stacked QKV product equal
+/// rms_norm, rope and copies over separate Q, K and V, for a sequence that
+/// starts mid-batch and mid-cache, in both pair orderings and with part of
+/// each head left unrotated.
+#[test]
+fn qkv_epilogue_equals_norms_rope_and_copies() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x9c7);
+    let layout = QkvLayout {
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 32,
+    };
+    let (hd, qd, kvd) = (32, 4 * 32, 2 * 32);
+    let stride = layout.stride();
+    let (tokens, first, n, pos0, ctx) = (5, 1, 3, 7, 16);
+    let (q, k, v) = (
+        rng.vec(tokens * qd),
+        rng.vec(tokens * kvd),
+        rng.vec(tokens * kvd),
+    );
+    let mut qkv = Vec::new();
+    for t in 0..tokens {
+        qkv.extend_from_slice(&q[t * qd..(t + 1) * qd]);
+        qkv.extend_from_slice(&k[t * kvd..(t + 1) * kvd]);
+        qkv.extend_from_slice(&v[t * kvd..(t + 1) * kvd]);
+    }
+    let (qt, kt, vt, qkvt) = (
+        gpu.upload_f32(&q).unwrap(),
+        gpu.upload_f32(&k).unwrap(),
+        gpu.upload_f32(&v).unwrap(),
+        gpu.upload_f32(&qkv).unwrap(),
+    );
+    let qn = gpu.upload_f32(&rng.vec(hd)).unwrap();
+    let kn = gpu.upload_f32(&rng.vec(hd)).unwrap();
+    let cache = rng.vec(ctx * kvd);
+    for (neox, n_rot) in [(false, 32), (true, 32), (false, 16), (true, 16)] {
+        let rope = |heads| Rope {
+            head_dim: hd,
+            n_rot,
+            n_heads: heads,
+            pos_offset: pos0 as u32,
+            freq_base: 10000.0,
+            neox,
+        };
+        // Unfused: norms over whole tensors, RoPE of the sequence's tokens,
+        // copies into the caches.
+        let (q2, k2) = (
+            common::poisoned(gpu, tokens * qd),
+            common::poisoned(gpu, tokens * kvd),
+        );
+        let (q3, k3) = (
+            common::poisoned(gpu, tokens * qd),
+            common::poisoned(gpu, tokens * kvd),
+        );
+        let (kc1, vc1) = (
+            gpu.upload_f32(&cache).unwrap(),
+            gpu.upload_f32(&cache).unwrap(),
+        );
+        let mut b = gpu.batch();
+        b.rms_norm(&qt, &qn, &q2, hd, 1e-6).unwrap();
+        b.rms_norm(&kt, &kn, &k2, hd, 1e-6).unwrap();
+        b.rope_tokens(&q2, &q3, &rope(4), first, n).unwrap();
+        b.rope_tokens(&k2, &k3, &rope(2), first, n).unwrap();
+        b.copy(&k3, first * kvd, &kc1, pos0 * kvd, n * kvd).unwrap();
+        b.copy(&vt, first * kvd, &vc1, pos0 * kvd, n * kvd).unwrap();
+        b.submit().unwrap();
+        // Fused.
+        let normed = common::poisoned(gpu, tokens * stride);
+        let qf = common::poisoned(gpu, tokens * qd);
+        let (kc2, vc2) = (
+            gpu.upload_f32(&cache).unwrap(),
+            gpu.upload_f32(&cache).unwrap(),
+        );
+        let mut b = gpu.batch();
+        b.head_norms(&qkvt, &qn, &kn, &normed, &layout, tokens, 1e-6)
+            .unwrap();
+        b.rope_kv(&normed, &qkvt, &qf, &kc2, &vc2, &layout, &rope(4), first, n)
+            .unwrap();
+        b.submit().unwrap();
+        let what = format!("neox {neox}, n_rot {n_rot}");
+        let rows = first * qd..(first + n) * qd;
+        same(
+            &format!("{what}: queries"),
+            &bits(gpu, &qf)[rows.clone()],
+            &bits(gpu, &q3)[rows],
+        );
+        same(
+            &format!("{what}: key cache"),
+            &bits(gpu, &kc2),
+            &bits(gpu, &kc1),
+        );
+        same(
+            &format!("{what}: value cache"),
+            &bits(gpu, &vc2),
+            &bits(gpu, &vc1),
+        );
+    }
+}
+
+/// A stacked upload holds each part's rows where a separate upload would
+/// put them: the product with the stack equals the products with the
+/// parts, bit for bit, including parts whose bytes end off a 4-byte
+/// boundary (Q8_0 rows of an odd number of 34-byte blocks). A stack split
+/// over several buffers is in `split.rs`.
+#[test]
+fn stacked_weights_equal_their_parts() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x57ac);
+    for (ty, cols, rows) in [
+        (GgmlType::Q8_0, 32 * 3, [5usize, 3, 3]),
+        (GgmlType::Q4K, 256, [64, 16, 16]),
+    ] {
+        let datas: Vec<Vec<u8>> = rows
+            .iter()
+            .map(|&r| common::random_weight(&mut rng, ty, r, cols))
+            .collect();
+        let parts: Vec<(usize, &[u8])> = rows
+            .iter()
+            .zip(&datas)
+            .map(|(&r, d)| (r, d.as_slice()))
+            .collect();
+        let stacked = gpu.upload_stacked(ty, cols, &parts).unwrap();
+        let total: usize = rows.iter().sum();
+        assert_eq!(stacked.rows(), total);
+        let x = gpu.upload_f32(&rng.vec(cols * 2)).unwrap();
+        let y = common::poisoned(gpu, total * 2);
+        let mut b = gpu.batch();
+        b.matmul(&stacked, &x, &y, 2).unwrap();
+        let mut singles = Vec::new();
+        let mut at = 0;
+        for (&r, d) in rows.iter().zip(&datas) {
+            let w = gpu.upload_weight(ty, r, cols, d).unwrap();
+            let ys = common::poisoned(gpu, total * 2);
+            b.matmul_strided(
+                lamina_gpu::MatmulKernel::Auto,
+                &w,
+                &x,
+                &ys,
+                Columns {
+                    n: 2,
+                    x_offset: 0,
+                    x_stride: cols,
+                    y_offset: at,
+                    y_stride: total,
+                },
+            )
+            .unwrap();
+            singles.push((at, r, ys, w));
+            at += r;
+        }
+        b.submit().unwrap();
+        let want = bits(gpu, &y);
+        for (at, r, ys, _) in &singles {
+            let got = bits(gpu, ys);
+            for c in 0..2 {
+                let span = c * total + at..c * total + at + r;
+                same(
+                    &format!("{ty} part at row {at}, column {c}"),
+                    &got[span.clone()],
+                    &want[span],
+                );
+            }
+        }
+    }
+}

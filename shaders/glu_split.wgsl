@@ -1,0 +1,31 @@
+// Gated activation over the stacked gate/up product: each token's row is
+// [gate (dim values), up (dim values)] and y = act(gate) * up, packed
+// [token][dim]. The same functions as glu.wgsl.
+
+#include "common/params.wgsl"
+
+@group(0) @binding(0) var<storage, read> gu: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> p: EltParams;
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+fn gelu_tanh(v: f32) -> f32 {
+    let a = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    return v / (1.0 + exp(-2.0 * a));
+}
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let i = (wid.x + wid.y * nwg.x) * 256u + li;
+    if (i < p.n) {
+        let at = (i / p.dim) * 2u * p.dim + i % p.dim;
+        y[i] = {{ACT}}(gu[at]) * gu[at + p.dim];
+    }
+}

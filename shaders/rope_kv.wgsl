@@ -1,0 +1,78 @@
+// The step after the stacked QKV product, in one dispatch: RoPE on the
+// query heads (into q, packed [token][n_head * head_dim]) and on the key
+// heads (into the key cache at the token's position), and the values
+// copied into the value cache. Token t's row of the product is `stride`
+// values from element src_base + t * stride: n_head query heads, n_kv_head
+// key heads, n_kv_head value heads. Queries and keys come from `qk` (after
+// per-head norms, if any), values from `vs`. The rotation is rope.wgsl's,
+// operation for operation.
+
+#include "common/params.wgsl"
+
+@group(0) @binding(0) var<storage, read> qk: array<f32>;
+@group(0) @binding(1) var<storage, read> vs: array<f32>;
+@group(0) @binding(2) var<storage, read_write> q: array<f32>;
+@group(0) @binding(3) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(4) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(5) var<uniform> p: RopeKvParams;
+
+const TAU: f32 = 6.283185307179586;
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let idx = (wid.x + wid.y * nwg.x) * 256u + li;
+    let half = p.head_dim / 2u;
+    let heads = p.n_head + 2u * p.n_kv_head;
+    if (idx >= p.n_tokens * heads * half) {
+        return;
+    }
+    let i = idx % half;
+    let h = (idx / half) % heads;
+    let t = idx / (half * heads);
+    let src = p.src_base + t * p.stride + h * p.head_dim;
+    let kvd = p.n_kv_head * p.head_dim;
+    if (h >= p.n_head + p.n_kv_head) {
+        // A value head: copied as it is.
+        let dst = p.cache_base + t * kvd + (h - p.n_head - p.n_kv_head) * p.head_dim;
+        vc[dst + 2u * i] = vs[src + 2u * i];
+        vc[dst + 2u * i + 1u] = vs[src + 2u * i + 1u];
+        return;
+    }
+    let is_q = h < p.n_head;
+    var dst = p.cache_base + t * kvd + (h - p.n_head) * p.head_dim;
+    if (is_q) {
+        dst = p.q_base + t * p.n_head * p.head_dim + h * p.head_dim;
+    }
+    var a = 2u * i;
+    var b = a + 1u;
+    var y0 = qk[src + a];
+    var y1 = qk[src + b];
+    if (2u * i < p.n_rot) {
+        let pos = f32(p.pos_offset + t);
+        let inv_freq = exp2(-2.0 * f32(i) / f32(p.n_rot) * log2(p.freq_base));
+        var theta = pos * inv_freq;
+        // Keep the argument in [-pi, pi], where WGSL bounds the error of cos/sin.
+        theta = theta - TAU * round(theta / TAU);
+        let c = cos(theta);
+        let s = sin(theta);
+        if (p.neox != 0u) {
+            a = i;
+            b = i + p.n_rot / 2u;
+        }
+        let x0 = qk[src + a];
+        let x1 = qk[src + b];
+        y0 = x0 * c - x1 * s;
+        y1 = x0 * s + x1 * c;
+    }
+    if (is_q) {
+        q[dst + a] = y0;
+        q[dst + b] = y1;
+    } else {
+        kc[dst + a] = y0;
+        kc[dst + b] = y1;
+    }
+}
