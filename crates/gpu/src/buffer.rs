@@ -135,9 +135,17 @@ impl Gpu {
     /// bound as a uniform buffer: the mat-vec kernel binds activations as a
     /// uniform array whose length is a whole KiB, from an offset aligned
     /// down to the device's uniform alignment ([`TENSOR_SLACK`]), so that
-    /// range must lie inside the buffer.
+    /// range must lie inside the buffer. A tensor the slack would push past
+    /// the storage binding limit (a whole prompt's logits) gets none: it
+    /// can still be bound whole, and the mat-vec reads it from storage.
     pub fn tensor(&self, len: usize) -> Result<Tensor, GpuError> {
-        let size = ((len.max(1) as u64) * 4).div_ceil(TENSOR_SLACK) * TENSOR_SLACK + TENSOR_SLACK;
+        let bytes = (len.max(1) as u64) * 4;
+        let padded = bytes.div_ceil(TENSOR_SLACK) * TENSOR_SLACK + TENSOR_SLACK;
+        let size = if padded <= self.binding_limit() {
+            padded
+        } else {
+            bytes
+        };
         let buf = self.create_buffer(
             "tensor",
             size,
