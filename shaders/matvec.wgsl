@@ -144,10 +144,9 @@ fn main(
         for (var rr = 0u; rr < RPT; rr++) {
             let r = r0 + rr * TEAMS + team;
             for (var c = 0u; c < MAXC; c++) {
-                if (c >= p.ncols || r >= p.rows) {
-                    break;
+                if (c < p.ncols && r < p.rows) {
+                    y[p.y_offset + c * p.y_stride + p.row_offset + r] = acc[(rr * MAXC + c) * V];
                 }
-                y[p.y_offset + c * p.y_stride + p.row_offset + r] = acc[(rr * MAXC + c) * V];
             }
         }
     } else {

@@ -50,6 +50,7 @@ sources!(
     "quant/iq4_nl.wgsl",
     "quant/iq4_xs.wgsl",
     "matvec.wgsl",
+    "matvec_rows.wgsl",
     "matmul_tiled.wgsl",
     "get_rows.wgsl",
     "rms_norm.wgsl",

@@ -210,8 +210,9 @@ pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, 
     quant::shader_file(ty).ok_or(GpuError::NoKernel { ty, op })
 }
 
-/// The mat-vec kernel (`maxc` 1) or the small-N kernel (`maxc` 8, any
-/// column count up to 8 chosen at run time), in thread shape `shape`, with
+/// The mat-vec kernel (`maxc` 1) or the small-N kernel (`maxc` 2, 4 or 8,
+/// the smallest that holds the batch: its arrays stay smaller), in thread
+/// shape `shape`, with
 /// the activations from a storage buffer or (`uniform_vec4s`) a uniform
 /// window of that many vec4s.
 pub(crate) fn matvec_spec(
@@ -220,7 +221,14 @@ pub(crate) fn matvec_spec(
     shape: MatvecShape,
     uniform_vec4s: Option<u64>,
 ) -> KernelSpec {
-    let spec = KernelSpec::new("matvec.wgsl")
+    // One thread per row has its own kernel, which keeps the canonical tree
+    // in registers (matvec_rows.wgsl); teams share matvec.wgsl.
+    let file = if shape.tpr == 1 {
+        "matvec_rows.wgsl"
+    } else {
+        "matvec.wgsl"
+    };
+    let spec = KernelSpec::new(file)
         .def("TYPE", quant::shader_file(ty).unwrap_or("none"))
         .def("MAXC", maxc.to_string())
         .def("TPR", shape.tpr.to_string())
@@ -239,7 +247,7 @@ pub(crate) fn matvec_spec(
 pub(crate) fn matvec_variants(ty: GgmlType) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for shape in MatvecShape::CANDIDATES {
-        for maxc in [1, MAX_SMALL_COLS] {
+        for maxc in [1, 2, 4, MAX_SMALL_COLS] {
             v.push(matvec_spec(ty, maxc, shape, None));
             v.push(matvec_spec(ty, maxc, shape, Some(64)));
         }
@@ -393,7 +401,8 @@ impl Batch<'_> {
                     let gz = (nc as u32).div_ceil(TILED_COLS);
                     self.push(&tiled_spec(w.ty()), &buffers, &params, [gx, gy, gz])?;
                 } else {
-                    let maxc = if nc == 1 { 1 } else { MAX_SMALL_COLS };
+                    // The smallest compiled column count that holds `nc`.
+                    let maxc = nc.next_power_of_two().min(MAX_SMALL_COLS);
                     let ms = match forced {
                         Some(s) => s,
                         None => MatvecShape::choose(self.gpu, k.div_ceil(32)),

@@ -101,7 +101,7 @@ fn every_matvec_thread_shape_matches_the_tiled_kernel() {
             let mut rng = Rng::new(0x7ead ^ ty.id() as u64 ^ cols as u64);
             let data = common::random_weight(&mut rng, ty, ROWS, cols);
             let w = gpu.upload_weight(ty, ROWS, cols, &data).unwrap();
-            for n in [1, 3, 8] {
+            for n in [1, 2, 3, 8] {
                 let x = gpu.upload_f32(&rng.vec(cols * n)).unwrap();
                 let want = run(gpu, MatmulKernel::Tiled, &w, &x, n);
                 for shape in MatvecShape::CANDIDATES {

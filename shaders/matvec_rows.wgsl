@@ -1,0 +1,149 @@
+// The mat-vec / small-N kernel with one thread per row (TPR 1: CPU-backed
+// devices such as lavapipe, see matvec.wgsl for the layout and why), for
+// p.ncols <= MAXC = {{MAXC}} columns and RPT = {{RPT}} rows per thread. W is
+// type {{TYPE}}.
+//
+// It produces the canonical order's bits (crates/gpu/src/ops/matmul.rs)
+// without holding the 32 lane partials of every output: it walks the lanes
+// in the order the canonical tree consumes them, 0, 16, 8, 24, 4, ... (the
+// 5-bit reversal of 0 .. 31), and folds each finished lane into a binary
+// counter of five levels. Level b holds the left half of the next pair at
+// that height, so lane j's partial t becomes
+//   t = level[0] + t, then level[1] + t, ... for each trailing one bit of j,
+// and is stored at the first zero bit: exactly v[l] = v[l] + v[l + s] for
+// s = 16 .. 1, with 6 values per output in registers instead of 32 in
+// per-invocation memory (which a software rasteriser indexes lane by lane).
+
+#include "common/params.wgsl"
+
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> p: MatParams;
+
+#include "common/x_{{XSRC}}.wgsl"
+#include "common/bytes.wgsl"
+#include "quant/{{TYPE}}.wgsl"
+
+fn pick(u: array<vec4<f32>, 8>, j: u32) -> f32 {
+    let q = j >> 2u;
+    var v = u[0];
+    for (var i = 1u; i < 8u; i++) {
+        v = select(v, u[i], q == i);
+    }
+    let e = j & 3u;
+    return select(select(v.x, v.y, e == 1u), select(v.z, v.w, e == 3u), e >= 2u);
+}
+
+const MAXC: u32 = {{MAXC}}u;
+const RPT: u32 = {{RPT}}u;
+const WG: u32 = {{WG}}u;
+const ROWS: u32 = WG * RPT;
+const NO: u32 = RPT * MAXC;
+
+@compute @workgroup_size({{WG}})
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let r0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let units = (p.k + 31u) / 32u;
+    var rbase: array<u32, RPT>;
+    for (var rr = 0u; rr < RPT; rr++) {
+        // Rows past the end compute on the last row and are not written.
+        rbase[rr] = min(r0 + rr * WG + li, p.rows - 1u) * p.row_bytes;
+    }
+    var l0: array<f32, NO>;
+    var l1: array<f32, NO>;
+    var l2: array<f32, NO>;
+    var l3: array<f32, NO>;
+    var l4: array<f32, NO>;
+    var root: array<f32, NO>;
+    for (var j = 0u; j < 32u; j++) {
+        let lane = reverseBits(j) >> 27u;
+        // Lane `lane`'s partial of each output: its units in increasing order.
+        var t: array<f32, NO>;
+        for (var u = lane; u < units; u += 32u) {
+            var wv: array<array<vec4<f32>, 8>, RPT>;
+            for (var rr = 0u; rr < RPT; rr++) {
+                wv[rr] = dq32(rbase[rr], u);
+            }
+            let k0 = 32u * u;
+            for (var c = 0u; c < MAXC; c++) {
+                if (c >= p.ncols) {
+                    break;
+                }
+                let xb = p.x_offset + c * p.x_stride + k0;
+                var s: array<f32, RPT>;
+                if (k0 + 32u <= p.k) {
+                    for (var i = 0u; i < 8u; i++) {
+                        let xv = x4(xb + 4u * i);
+                        for (var rr = 0u; rr < RPT; rr++) {
+                            let v = wv[rr][i];
+                            s[rr] = fma(v.x, xv.x, s[rr]);
+                            s[rr] = fma(v.y, xv.y, s[rr]);
+                            s[rr] = fma(v.z, xv.z, s[rr]);
+                            s[rr] = fma(v.w, xv.w, s[rr]);
+                        }
+                    }
+                } else {
+                    // A float row's short last unit: its valid weights only.
+                    let n = p.k - k0;
+                    for (var jj = 0u; jj < n; jj++) {
+                        let xv = x1(xb + jj);
+                        for (var rr = 0u; rr < RPT; rr++) {
+                            s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
+                        }
+                    }
+                }
+                for (var rr = 0u; rr < RPT; rr++) {
+                    t[rr * MAXC + c] = t[rr * MAXC + c] + s[rr];
+                }
+            }
+        }
+        // Fold lane j into the counter (j is uniform: no divergence).
+        if ((j & 1u) == 0u) {
+            l0 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l0[o] + t[o];
+        }
+        if ((j & 2u) == 0u) {
+            l1 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l1[o] + t[o];
+        }
+        if ((j & 4u) == 0u) {
+            l2 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l2[o] + t[o];
+        }
+        if ((j & 8u) == 0u) {
+            l3 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l3[o] + t[o];
+        }
+        if ((j & 16u) == 0u) {
+            l4 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            root[o] = l4[o] + t[o];
+        }
+    }
+    for (var rr = 0u; rr < RPT; rr++) {
+        let r = r0 + rr * WG + li;
+        for (var c = 0u; c < MAXC; c++) {
+            if (c < p.ncols && r < p.rows) {
+                y[p.y_offset + c * p.y_stride + p.row_offset + r] = root[rr * MAXC + c];
+            }
+        }
+    }
+}
