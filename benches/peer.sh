@@ -14,6 +14,7 @@
 #   benches/peer.sh                 # both models, pp128 / tg32, 2 rounds
 #   REPS=3 N_GEN=64 benches/peer.sh
 #   SKIP_GPU=1 benches/peer.sh      # CPU rows only
+#   BUILD_ONLY=1 benches/peer.sh    # fill the cache and stop
 #
 # Needs cmake, a C++ compiler, glslc and the Vulkan headers (apt: cmake g++
 # glslc libvulkan-dev; installed when run as root), and a release build of
@@ -133,6 +134,7 @@ install_tools
 fetch_source
 build cpu -DGGML_VULKAN=OFF
 [ -z "${SKIP_GPU:-}" ] && build vulkan -DGGML_VULKAN=ON
+[ -n "${BUILD_ONLY:-}" ] && exit 0
 [ -x target/release/lamina ] || cargo build --release -p lamina
 [ -f "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" ] || bash scripts/fetch-models.sh >/dev/null
 
