@@ -17,7 +17,7 @@
 #   BUILD_ONLY=1 benches/peer.sh    # fill the cache and stop
 #
 # Needs cmake, a C++ compiler, glslc and the Vulkan headers (apt: cmake g++
-# glslc libvulkan-dev; installed when run as root), and a release build of
+# glslc libvulkan-dev spirv-headers; installed when run as root), and a release build of
 # Lamina (built if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +41,8 @@ install_tools() {
   if [ -z "${SKIP_GPU:-}" ]; then
     command -v glslc >/dev/null || missing+=(glslc)
     [ -f /usr/include/vulkan/vulkan.hpp ] || missing+=(libvulkan-dev)
+    # ggml-vulkan's CMake asks for SPIRV-Headers' package config.
+    [ -d /usr/share/cmake/SPIRV-Headers ] || missing+=(spirv-headers)
   fi
   [ ${#missing[@]} -eq 0 ] && return
   if [ "$(id -u)" != 0 ]; then

@@ -1,9 +1,5 @@
 // Gated activations: y = act(g) * u with act = {{ACT}}.
-//   silu(v)      = v / (1 + exp(-v))
-//   gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-//                = v / (1 + exp(-2a)), a = sqrt(2/pi) (v + 0.044715 v^3)
-// (the same function written without tanh, which overflows to NaN in naive
-// implementations for large |a|).
+// (functions in common/act.wgsl)
 
 #include "common/params.wgsl"
 
@@ -12,14 +8,7 @@
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: EltParams;
 
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
-}
-
-fn gelu_tanh(v: f32) -> f32 {
-    let a = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    return v / (1.0 + exp(-2.0 * a));
-}
+#include "common/act.wgsl"
 
 @compute @workgroup_size(256)
 fn main(

@@ -8,14 +8,7 @@
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
 @group(0) @binding(2) var<uniform> p: EltParams;
 
-fn silu(v: f32) -> f32 {
-    return v / (1.0 + exp(-v));
-}
-
-fn gelu_tanh(v: f32) -> f32 {
-    let a = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    return v / (1.0 + exp(-2.0 * a));
-}
+#include "common/act.wgsl"
 
 @compute @workgroup_size(256)
 fn main(

@@ -27,6 +27,11 @@
 // Each thread computes RPT = {{RPT}} rows: the activations of a unit are
 // loaded once and feed RPT rows (and the weights of a unit feed MAXC
 // columns).
+//
+// GLU = {{GLU}}: with an activation (silu, gelu_tanh) W is a stacked
+// [gate; up] weight of p.rows = 2 * half rows, RPT is 2, and a thread's two
+// rows are gate row r and up row r + half; the kernel writes
+// y[r] = act(gate) * up, the bits glu_split.wgsl gives on the same products.
 
 #include "common/params.wgsl"
 
@@ -38,6 +43,7 @@
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
+#include "common/act.wgsl"
 
 // Weight j of a decoded unit, with selects rather than a
 // run-time index into the arrays, so they can stay in registers.
@@ -60,6 +66,7 @@ const V: u32 = LANES / TPR;
 const TEAMS: u32 = WG / TPR;
 const ROWS: u32 = TEAMS * RPT;
 const NACC: u32 = RPT * MAXC * V;
+const GLU_ON: bool = {{GLU_ON}};
 
 // Team partials of output (local row, column) o at o * TPR + t; only used
 // when TPR > 1 ({{WGMEM}} values, 1 when unused).
@@ -74,15 +81,26 @@ fn main(
 ) {
     let team = li / TPR;
     let t = li % TPR;
-    let r0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;
+    // Output rows: p.rows, or the `half` gate rows of a GLU.
+    let half = p.rows / 2u;
+    var r0 = wg_id * ROWS;
+    if (GLU_ON) {
+        r0 = wg_id * TEAMS;
+    }
     // Local row of the thread's rr-th row: rr * TEAMS + team, so that
-    // neighbouring teams hold neighbouring rows.
+    // neighbouring teams hold neighbouring rows (for a GLU: gate row
+    // r0 + team, then its up row `half` further).
     var rbase: array<u32, RPT>;
     for (var rr = 0u; rr < RPT; rr++) {
         // Rows past the end compute on the last row (in bounds) and are not
         // written: every invocation runs the same loop, with no divergence.
-        rbase[rr] = min(r0 + rr * TEAMS + team, p.rows - 1u) * p.row_bytes;
+        if (GLU_ON) {
+            rbase[rr] = (min(r0 + team, half - 1u) + rr * half) * p.row_bytes;
+        } else {
+            rbase[rr] = min(r0 + rr * TEAMS + team, p.rows - 1u) * p.row_bytes;
+        }
     }
     var acc: array<f32, NACC>;
     var m = 0u;
@@ -140,7 +158,15 @@ fn main(
             }
         }
     }
-    if (TPR == 1u) {
+    if (TPR == 1u && GLU_ON) {
+        let r = r0 + team;
+        for (var c = 0u; c < MAXC; c++) {
+            if (c < p.ncols && r < half) {
+                y[p.y_offset + c * p.y_stride + r] =
+                    {{GLU}}(acc[c * V]) * acc[(MAXC + c) * V];
+            }
+        }
+    } else if (TPR == 1u) {
         for (var rr = 0u; rr < RPT; rr++) {
             let r = r0 + rr * TEAMS + team;
             for (var c = 0u; c < MAXC; c++) {
@@ -158,21 +184,39 @@ fn main(
             }
         }
         workgroupBarrier();
+        if (GLU_ON) {
+            // Output o pairs with the up row's output o + TEAMS * MAXC.
+            for (var o = li; o < TEAMS * MAXC; o += WG) {
+                let r = r0 + o / MAXC;
+                let c = o % MAXC;
+                if (c < p.ncols && r < half) {
+                    let g = team_tree(o);
+                    let u = team_tree(o + TEAMS * MAXC);
+                    y[p.y_offset + c * p.y_stride + r] = {{GLU}}(g) * u;
+                }
+            }
+            return;
+        }
         for (var o = li; o < ROWS * MAXC; o += WG) {
             let r = r0 + o / MAXC;
             let c = o % MAXC;
             if (c < p.ncols && r < p.rows) {
-                var v: array<f32, TPR>;
-                for (var l = 0u; l < TPR; l++) {
-                    v[l] = wgmem[o * TPR + l];
-                }
-                for (var h = TPR / 2u; h > 0u; h >>= 1u) {
-                    for (var l = 0u; l < h; l++) {
-                        v[l] = v[l] + v[l + h];
-                    }
-                }
-                y[p.y_offset + c * p.y_stride + p.row_offset + r] = v[0];
+                y[p.y_offset + c * p.y_stride + p.row_offset + r] = team_tree(o);
             }
         }
     }
+}
+
+// The tree's levels s < TPR over the team partials of output o.
+fn team_tree(o: u32) -> f32 {
+    var v: array<f32, TPR>;
+    for (var l = 0u; l < TPR; l++) {
+        v[l] = wgmem[o * TPR + l];
+    }
+    for (var h = TPR / 2u; h > 0u; h >>= 1u) {
+        for (var l = 0u; l < h; l++) {
+            v[l] = v[l] + v[l + h];
+        }
+    }
+    return v[0];
 }

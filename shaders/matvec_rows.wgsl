@@ -13,6 +13,11 @@
 // and is stored at the first zero bit: exactly v[l] = v[l] + v[l + s] for
 // s = 16 .. 1, with 6 values per output in registers instead of 32 in
 // per-invocation memory (which a software rasteriser indexes lane by lane).
+//
+// GLU = {{GLU}}: with an activation (silu, gelu_tanh) W is a stacked
+// [gate; up] weight of p.rows = 2 * half rows, RPT is 2, and a thread's two
+// rows are gate row r and up row r + half; it writes y[r] = act(gate) * up,
+// the bits glu_split.wgsl gives on the same products, one dispatch fewer.
 
 #include "common/params.wgsl"
 
@@ -23,6 +28,7 @@
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
+#include "common/act.wgsl"
 
 fn pick(u: array<vec4<f32>, 8>, j: u32) -> f32 {
     let q = j >> 2u;
@@ -39,6 +45,7 @@ const RPT: u32 = {{RPT}}u;
 const WG: u32 = {{WG}}u;
 const ROWS: u32 = WG * RPT;
 const NO: u32 = RPT * MAXC;
+const GLU_ON: bool = {{GLU_ON}};
 
 @compute @workgroup_size({{WG}})
 fn main(
@@ -46,12 +53,22 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
-    let r0 = (wid.x + wid.y * nwg.x) * ROWS;
+    let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;
+    // Output rows: p.rows, or the `half` gate rows of a GLU.
+    let half = p.rows / 2u;
+    var r0 = wg_id * ROWS;
+    if (GLU_ON) {
+        r0 = wg_id * WG;
+    }
     var rbase: array<u32, RPT>;
     for (var rr = 0u; rr < RPT; rr++) {
         // Rows past the end compute on the last row and are not written.
-        rbase[rr] = min(r0 + rr * WG + li, p.rows - 1u) * p.row_bytes;
+        if (GLU_ON) {
+            rbase[rr] = (min(r0 + li, half - 1u) + rr * half) * p.row_bytes;
+        } else {
+            rbase[rr] = min(r0 + rr * WG + li, p.rows - 1u) * p.row_bytes;
+        }
     }
     var l0: array<f32, NO>;
     var l1: array<f32, NO>;
@@ -137,6 +154,15 @@ fn main(
         for (var o = 0u; o < NO; o++) {
             root[o] = l4[o] + t[o];
         }
+    }
+    if (GLU_ON) {
+        let r = r0 + li;
+        for (var c = 0u; c < MAXC; c++) {
+            if (c < p.ncols && r < half) {
+                y[p.y_offset + c * p.y_stride + r] = {{GLU}}(root[c]) * root[MAXC + c];
+            }
+        }
+        return;
     }
     for (var rr = 0u; rr < RPT; rr++) {
         let r = r0 + rr * WG + li;

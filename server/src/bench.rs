@@ -168,30 +168,37 @@ pub fn kernels(a: &KernelArgs) -> anyhow::Result<()> {
             for ty in [
                 GgmlType::F16,
                 GgmlType::Q4_0,
+                GgmlType::Q4_1,
                 GgmlType::Q8_0,
                 GgmlType::Q4K,
                 GgmlType::Q6K,
             ] {
-                let t = lamina_gpu::bench::matmul(
-                    &gpu,
-                    ty,
-                    a.rows,
-                    a.cols,
-                    a.matmul_cols,
-                    MatmulKernel::Auto,
-                    1,
-                )?;
-                let gflops = 2.0 * (a.rows * a.cols * a.matmul_cols) as f64 / t.seconds / 1e9;
-                if !a.json {
-                    println!(
-                        "  {:<8} {:>10.1} ms {:>9.2} GFLOP/s",
-                        ty.name(),
-                        t.seconds * 1e3,
-                        gflops
-                    );
+                // Auto is what the model runs; the others show what each
+                // kernel would give at this width (they agree bit for bit).
+                for kernel in [MatmulKernel::Auto, MatmulKernel::Small, MatmulKernel::Tiled] {
+                    let t = lamina_gpu::bench::matmul(
+                        &gpu,
+                        ty,
+                        a.rows,
+                        a.cols,
+                        a.matmul_cols,
+                        kernel,
+                        1,
+                    )?;
+                    let gflops = 2.0 * (a.rows * a.cols * a.matmul_cols) as f64 / t.seconds / 1e9;
+                    if !a.json {
+                        println!(
+                            "  {:<8} {:<6} {:>10.1} ms {:>9.2} GFLOP/s",
+                            ty.name(),
+                            format!("{kernel:?}"),
+                            t.seconds * 1e3,
+                            gflops
+                        );
+                    }
+                    rows_out.push(json!({"device": "gpu", "op": "matmul", "type": ty.name(),
+                        "kernel": format!("{kernel:?}"), "cols": a.matmul_cols,
+                        "ms": t.seconds * 1e3, "gflop_per_s": gflops}));
                 }
-                rows_out.push(json!({"device": "gpu", "op": "matmul", "type": ty.name(),
-                    "cols": a.matmul_cols, "ms": t.seconds * 1e3, "gflop_per_s": gflops}));
             }
         }
     }

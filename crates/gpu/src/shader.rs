@@ -34,6 +34,7 @@ sources!(
     "common/x_storage.wgsl",
     "common/x_uniform.wgsl",
     "common/dq32_pair.wgsl",
+    "common/act.wgsl",
     "quant/f32.wgsl",
     "quant/f16.wgsl",
     "quant/bf16.wgsl",
@@ -322,6 +323,7 @@ mod tests {
             lamina_gguf::GgmlType::F32,
             1,
             crate::ops::MatvecShape::CANDIDATES[0],
+            None,
             None,
         );
         let module = validate(&spec, wgpu::Features::empty());

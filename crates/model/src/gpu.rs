@@ -533,10 +533,12 @@ impl<'a> HybridModel<'a> {
 
     /// Records one block: `cur` holds the hidden state on entry and on exit,
     /// `s.h` its attention RMSNorm on entry and its `next_norm` on exit;
-    /// `spare` is scratch of the same size. Nine dispatches for a llama
-    /// block (QKV, RoPE + cache writes, attention, o, add + norm, gate/up,
-    /// activation, down, add + norm), one more for per-head norms or
-    /// biases; RoPE and attention once per sequence.
+    /// `spare` is scratch of the same size. Eight dispatches for a llama
+    /// block when decoding (QKV, RoPE + cache writes, attention, o, add +
+    /// norm, gate/up + activation, down, add + norm), one more for per-head
+    /// norms or biases, one more for the activation when gate and up differ
+    /// in type or a prompt chunk runs the tiled kernel; RoPE and attention
+    /// once per sequence.
     #[allow(clippy::too_many_arguments)]
     fn record_layer(
         &self,
@@ -613,12 +615,18 @@ impl<'a> HybridModel<'a> {
         let post = l.post_attn_norm.as_ref();
         b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, c.rms_eps)?;
 
-        l.gate_up.record(b, &s.h, &s.gu, n)?;
         let gate = match c.activation {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
-        b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
+        match &l.gate_up.parts[..] {
+            // One weight: the activation in the mat-vec's epilogue.
+            [w] => b.matmul_glu(w, &s.h, &s.gu, &s.a, n, gate)?,
+            _ => {
+                l.gate_up.record(b, &s.h, &s.gu, n)?;
+                b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
+            }
+        }
         b.matmul(&l.down, &s.a, &s.o, n)?;
         let post = l.post_ffn_norm.as_ref();
         b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, c.rms_eps)

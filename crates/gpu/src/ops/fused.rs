@@ -25,7 +25,7 @@ pub enum Gate {
 }
 
 impl Gate {
-    fn wgsl(self) -> &'static str {
+    pub(crate) fn wgsl(self) -> &'static str {
         match self {
             Gate::Silu => "silu",
             Gate::GeluTanh => "gelu_tanh",
@@ -150,15 +150,42 @@ impl Batch<'_> {
         dim: usize,
         gate: Gate,
     ) -> Result<(), GpuError> {
-        const OP: &str = "glu_stacked";
-        if dim == 0 || gu.len() % (2 * dim) != 0 || y.len() < gu.len() / 2 {
+        if dim == 0 || gu.len() % (2 * dim) != 0 {
             return Err(shape(
-                OP,
-                format!("gu {} elements, y {}, dim {dim}", gu.len(), y.len()),
+                "glu_stacked",
+                format!("gu {} elements, dim {dim}", gu.len()),
             ));
         }
+        self.glu_stacked_n(gu, y, dim, gu.len() / (2 * dim), gate)
+    }
+
+    /// [`Batch::glu_stacked`] over the first `n_tokens` rows of `gu` only
+    /// (scratch sized for a whole prompt chunk holds one token when decoding).
+    pub fn glu_stacked_n(
+        &mut self,
+        gu: &Tensor,
+        y: &Tensor,
+        dim: usize,
+        n_tokens: usize,
+        gate: Gate,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "glu_stacked";
+        let need = n_tokens.checked_mul(2 * dim);
+        if dim == 0 || need.is_none_or(|e| e > gu.len() || e / 2 > y.len()) {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n_tokens} tokens of {dim}: gu {} elements, y {}",
+                    gu.len(),
+                    y.len()
+                ),
+            ));
+        }
+        if n_tokens == 0 {
+            return Ok(());
+        }
         Self::distinct(OP, y, &[gu])?;
-        let n = to_u32(OP, "n", gu.len() / 2)?;
+        let n = to_u32(OP, "n", n_tokens * dim)?;
         let params = EltParams {
             n,
             scale: 0.0,

@@ -44,7 +44,7 @@
 
 use lamina_gguf::GgmlType;
 
-use super::{shape, to_u32, Batch};
+use super::{shape, to_u32, Batch, Gate};
 use crate::buffer::{Tensor, Weight, TENSOR_SLACK};
 use crate::error::GpuError;
 use crate::params::{MatParams, RowsParams};
@@ -140,6 +140,12 @@ impl MatvecShape {
         }
     }
 
+    /// The shape for a GLU epilogue: the same threads, with the two rows of
+    /// each thread the gate row and its up row.
+    pub fn for_glu(self) -> MatvecShape {
+        MatvecShape { rpt: 2, ..self }
+    }
+
     /// Parses `tpr,rpt,wg`, accepting only shapes the kernel supports and that
     /// fit the portable limits (256 invocations, 16 KiB of workgroup memory).
     pub fn parse(s: &str) -> Option<MatvecShape> {
@@ -220,6 +226,7 @@ pub(crate) fn matvec_spec(
     maxc: usize,
     shape: MatvecShape,
     uniform_vec4s: Option<u64>,
+    glu: Option<Gate>,
 ) -> KernelSpec {
     // One thread per row has its own kernel, which keeps the canonical tree
     // in registers (matvec_rows.wgsl); teams share matvec.wgsl.
@@ -234,7 +241,9 @@ pub(crate) fn matvec_spec(
         .def("TPR", shape.tpr.to_string())
         .def("RPT", shape.rpt.to_string())
         .def("WG", shape.wg.to_string())
-        .def("WGMEM", shape.wgmem(maxc).to_string());
+        .def("WGMEM", shape.wgmem(maxc).to_string())
+        .def("GLU", glu.map_or("none", Gate::wgsl))
+        .def("GLU_ON", if glu.is_some() { "true" } else { "false" });
     match uniform_vec4s {
         Some(n) => spec.def("XSRC", "uniform").def("XU", n.to_string()),
         None => spec.def("XSRC", "storage"),
@@ -248,8 +257,13 @@ pub(crate) fn matvec_variants(ty: GgmlType) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for shape in MatvecShape::CANDIDATES {
         for maxc in [1, 2, 4, MAX_SMALL_COLS] {
-            v.push(matvec_spec(ty, maxc, shape, None));
-            v.push(matvec_spec(ty, maxc, shape, Some(64)));
+            v.push(matvec_spec(ty, maxc, shape, None, None));
+            v.push(matvec_spec(ty, maxc, shape, Some(64), None));
+            for gate in [Gate::Silu, Gate::GeluTanh] {
+                let shape = shape.for_glu();
+                v.push(matvec_spec(ty, maxc, shape, None, Some(gate)));
+                v.push(matvec_spec(ty, maxc, shape, Some(64), Some(gate)));
+            }
         }
     }
     v
@@ -338,13 +352,92 @@ impl Batch<'_> {
         y: &Tensor,
         cols: Columns,
     ) -> Result<(), GpuError> {
+        self.matmul_any(kernel, forced, w, x, y, cols, None)
+    }
+
+    /// Whether [`Batch::matmul_glu`] can run `w` as one fused dispatch per
+    /// eight columns (rather than the product and a separate activation).
+    pub fn glu_fuses(w: &Weight, n: usize) -> bool {
+        n <= MAX_SMALL_COLS && w.chunks.len() == 1 && w.rows() % 2 == 0
+    }
+
+    /// `y[c] = act(g) * u` where `[g; u] = w · x[c]`, for a stacked
+    /// [gate; up] weight `w` (`2·ff` rows) and `n` packed columns; `y`
+    /// receives `ff` values per column. Up to eight columns, a mat-vec whose
+    /// epilogue applies the activation (one dispatch); beyond, or when the
+    /// weight spans several bindings, the product into `gu` (`2·ff` per
+    /// column) and [`Batch::glu_stacked`]. The bits are the same either way.
+    pub fn matmul_glu(
+        &mut self,
+        w: &Weight,
+        x: &Tensor,
+        gu: &Tensor,
+        y: &Tensor,
+        n: usize,
+        gate: Gate,
+    ) -> Result<(), GpuError> {
+        self.matmul_glu_shaped(None, w, x, gu, y, n, gate)
+    }
+
+    /// [`Batch::matmul_glu`] with the mat-vec thread shape forced (its
+    /// `rpt` becomes 2: the gate row and its up row); the invariance tests.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_glu_shaped(
+        &mut self,
+        forced: Option<MatvecShape>,
+        w: &Weight,
+        x: &Tensor,
+        gu: &Tensor,
+        y: &Tensor,
+        n: usize,
+        gate: Gate,
+    ) -> Result<(), GpuError> {
+        let ff = w.rows() / 2;
+        if !Self::glu_fuses(w, n) {
+            self.matmul(w, x, gu, n)?;
+            let gu_len = n * w.rows();
+            if gu.len() < gu_len {
+                return Err(shape(
+                    "matmul_glu",
+                    format!("gu has {} elements, needs {gu_len}", gu.len()),
+                ));
+            }
+            return self.glu_stacked_n(gu, y, ff, n, gate);
+        }
+        let cols = Columns {
+            n,
+            x_offset: 0,
+            x_stride: w.cols(),
+            y_offset: 0,
+            y_stride: ff,
+        };
+        let kernel = if n == 1 {
+            MatmulKernel::MatVec
+        } else {
+            MatmulKernel::Small
+        };
+        self.matmul_any(kernel, forced, w, x, y, cols, Some(gate))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_any(
+        &mut self,
+        kernel: MatmulKernel,
+        forced: Option<MatvecShape>,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        cols: Columns,
+        glu: Option<Gate>,
+    ) -> Result<(), GpuError> {
         const OP: &str = "matmul";
         type_file(w.ty(), OP)?;
         let n = cols.n;
         if n == 0 {
             return Ok(());
         }
-        let (k, rows) = (w.cols(), w.rows());
+        // A GLU writes one value per gate row.
+        let (k, rows) = (w.cols(), w.rows() / if glu.is_some() { 2 } else { 1 });
         let end = |offset: usize, stride: usize, len: usize| {
             offset
                 .saturating_add((n - 1).saturating_mul(stride))
@@ -397,6 +490,7 @@ impl Batch<'_> {
                 };
                 let buffers = [(&chunk.buf, None), (&x.buf, None), (&y.buf, None)];
                 if kernel == MatmulKernel::Tiled {
+                    debug_assert!(glu.is_none(), "the tiled kernel has no GLU epilogue");
                     let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(TILED_ROWS));
                     let gz = (nc as u32).div_ceil(TILED_COLS);
                     self.push(&tiled_spec(w.ty()), &buffers, &params, [gx, gy, gz])?;
@@ -407,7 +501,16 @@ impl Batch<'_> {
                         Some(s) => s,
                         None => MatvecShape::choose(self.gpu, k.div_ceil(32)),
                     };
-                    let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(ms.rows_per_wg()));
+                    let (ms, wg_rows) = match glu {
+                        Some(_) => (ms.for_glu(), ms.wg / ms.tpr),
+                        None => (ms, ms.rows_per_wg()),
+                    };
+                    let out_rows = if glu.is_some() {
+                        chunk.rows / 2
+                    } else {
+                        chunk.rows
+                    };
+                    let (gx, gy) = self.gpu.grid(out_rows.div_ceil(wg_rows));
                     // One thread per row reads activations in lockstep: from
                     // a uniform window where the layout allows.
                     let window = (ms.tpr == 1)
@@ -415,7 +518,7 @@ impl Batch<'_> {
                         .flatten();
                     match window {
                         Some((start, vec4s, first)) => {
-                            let spec = matvec_spec(w.ty(), maxc, ms, Some(vec4s));
+                            let spec = matvec_spec(w.ty(), maxc, ms, Some(vec4s), glu);
                             let params = MatParams {
                                 x_offset: first,
                                 ..params
@@ -428,7 +531,7 @@ impl Batch<'_> {
                             self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
                         }
                         None => {
-                            let spec = matvec_spec(w.ty(), maxc, ms, None);
+                            let spec = matvec_spec(w.ty(), maxc, ms, None, glu);
                             self.push(&spec, &buffers, &params, [gx, gy, 1])?;
                         }
                     }

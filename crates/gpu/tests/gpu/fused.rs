@@ -1,8 +1,8 @@
 //! The fused kernels give the bits of the unfused chains they replace, on
 //! random data: residual add + RMSNorm (with and without a branch
 //! post-norm), the gated activation over a stacked gate/up product,
-//! per-head norms and RoPE + cache writes over a stacked QKV product, and a
-//! stacked weight upload.
+//! per-head norms and RoPE + cache writes over a stacked QKV product, the
+//! mat-vec's GLU epilogue, and a stacked weight upload.
 
 use super::common;
 
@@ -91,6 +91,59 @@ fn stacked_gate_equals_the_separate_one() {
         b.glu_stacked(&gut, &y2, ff, gate).unwrap();
         b.submit().unwrap();
         same(&format!("{gate:?}"), &bits(gpu, &y2), &bits(gpu, &y1));
+    }
+}
+
+/// The mat-vec with the activation in its epilogue gives the bits of the
+/// product followed by the stacked activation, for every thread shape, at
+/// 1 to 8 columns, for a float, a legacy and a K-quant type; past eight
+/// columns `matmul_glu` takes the unfused path, which must agree too.
+#[test]
+fn glu_epilogue_equals_product_then_activation() {
+    use lamina_gpu::{MatmulKernel, MatvecShape};
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x91e);
+    // ff = 200 is not a multiple of any workgroup's rows.
+    for (ty, ff, k) in [
+        (GgmlType::F32, 200, 96),
+        (GgmlType::Q4_1, 200, 576),
+        (GgmlType::Q4K, 72, 512),
+    ] {
+        let data = common::random_weight(&mut rng, ty, 2 * ff, k);
+        let w = gpu.upload_weight(ty, 2 * ff, k, &data).unwrap();
+        for n in [1, 3, 11] {
+            let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
+            for gate in [Gate::Silu, Gate::GeluTanh] {
+                let gu = common::poisoned(gpu, n * 2 * ff);
+                let want = common::poisoned(gpu, n * ff);
+                let mut b = gpu.batch();
+                b.matmul_with(MatmulKernel::MatVec, &w, &x, &gu, n).unwrap();
+                b.glu_stacked(&gu, &want, ff, gate).unwrap();
+                b.submit().unwrap();
+                let want = bits(gpu, &want);
+                // Every shape with one activation, the default with the other
+                // (each variant is a shader compile: this keeps the test short).
+                let shapes: Vec<Option<MatvecShape>> = match gate {
+                    Gate::Silu => MatvecShape::CANDIDATES.map(Some).into_iter().collect(),
+                    Gate::GeluTanh => vec![None],
+                };
+                for shape in shapes {
+                    let (gu2, y) = (
+                        common::poisoned(gpu, n * 2 * ff),
+                        common::poisoned(gpu, n * ff),
+                    );
+                    let mut b = gpu.batch();
+                    b.matmul_glu_shaped(shape, &w, &x, &gu2, &y, n, gate)
+                        .unwrap();
+                    b.submit().unwrap();
+                    same(
+                        &format!("{ty} ff {ff} n {n} {gate:?} {shape:?}"),
+                        &bits(gpu, &y),
+                        &want,
+                    );
+                }
+            }
+        }
     }
 }
 
