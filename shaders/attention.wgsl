@@ -1,14 +1,23 @@
-// Causal multi-head attention over a KV cache, one workgroup per
-// (token, head): token t (position pos0 + t) attends to cache positions
+// Causal multi-head attention over a KV cache. A workgroup serves GC =
+// {{GC}} query heads of one token that share a KV head (grouped-query
+// attention): token t (position pos0 + t) attends to cache positions
 // lo ..= pos0 + t, lo = 0 or the start of its sliding window; query head h
-// reads KV head h / (n_head / n_kv_head) (grouped-query attention).
+// reads KV head h / (n_head / n_kv_head). Each key and value is loaded once
+// for the GC heads. GC divides the group size; the host picks it per step
+// (more heads per workgroup when there are enough workgroups to fill the
+// device), and it never changes a head's bits:
 //
-//     s_j = scale * q . k_j;   p_j = exp(s_j - max s) / sum;   out = sum_j p_j v_j
+//     s_j = scale * q . k_j   (an fma chain over the head's dimensions)
+//     m = max s_j;  e_j = exp(s_j - m)
+//     l = tree over the WG invocations of (each invocation's e_j summed in
+//         increasing j, j = lo + li, lo + li + WG, ...)
+//     out = (sum_j e_j v_j, an fma chain in increasing j) * (1 / l)
 //
+// all of which depend on the head, its token's position and the cache only.
 // Layouts: q and out [n_tokens][n_head][head_dim]; k and v
 // [position][n_kv_head][head_dim]; scores [n_tokens][n_head][kv_len]
-// (scratch holding s_j, then exp(s_j - max)). q and out start at element
-// p.q_offset (one sequence of a batch of several, each with its own cache).
+// (scratch holding s_j, then e_j). q and out start at element p.q_offset
+// (one sequence of a batch of several, each with its own cache).
 
 #include "common/params.wgsl"
 
@@ -19,40 +28,44 @@
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> p: AttnParams;
 
-const WG: u32 = 256u;
-var<workgroup> red: array<f32, WG>;
+const WG: u32 = 64u;
+const GC: u32 = {{GC}}u;
+// The GC query heads (GC * head_dim <= 2048, checked by the host).
+var<workgroup> qs: array<f32, 2048>;
+// One reduction slot per head and invocation.
+var<workgroup> red: array<f32, {{RED}}>;
 
-// Tree reduction of red[] (max when `is_max`, else sum); all invocations
-// must call it.
-fn reduce(is_max: bool, li: u32) -> f32 {
+// The tree over red[g * WG ..][..WG] for every head g (max when `is_max`,
+// else sum); all invocations must call it. Leaves red[g * WG] holding the
+// result.
+fn reduce(is_max: bool, li: u32) {
+    workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (li < s) {
-            if (is_max) {
-                red[li] = max(red[li], red[li + s]);
-            } else {
-                red[li] = red[li] + red[li + s];
+            for (var g = 0u; g < GC; g++) {
+                let a = red[g * WG + li];
+                let b = red[g * WG + li + s];
+                red[g * WG + li] = select(a + b, max(a, b), is_max);
             }
         }
         workgroupBarrier();
     }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= p.n_tokens * p.n_head) {
+    let per_token = p.n_head / GC;
+    let wgi = wid.x + wid.y * nwg.x;
+    if (wgi >= p.n_tokens * per_token) {
         return;
     }
-    let t = row / p.n_head;
-    let h = row % p.n_head;
-    let kvh = h / (p.n_head / p.n_kv_head);
+    let t = wgi / per_token;
+    let h0 = (wgi % per_token) * GC;
+    let kvh = h0 / (p.n_head / p.n_kv_head);
     let hd = p.head_dim;
     let kv_stride = p.n_kv_head * hd;
     let pos = p.pos0 + t;
@@ -60,42 +73,72 @@ fn main(
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
-    let qb = p.q_offset + row * hd;
-    let sb = row * p.kv_len;
+    // The GC heads are contiguous in q and out, and in scores.
+    let qb = p.q_offset + (t * p.n_head + h0) * hd;
+    let sb = (t * p.n_head + h0) * p.kv_len;
+    for (var i = li; i < GC * hd; i += WG) {
+        qs[i] = q[qb + i];
+    }
+    workgroupBarrier();
 
-    var m = -3.4028235e38;
+    var m: array<f32, GC>;
+    for (var g = 0u; g < GC; g++) {
+        m[g] = -3.4028235e38;
+    }
     for (var j = lo + li; j <= pos; j += WG) {
         let kb = j * kv_stride + kvh * hd;
-        var d = 0.0;
+        var d: array<f32, GC>;
         for (var i = 0u; i < hd; i++) {
-            d = fma(q[qb + i], k[kb + i], d);
+            let kv = k[kb + i];
+            for (var g = 0u; g < GC; g++) {
+                d[g] = fma(qs[g * hd + i], kv, d[g]);
+            }
         }
-        let s = d * p.scale;
-        scores[sb + j] = s;
-        m = max(m, s);
+        for (var g = 0u; g < GC; g++) {
+            let s = d[g] * p.scale;
+            scores[sb + g * p.kv_len + j] = s;
+            m[g] = max(m[g], s);
+        }
     }
-    red[li] = m;
+    for (var g = 0u; g < GC; g++) {
+        red[g * WG + li] = m[g];
+    }
+    reduce(true, li);
+    for (var g = 0u; g < GC; g++) {
+        m[g] = red[g * WG];
+    }
     workgroupBarrier();
-    m = reduce(true, li);
 
-    var sum = 0.0;
+    var l: array<f32, GC>;
     for (var j = lo + li; j <= pos; j += WG) {
-        let e = exp(scores[sb + j] - m);
-        scores[sb + j] = e;
-        sum += e;
+        for (var g = 0u; g < GC; g++) {
+            let at = sb + g * p.kv_len + j;
+            let e = exp(scores[at] - m[g]);
+            scores[at] = e;
+            l[g] += e;
+        }
     }
-    red[li] = sum;
-    workgroupBarrier();
-    sum = reduce(false, li);
-    // Make every invocation's scores visible to the whole workgroup.
+    for (var g = 0u; g < GC; g++) {
+        red[g * WG + li] = l[g];
+    }
+    reduce(false, li);
+    var inv: array<f32, GC>;
+    for (var g = 0u; g < GC; g++) {
+        inv[g] = 1.0 / red[g * WG];
+    }
+    // Make every invocation's e_j visible to the whole workgroup.
     storageBarrier();
 
-    let inv = 1.0 / sum;
     for (var i = li; i < hd; i += WG) {
-        var o = 0.0;
+        var o: array<f32, GC>;
         for (var j = lo; j <= pos; j++) {
-            o = fma(scores[sb + j], v[j * kv_stride + kvh * hd + i], o);
+            let vv = v[j * kv_stride + kvh * hd + i];
+            for (var g = 0u; g < GC; g++) {
+                o[g] = fma(scores[sb + g * p.kv_len + j], vv, o[g]);
+            }
         }
-        out[qb + i] = o * inv;
+        for (var g = 0u; g < GC; g++) {
+            out[qb + g * hd + i] = o[g] * inv[g];
+        }
     }
 }

@@ -61,8 +61,39 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
         KernelSpec::new("copy.wgsl"),
         KernelSpec::new("copy_f32.wgsl"),
         KernelSpec::new("add_rows.wgsl"),
-        KernelSpec::new("attention.wgsl"),
     ]
+    .into_iter()
+    .chain((1..=MAX_HEADS_PER_WG).map(attention_spec))
+    .collect()
+}
+
+/// Most query heads one attention workgroup serves (its accumulators are
+/// registers: one per head).
+const MAX_HEADS_PER_WG: usize = 8;
+/// Workgroup memory for the served heads' queries (values).
+const ATTN_Q_VALUES: usize = 2048;
+/// Below this many workgroups an attention step would leave a device's
+/// cores idle, so heads are not grouped further.
+const ATTN_MIN_WGS: usize = 16;
+
+fn attention_spec(heads: usize) -> KernelSpec {
+    KernelSpec::new("attention.wgsl")
+        .def("GC", heads.to_string())
+        .def("RED", (heads * 64).to_string())
+}
+
+/// Query heads per attention workgroup: a divisor of the group size (the
+/// heads sharing a KV head), at most 8 and 2048 query values, as large as
+/// still gives ATTN_MIN_WGS workgroups (more sharing of each key and value
+/// load, enough workgroups to fill the device); 1 when nothing larger fits.
+/// Every choice gives the same bits.
+fn heads_per_wg(n_tokens: usize, n_head: usize, n_kv_head: usize, head_dim: usize) -> usize {
+    let group = n_head / n_kv_head;
+    (1..=group.min(MAX_HEADS_PER_WG))
+        .rev()
+        .filter(|g| group % g == 0 && g * head_dim <= ATTN_Q_VALUES)
+        .find(|g| n_tokens * n_head / g >= ATTN_MIN_WGS)
+        .unwrap_or(1)
 }
 
 impl Batch<'_> {
@@ -380,6 +411,7 @@ impl Batch<'_> {
         let kv_need = kv_len * a.n_kv_head * a.head_dim;
         if a.n_kv_head == 0
             || a.head_dim == 0
+            || a.head_dim > ATTN_Q_VALUES
             || a.n_head % a.n_kv_head != 0
             || q.len() < q_len
             || out.len() < q_len
@@ -404,7 +436,8 @@ impl Batch<'_> {
         if a.n_tokens == 0 || a.n_head == 0 {
             return Ok(());
         }
-        let rows = to_u32(OP, "rows", a.n_tokens * a.n_head)?;
+        let heads = heads_per_wg(a.n_tokens, a.n_head, a.n_kv_head, a.head_dim);
+        let groups = to_u32(OP, "rows", a.n_tokens * a.n_head / heads)?;
         to_u32(OP, "scores", a.n_tokens * a.n_head * kv_len)?;
         to_u32(OP, "cache", kv_need)?;
         let params = AttnParams {
@@ -419,9 +452,9 @@ impl Batch<'_> {
             q_offset: to_u32(OP, "q_offset", q_offset)?,
             _pad: [0; 3],
         };
-        let (gx, gy) = self.gpu.grid(rows);
+        let (gx, gy) = self.gpu.grid(groups);
         self.push(
-            &KernelSpec::new("attention.wgsl"),
+            &attention_spec(heads),
             &[
                 (&q.buf, None),
                 (&k.buf, None),

@@ -281,6 +281,10 @@ fn attention_matches_reference() {
         (3, 5, 4, 2, 64, 4),
         (1, 300, 2, 1, 128, 0),
         (6, 0, 2, 2, 32, 0),
+        // Enough tokens that a workgroup serves several heads of a group
+        // (gemma3's head_dim 256, four heads on one KV head).
+        (20, 3, 8, 2, 64, 0),
+        (20, 3, 4, 1, 256, 5),
     ];
     for (n_tokens, pos0, n_head, n_kv_head, head_dim, window) in cases {
         let a = Attention {
@@ -316,6 +320,53 @@ fn attention_matches_reference() {
             ATTN_REL_TOL,
         );
     }
+}
+
+/// A token's attention has the same bits whether its step holds one token
+/// (one head per workgroup) or twenty (a workgroup serves four heads).
+#[test]
+fn attention_is_the_same_for_a_token_alone_and_in_a_batch() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(19);
+    let (n_tokens, pos0, n_head, n_kv_head, head_dim) = (20, 3, 8, 2, 64);
+    let a = Attention {
+        n_tokens,
+        n_head,
+        n_kv_head,
+        head_dim,
+        pos0,
+        window: 0,
+        scale: 0.125,
+    };
+    let kv_len = pos0 + n_tokens;
+    let q = rng.vec(n_tokens * n_head * head_dim);
+    let (k, v) = (
+        rng.vec(kv_len * n_kv_head * head_dim),
+        rng.vec(kv_len * n_kv_head * head_dim),
+    );
+    let (qt, kt, vt) = (
+        gpu.upload_f32(&q).unwrap(),
+        gpu.upload_f32(&k).unwrap(),
+        gpu.upload_f32(&v).unwrap(),
+    );
+    let scores = common::poisoned(gpu, n_tokens * n_head * kv_len);
+    let batch = run(gpu, q.len(), |b, y| {
+        b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
+    });
+    let alone = run(gpu, q.len(), |b, y| {
+        for t in 0..n_tokens {
+            let one = Attention {
+                n_tokens: 1,
+                pos0: pos0 + t,
+                ..a
+            };
+            b.attention_at(&qt, &kt, &vt, &scores, y, &one, t).unwrap();
+        }
+    });
+    let diff = (0..q.len())
+        .filter(|&i| batch[i].to_bits() != alone[i].to_bits())
+        .count();
+    assert_eq!(diff, 0, "{diff} of {} outputs differ", q.len());
 }
 
 #[test]
