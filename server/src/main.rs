@@ -17,6 +17,7 @@ mod progress;
 mod run;
 mod score;
 mod serve;
+mod synth;
 
 #[derive(Parser)]
 #[command(
@@ -196,6 +197,28 @@ enum Command {
         /// Probe the CPU's and GPU's bandwidth and predict decode tokens/s per -ngl.
         #[arg(long)]
         measure: bool,
+    },
+    /// Write a llama-shaped GGUF with random quantized weights (SmolLM2's,
+    /// Llama 3.2 1B's or Llama 3.1 8B's shape) for benchmarks at scale.
+    Synth {
+        /// smollm2, 1b or 8b.
+        #[arg(long, default_value = "1b")]
+        shape: String,
+        /// Weight type of every matrix (norms are F32): F16, Q4_0, Q4_1,
+        /// Q5_0, Q5_1, Q8_0, Q2_K … Q6_K.
+        #[arg(long = "type", default_value = "Q4_0")]
+        ty: String,
+        /// Copy this GGUF's tokenizer (and vocabulary size), so `run` and
+        /// `serve` work on the result.
+        #[arg(long)]
+        vocab_from: Option<PathBuf>,
+        /// Vocabulary size without --vocab-from (SmolLM2's).
+        #[arg(long, default_value_t = 49152)]
+        vocab: u64,
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
     Bench {
@@ -422,6 +445,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu_memory,
             })?
         }
+        Command::Synth {
+            shape,
+            ty,
+            vocab_from,
+            vocab,
+            output,
+            seed,
+        } => synth::run(synth::SynthArgs {
+            shape: &shape,
+            ty: &ty,
+            vocab_from: vocab_from.as_deref(),
+            vocab,
+            output: &output,
+            seed,
+        })?,
         Command::Fit {
             file,
             gpu_memory,

@@ -14,6 +14,15 @@ pub struct TensorSpec {
     pub dims: Vec<u64>,
     pub ty: GgmlType,
     pub data: Vec<u8>,
+    /// The byte length of a tensor whose data [`Writer::write_with`] asks
+    /// for when it writes it (`data` is then empty).
+    pub deferred: Option<u64>,
+}
+
+impl TensorSpec {
+    fn len(&self) -> u64 {
+        self.deferred.unwrap_or(self.data.len() as u64)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -74,8 +83,62 @@ impl Writer {
             dims: dims.to_vec(),
             ty,
             data,
+            deferred: None,
         });
         self
+    }
+
+    /// Adds a tensor of `bytes` bytes whose data is produced while writing
+    /// ([`Writer::write_with`]), so a file larger than memory can be written.
+    pub fn tensor_deferred(
+        mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        bytes: u64,
+    ) -> Self {
+        self.tensors.push(TensorSpec {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ty,
+            data: Vec::new(),
+            deferred: Some(bytes),
+        });
+        self
+    }
+
+    /// Writes the file to `out`, asking `fill(i, tensor, buf)` for the bytes
+    /// of each deferred tensor `i` (it must leave exactly the declared length
+    /// in `buf`); tensors with data are written as they are.
+    pub fn write_with<W: std::io::Write>(
+        &self,
+        out: &mut W,
+        mut fill: impl FnMut(usize, &TensorSpec, &mut Vec<u8>),
+    ) -> std::io::Result<()> {
+        let header = self.header();
+        out.write_all(&header)?;
+        let a = self.alignment;
+        let mut buf = Vec::new();
+        for (i, t) in self.tensors.iter().enumerate() {
+            let data = match t.deferred {
+                Some(len) => {
+                    buf.clear();
+                    fill(i, t, &mut buf);
+                    if buf.len() as u64 != len {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("{}: {} bytes, declared {len}", t.name, buf.len()),
+                        ));
+                    }
+                    &buf[..]
+                }
+                None => &t.data[..],
+            };
+            out.write_all(data)?;
+            let pad = (data.len() as u64).div_ceil(a) * a - data.len() as u64;
+            out.write_all(&vec![0u8; pad as usize])?;
+        }
+        Ok(())
     }
 
     fn len(&self, out: &mut Vec<u8>, n: u64) {
@@ -127,6 +190,22 @@ impl Writer {
 
     /// Serialises the file. Returns the bytes and each tensor's data offset.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = self.header();
+        let a = self.alignment;
+        let pad = |n: u64| n.div_ceil(a) * a;
+        for t in &self.tensors {
+            // Deferred tensors have no bytes here: zeros of their length.
+            match t.deferred {
+                Some(len) => out.resize(out.len() + len as usize, 0),
+                None => out.extend_from_slice(&t.data),
+            }
+            out.resize(pad(out.len() as u64) as usize, 0);
+        }
+        out
+    }
+
+    /// Everything before the first tensor's data, padded to the alignment.
+    fn header(&self) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.version.to_le_bytes());
@@ -148,13 +227,9 @@ impl Writer {
             }
             out.extend_from_slice(&t.ty.id().to_le_bytes());
             out.extend_from_slice(&offset.to_le_bytes());
-            offset += pad(t.data.len() as u64);
+            offset += pad(t.len());
         }
         out.resize(pad(out.len() as u64) as usize, 0);
-        for t in &self.tensors {
-            out.extend_from_slice(&t.data);
-            out.resize(pad(out.len() as u64) as usize, 0);
-        }
         out
     }
 }

@@ -114,3 +114,29 @@ proptest! {
         prop_assert_eq!(layout.size_check.agree, expect.len());
     }
 }
+
+/// A file written with deferred tensors (bytes produced while writing) is
+/// the file written with the same bytes up front.
+#[test]
+fn deferred_tensors_write_the_same_file() {
+    let data: Vec<Vec<u8>> = vec![(0..18u8).collect(), (0..68u8).rev().collect()];
+    let up_front = Writer::new()
+        .kv("general.architecture", Value::String("llama".into()))
+        .tensor("a", &[32], GgmlType::Q4_0, data[0].clone())
+        .tensor("b", &[2, 32], GgmlType::Q8_0, data[1].clone())
+        .to_bytes();
+    let deferred = Writer::new()
+        .kv("general.architecture", Value::String("llama".into()))
+        .tensor_deferred("a", &[32], GgmlType::Q4_0, 18)
+        .tensor("b", &[2, 32], GgmlType::Q8_0, data[1].clone());
+    let mut out = Vec::new();
+    deferred
+        .write_with(&mut out, |i, _, buf| buf.extend_from_slice(&data[i]))
+        .unwrap();
+    assert_eq!(out, up_front);
+    // A fill of the wrong length is an error, not a corrupt file.
+    let err = deferred
+        .write_with(&mut Vec::new(), |_, _, buf| buf.push(0))
+        .unwrap_err();
+    assert!(err.to_string().contains("declared 18"), "{err}");
+}
