@@ -219,6 +219,9 @@ enum Command {
         output: PathBuf,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Write only the metadata (the tokenizer of --vocab-from), no tensors.
+        #[arg(long)]
+        vocab_only: bool,
     },
     /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
     Bench {
@@ -452,6 +455,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vocab,
             output,
             seed,
+            vocab_only,
         } => synth::run(synth::SynthArgs {
             shape: &shape,
             ty: &ty,
@@ -459,6 +463,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vocab,
             output: &output,
             seed,
+            vocab_only,
         })?,
         Command::Fit {
             file,

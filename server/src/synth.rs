@@ -150,6 +150,9 @@ pub struct SynthArgs<'a> {
     pub vocab: u64,
     pub output: &'a Path,
     pub seed: u64,
+    /// Only the metadata (with --vocab-from: the tokenizer), no tensors: a
+    /// small file to carry where a real model cannot go.
+    pub vocab_only: bool,
 }
 
 pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
@@ -207,6 +210,12 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         if !found {
             bail!("{} has no tokenizer.ggml.tokens", path.display());
         }
+    }
+    if a.vocab_only {
+        std::fs::write(a.output, w.to_bytes())
+            .with_context(|| format!("writing {}", a.output.display()))?;
+        println!("wrote {}: metadata only", a.output.display());
+        return Ok(());
     }
     let a_ = "llama";
     let (e, ff, hd) = (shape.embd, shape.ff, shape.head_dim);
