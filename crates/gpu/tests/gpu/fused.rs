@@ -97,7 +97,8 @@ fn stacked_gate_equals_the_separate_one() {
 /// The mat-vec with the activation in its epilogue gives the bits of the
 /// product followed by the stacked activation, for every thread shape, at
 /// 1 to 8 columns, for a float, a legacy and a K-quant type; past eight
-/// columns `matmul_glu` takes the unfused path, which must agree too.
+/// columns `matmul_glu` takes the unfused path on a GPU and the fused one in
+/// chunks of eight on a CPU-backed device, which must agree too.
 #[test]
 fn glu_epilogue_equals_product_then_activation() {
     use lamina_gpu::{MatmulKernel, MatvecShape};
