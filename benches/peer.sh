@@ -31,6 +31,7 @@ N_PROMPT=${N_PROMPT:-128}
 N_GEN=${N_GEN:-32}
 THREADS=${THREADS:-$(nproc)}
 JOBS=${JOBS:-$(nproc)}
+PEER_TIMEOUT=${PEER_TIMEOUT:-300}
 
 log() { echo "peer: $*" >&2; }
 
@@ -112,13 +113,19 @@ build() { # name, cmake flags...
     { tail -30 "$dir.log"; exit 1; }
 }
 
-# tokens/s of one llama-bench run: "pp tg"
+# tokens/s of one llama-bench run: "pp tg" ("nan nan" if it failed or ran
+# past PEER_TIMEOUT seconds: llama.cpp's Vulkan backend on lavapipe can take
+# many minutes per Gemma 3 run).
 llama_run() { # build, model, ngl
   local bin="$CACHE/build-$1/bin/llama-bench"
-  GGML_VK_VISIBLE_DEVICES=0 "$bin" -m "$2" -ngl "$3" -t "$THREADS" -p "$N_PROMPT" -n "$N_GEN" \
-    -r 1 -o json 2>/dev/null | python3 -c '
+  GGML_VK_VISIBLE_DEVICES=0 timeout "$PEER_TIMEOUT" "$bin" -m "$2" -ngl "$3" -t "$THREADS" \
+    -p "$N_PROMPT" -n "$N_GEN" -r 1 -o json 2>/dev/null | python3 -c '
 import json, sys
-rows = json.load(sys.stdin)
+try:
+    rows = json.load(sys.stdin)
+except ValueError:
+    print("nan nan")
+    sys.exit()
 pp = [r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0]
 tg = [r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0]
 print(pp[0], tg[0])'
@@ -167,9 +174,13 @@ print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for (model, backend, who) in sorted({k for k in runs if k[2] == "lamina"}):
     me = runs[(model, backend, "lamina")]
     peer = runs[(model, backend, "llama.cpp")]
-    mp, mt = statistics.mean(r[0] for r in me), statistics.mean(r[1] for r in me)
-    pp, pt = statistics.mean(r[0] for r in peer), statistics.mean(r[1] for r in peer)
+    mean = lambda v: statistics.mean(v) if v else float("nan")
+    fin = lambda v: [x for x in v if x == x]  # runs that finished
+    mp, mt = mean([r[0] for r in me]), mean([r[1] for r in me])
+    pp, pt = mean(fin([r[0] for r in peer])), mean(fin([r[1] for r in peer]))
+    f = lambda x: "timed out" if x != x else f"{x:.2f}"
+    ratio = lambda a, b: "-" if a != a or b != b else f"{a / b:.2f}x"
     where = "GPU, all layers (Vulkan)" if backend == "vulkan" else "CPU"
-    print(f"| {model} | {where} | {mp:.2f} | {pp:.2f} | {mp / pp:.2f}x | {mt:.2f} | {pt:.2f} | {mt / pt:.2f}x |")
+    print(f"| {model} | {where} | {f(mp)} | {f(pp)} | {ratio(mp, pp)} | {f(mt)} | {f(pt)} | {ratio(mt, pt)} |")
 PY
 rm -f "$results"

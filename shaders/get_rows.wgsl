@@ -7,7 +7,8 @@
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: RowsParams;
+{{W4}}
+@group(0) @binding({{PB}}) var<uniform> p: RowsParams;
 
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"

@@ -15,7 +15,8 @@
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: MatParams;
+{{W4}}
+@group(0) @binding({{PB}}) var<uniform> p: MatParams;
 
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"

@@ -23,7 +23,8 @@
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: MatParams;
+{{W4}}
+@group(0) @binding({{PB}}) var<uniform> p: MatParams;
 
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/bytes.wgsl"

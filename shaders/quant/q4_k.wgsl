@@ -1,7 +1,8 @@
 // Q4_K, 144 bytes per 256 weights: d, dmin (f16), scales[12] (8 six-bit
 // scales and 8 six-bit mins, ggml get_scale_min_k4 packing), qs[128].
 // Sub-block S (32 weights): qs bytes 32*(S/2) .. +32, low nibble for even S,
-// high for odd; w = d * sc[S] * q - dmin * m[S]. Word aligned.
+// high for odd; w = d * sc[S] * q - dmin * m[S]. Super-blocks are 16-byte
+// aligned; the kernel binds the buffer a second time as `w4` (vec4 words).
 
 // get_scale_min_k4: (scale, min) of sub-block `s`, scales starting at byte `sb`.
 fn scale_min_k4(sb: u32, s: u32) -> vec2<f32> {
@@ -21,26 +22,33 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     let sm = scale_min_k4(b + 4u, S);
     let dl = dm.x * sm.x;
     let ml = dm.y * sm.y;
-    let qw = (b + 16u + 32u * (S >> 1u) + 16u * (g & 1u)) >> 2u;
+    // The 16 quant bytes: one vec4 load (see dq32).
+    let qs = w4[(b + 16u + 32u * (S >> 1u) + 16u * (g & 1u)) >> 4u];
     let shift = 4u * (S & 1u);
     var o: array<vec4<f32>, 4>;
     for (var i = 0u; i < 4u; i++) {
-        let q = (w[qw + i] >> shift) & 0x0f0f0f0fu;
+        let q = (qs[i] >> shift) & 0x0f0f0f0fu;
         o[i] = fma(u8x4(q), vec4<f32>(dl), vec4<f32>(-ml));
     }
     return o;
 }
 
-// Sub-block u % 8 of super-block u / 8 with each word loaded once (the
-// scale bytes from the three scale words); the same operations as dq16.
+// Sub-block u % 8 of super-block u / 8: the super-block's header (d, dmin
+// and the 12 scale bytes) is one vec4 load and the sub-block's 32 quant
+// bytes two (super-blocks are 144 = 9 * 16 bytes, so rows of them stay
+// 16-byte aligned; the kernel binds the buffer a second time as `w4`):
+// four loads instead of twelve on a device that loads lane by lane. The
+// same operations as dq16.
 fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
     let b = row + 144u * (u >> 3u);
     let S = u & 7u;
-    let wb = b >> 2u;
-    let dm = unpack2x16float(w[wb]);
-    let s0 = w[wb + 1u];
-    let s1 = w[wb + 2u];
-    let s2 = w[wb + 3u];
+    let hd = w4[b >> 4u];
+    // d and dmin through `w`, so every kernel uses both views of the buffer
+    // (an unused binding would leave the kernel's derived layout).
+    let dm = unpack2x16float(w[b >> 2u]);
+    let s0 = hd.y;
+    let s1 = hd.z;
+    let s2 = hd.w;
     let byte = S & 3u;
     let sh = 8u * byte;
     var sc: u32;
@@ -55,12 +63,14 @@ fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     let dl = dm.x * f32(sc);
     let ml = dm.y * f32(m);
-    let qw = (b + 16u + 32u * (S >> 1u)) >> 2u;
+    let qv = (b + 16u + 32u * (S >> 1u)) >> 4u;
+    let qa = w4[qv];
+    let qb = w4[qv + 1u];
     let shift = 4u * (S & 1u);
     var o: array<vec4<f32>, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let q = (w[qw + i] >> shift) & 0x0f0f0f0fu;
-        o[i] = fma(u8x4(q), vec4<f32>(dl), vec4<f32>(-ml));
+    for (var i = 0u; i < 4u; i++) {
+        o[i] = fma(u8x4((qa[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
+        o[i + 4u] = fma(u8x4((qb[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
     }
     return o;
 }

@@ -98,7 +98,7 @@ pub fn matvec(
 }
 
 /// `kernel` over a `rows × cols` weight of `ty` and `n` activation columns.
-/// Bytes are the weight bytes, read once per iteration by the kernel.
+/// Bytes are the weight's ggml bytes, read once per iteration by the kernel.
 pub fn matmul(
     gpu: &Gpu,
     ty: GgmlType,
@@ -124,7 +124,7 @@ pub fn matmul(
     };
     Ok(Throughput {
         label,
-        bytes_per_iter: w.bytes(),
+        bytes_per_iter: data.len() as u64,
         iters,
         seconds,
     })

@@ -240,8 +240,7 @@ pub(crate) fn matvec_spec(
     } else {
         "matvec.wgsl"
     };
-    let spec = KernelSpec::new(file)
-        .def("TYPE", quant::shader_file(ty).unwrap_or("none"))
+    let spec = quant::weight_defs(KernelSpec::new(file), ty)
         .def("MAXC", maxc.to_string())
         .def("TPR", shape.tpr.to_string())
         .def("RPT", shape.rpt.to_string())
@@ -305,11 +304,11 @@ fn uniform_window(
 }
 
 pub(crate) fn tiled_spec(ty: GgmlType) -> KernelSpec {
-    KernelSpec::new("matmul_tiled.wgsl").def("TYPE", quant::shader_file(ty).unwrap_or("none"))
+    quant::weight_defs(KernelSpec::new("matmul_tiled.wgsl"), ty)
 }
 
 pub(crate) fn get_rows_spec(ty: GgmlType) -> KernelSpec {
-    KernelSpec::new("get_rows.wgsl").def("TYPE", quant::shader_file(ty).unwrap_or("none"))
+    quant::weight_defs(KernelSpec::new("get_rows.wgsl"), ty)
 }
 
 impl Batch<'_> {
@@ -504,12 +503,20 @@ impl Batch<'_> {
                     y_stride: cols.y_stride as u32,
                     _pad: [0; 3],
                 };
-                let buffers = [(&chunk.buf, None), (&x.buf, None), (&y.buf, None)];
+                // A repacked weight is bound a second time, as vec4 words.
+                let twice = quant::binds_twice(w.ty());
+                let all = [
+                    (&chunk.buf, None),
+                    (&x.buf, None),
+                    (&y.buf, None),
+                    (&chunk.buf, None),
+                ];
+                let buffers = &all[..if twice { 4 } else { 3 }];
                 if kernel == MatmulKernel::Tiled {
                     debug_assert!(glu.is_none(), "the tiled kernel has no GLU epilogue");
                     let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(TILED_ROWS));
                     let gz = (nc as u32).div_ceil(TILED_COLS);
-                    self.push(&tiled_spec(w.ty()), &buffers, &params, [gx, gy, gz])?;
+                    self.push(&tiled_spec(w.ty()), buffers, &params, [gx, gy, gz])?;
                 } else {
                     // The smallest compiled column count that holds `nc`.
                     let maxc = nc.next_power_of_two().min(MAX_SMALL_COLS);
@@ -543,12 +550,14 @@ impl Batch<'_> {
                                 (&chunk.buf, 0, None),
                                 (&x.buf, start, Some(vec4s * 16)),
                                 (&y.buf, 0, None),
+                                (&chunk.buf, 0, None),
                             ];
-                            self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
+                            let ranges = &ranges[..if twice { 4 } else { 3 }];
+                            self.push_ranges(&spec, ranges, &params, [gx, gy, 1])?;
                         }
                         None => {
                             let spec = matvec_spec(w.ty(), maxc, ms, None, glu);
-                            self.push(&spec, &buffers, &params, [gx, gy, 1])?;
+                            self.push(&spec, buffers, &params, [gx, gy, 1])?;
                         }
                     }
                 }
@@ -592,9 +601,16 @@ impl Batch<'_> {
                 n_ids: n,
                 _pad: [0; 3],
             };
+            let all = [
+                (&chunk.buf, None),
+                (&ids.buf, None),
+                (&y.buf, None),
+                (&chunk.buf, None),
+            ];
+            let n_bind = if quant::binds_twice(w.ty()) { 4 } else { 3 };
             self.push(
                 &get_rows_spec(w.ty()),
-                &[(&chunk.buf, None), (&ids.buf, None), (&y.buf, None)],
+                &all[..n_bind],
                 &params,
                 [groups_x, n.min(65535), n.div_ceil(65535)],
             )?;
