@@ -15,7 +15,7 @@
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-{{W4}}
+#include "common/w4_{{W4}}.wgsl"
 @group(0) @binding({{PB}}) var<uniform> p: MatParams;
 
 #include "common/bytes.wgsl"

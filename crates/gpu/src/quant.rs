@@ -58,14 +58,9 @@ pub(crate) fn weight_defs(
 ) -> crate::shader::KernelSpec {
     let spec = spec.def("TYPE", shader_file(ty).unwrap_or("none"));
     if binds_twice(ty) {
-        spec.def(
-            "W4",
-            "@group(0) @binding(3) var<storage, read> w4: array<vec4<u32>>;",
-        )
-        .def("PB", "4")
+        spec.def("W4", "on").def("PB", "4")
     } else {
-        spec.def("W4", "// (no vec4 view of the weights)")
-            .def("PB", "3")
+        spec.def("W4", "off").def("PB", "3")
     }
 }
 

@@ -35,6 +35,8 @@ sources!(
     "common/x_uniform.wgsl",
     "common/dq32_pair.wgsl",
     "common/act.wgsl",
+    "common/w4_on.wgsl",
+    "common/w4_off.wgsl",
     "quant/f32.wgsl",
     "quant/f16.wgsl",
     "quant/bf16.wgsl",

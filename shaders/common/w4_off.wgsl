@@ -1,0 +1,1 @@
+// (This type's decoder reads the weights as u32 words only.)
