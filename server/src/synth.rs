@@ -59,19 +59,6 @@ pub const SHAPES: [Shape; 3] = [
     },
 ];
 
-/// Byte offsets of the f16 scales in one block of `ty`.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        _ => &[],
-    }
-}
-
 /// The weight types `synth` writes.
 pub const TYPES: [GgmlType; 11] = [
     GgmlType::F16,
@@ -134,7 +121,7 @@ fn random_weights(rng: &mut Rng, ty: GgmlType, n: u64, k: u64, buf: &mut Vec<u8>
             rng.fill(&mut buf[start..]);
             let ts = ty.type_size() as usize;
             for block in buf[start..].chunks_mut(ts) {
-                for &at in scale_fields(ty) {
+                for &at in ty.f16_scale_offsets() {
                     let d = half::f16::from_f32(scale * (0.5 + 0.5 * rng.signed().abs()));
                     block[at..at + 2].copy_from_slice(&d.to_le_bytes());
                 }

@@ -201,6 +201,23 @@ impl GgmlType {
         self.block_size() > 1
     }
 
+    /// Byte offsets of the f16 scale fields (d, and m or dmin where the block
+    /// has one) in one block of a type that has them: what a generator of
+    /// random valid blocks must keep finite (synthetic models, kernel tests).
+    /// Empty for float types and for types whose scales are not f16 fields
+    /// this table knows (the IQ1–IQ3 and ternary grids, MXFP4).
+    pub fn f16_scale_offsets(self) -> &'static [usize] {
+        use GgmlType::*;
+        match self {
+            Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS => &[0],
+            Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
+            Q2K => &[80, 82],
+            Q3K => &[108],
+            Q6K => &[208],
+            _ => &[],
+        }
+    }
+
     /// Bytes of `n` weights, or `None` if `n` is not a whole number of blocks or
     /// the byte count overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {

@@ -64,19 +64,6 @@ impl Rng {
     }
 }
 
-/// Offsets of the f16 scale fields in one block of `ty`.
-fn scale_fields(ty: GgmlType) -> &'static [usize] {
-    use GgmlType::*;
-    match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS => &[0],
-        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
-        Q2K => &[80, 82],
-        Q3K => &[108],
-        Q6K => &[208],
-        _ => &[],
-    }
-}
-
 /// Random valid data for a `rows × cols` weight of `ty`: random bytes with
 /// every f16 scale overwritten by a sane value; float types get values in
 /// [-1, 1) (kept clear of f16 subnormals, which a GPU may flush).
@@ -103,7 +90,7 @@ pub fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> V
             let bytes = lamina_gpu::row_bytes(ty, cols).unwrap() as usize * rows;
             let mut data = rng.bytes(bytes);
             for block in data.chunks_mut(ts) {
-                for &at in scale_fields(ty) {
+                for &at in ty.f16_scale_offsets() {
                     let h = half::f16::from_f32(rng.scale()).to_le_bytes();
                     block[at..at + 2].copy_from_slice(&h);
                 }
