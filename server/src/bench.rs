@@ -315,6 +315,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
     let counters = || m.gpu().map_or((0, 0), lamina_gpu::Gpu::counters);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let mut per_token = (0.0, 0.0);
+    let mut block_per_token = 0.0;
     if let Some(g) = m.gpu() {
         g.take_profile();
     }
@@ -330,6 +331,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             let t0 = Instant::now();
             let mut tok = 1u32;
             let (d0, s0) = counters();
+            let blocks0 = m.block_dispatches();
             for _ in 0..a.n_gen {
                 let logits = m.forward(&[tok], &mut cache, Logits::Last)?;
                 tok = lamina_sampling::argmax(&logits);
@@ -338,6 +340,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             let (d1, s1) = counters();
             let n = a.n_gen as f64;
             per_token = ((d1 - d0) as f64 / n, (s1 - s0) as f64 / n);
+            block_per_token = (m.block_dispatches() - blocks0) as f64 / n;
         }
     }
     let name = a
@@ -346,7 +349,8 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         .map_or(String::new(), |n| n.to_string_lossy().into_owned());
     let (ppm, pps) = mean_sd(&pp);
     let (tgm, tgs) = mean_sd(&tg);
-    let gpu_layers = (m.plan.ngl.min(m.config().n_layer)).max(1) as f64;
+    // Slots count the output layer first (llama.cpp's rule), then blocks.
+    let blocks = m.plan.ngl.saturating_sub(1).min(m.config().n_layer).max(1) as f64;
     if a.json {
         println!(
             "{}",
@@ -354,6 +358,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
                    "pp": {"tokens": a.n_prompt, "tokens_per_second": ppm, "sd": pps},
                    "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs,
                           "gpu_dispatches_per_token": per_token.0,
+                          "gpu_dispatches_per_block": block_per_token / blocks,
                           "gpu_submits_per_token": per_token.1}})
         );
     } else {
@@ -374,9 +379,11 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         }
         if m.gpu().is_some() && a.n_gen > 0 {
             println!(
-                "\nGPU per generated token: {:.0} dispatches ({:.1} per offloaded layer), {:.1} submits",
+                "\nGPU per generated token: {:.0} dispatches ({:.1} per offloaded block, \
+                 {:.0} outside them), {:.1} submits",
                 per_token.0,
-                per_token.0 / gpu_layers,
+                block_per_token / blocks,
+                per_token.0 - block_per_token,
                 per_token.1
             );
         }

@@ -111,6 +111,10 @@ pub struct HybridModel<'a> {
     /// allocates nothing per token. Held for the whole GPU part of a step, so
     /// two steps never share buffers.
     scratch: Mutex<Option<Scratch>>,
+    /// Dispatches recorded inside the GPU blocks so far (the rest of a
+    /// step's are the first norm and the head): `bench model` prints the
+    /// per-block count from it.
+    block_dispatches: std::sync::atomic::AtomicU64,
 }
 
 /// Keys and values: CPU layers in host memory, GPU layers in device buffers.
@@ -270,7 +274,14 @@ impl<'a> HybridModel<'a> {
             layers,
             head,
             scratch: Mutex::new(None),
+            block_dispatches: Default::default(),
         })
+    }
+
+    /// Dispatches recorded inside GPU blocks since load (see the field).
+    pub fn block_dispatches(&self) -> u64 {
+        self.block_dispatches
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn config(&self) -> &Config {
@@ -478,12 +489,17 @@ impl<'a> HybridModel<'a> {
         let first_norm = self.layers.first().map_or(&head.norm, |l| &l.attn_norm);
         b.rms_norm(cur, first_norm, &s.h, e, c.rms_eps)
             .map_err(gpu_err)?;
+        let before = b.len();
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
             let next_norm = self.layers.get(i + 1).map_or(&head.norm, |l| &l.attn_norm);
             self.record_layer(&mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments)
                 .map_err(gpu_err)?;
         }
+        self.block_dispatches.fetch_add(
+            (b.len() - before) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // `h` now holds the head's RMSNorm of every token.
         let logits = &s.logits;
         let m = if let [_] = segments {
