@@ -576,8 +576,27 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is not a size like 8GiB or 512MiB"))
 }
 
+/// llama.cpp's single-dash long flags, as its users type them, in the
+/// spelling clap parses (clap would read `-ngl` as `-n gl`).
+fn llama_cpp_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    const SPELLINGS: [(&str, &str); 2] = [("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
+    args.map(|a| {
+        let Some(s) = a.to_str() else { return a };
+        for (short, long) in SPELLINGS {
+            if s == short {
+                return long.into();
+            }
+            if let Some(v) = s.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                return format!("{long}={v}").into();
+            }
+        }
+        a
+    })
+    .collect()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(llama_cpp_spellings(std::env::args_os()));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -585,5 +604,41 @@ fn main() -> ExitCode {
             eprintln!("lamina: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod spelling_tests {
+    use super::llama_cpp_spellings;
+
+    fn args(v: &[&str]) -> Vec<String> {
+        llama_cpp_spellings(v.iter().map(|s| s.into()))
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn llama_cpp_flags_are_read_as_lamina_spells_them() {
+        assert_eq!(
+            args(&["lamina", "serve", "-ngl", "99", "-np=8", "-n", "16"]),
+            [
+                "lamina",
+                "serve",
+                "--n-gpu-layers",
+                "99",
+                "--parallel=8",
+                "-n",
+                "16"
+            ]
+        );
+        // A value that merely starts like a flag is left alone.
+        assert_eq!(args(&["-p", "-nglx"]), ["-p", "-nglx"]);
+        let cli = <super::Cli as clap::Parser>::try_parse_from(llama_cpp_spellings(
+            ["lamina", "run", "-m", "f.gguf", "-p", "hi", "-ngl", "99"]
+                .iter()
+                .map(|s| s.into()),
+        ));
+        assert!(cli.is_ok(), "{:?}", cli.err());
     }
 }
