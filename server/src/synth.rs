@@ -204,7 +204,6 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         println!("wrote {}: metadata only", a.output.display());
         return Ok(());
     }
-    let a_ = "llama";
     let (e, ff, hd) = (shape.embd, shape.ff, shape.head_dim);
     let (qd, kvd) = (u64::from(shape.heads) * hd, u64::from(shape.kv_heads) * hd);
     for (k, v) in [
@@ -219,7 +218,7 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         ("rope.freq_base", Value::F32(500000.0)),
         ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
     ] {
-        w = w.kv(format!("{a_}.{k}"), v);
+        w = w.kv(format!("llama.{k}"), v);
     }
     // (name, [k, rows], type): GGUF dims are innermost first.
     let mut tensors: Vec<(String, [u64; 2], GgmlType)> =

@@ -74,6 +74,12 @@ pub(crate) fn binds_twice(ty: GgmlType) -> bool {
     ty == GgmlType::Q4K
 }
 
+/// Storage bindings before the parameters in a weight kernel's dispatch:
+/// weight, input, output, and the vec4 view where [`binds_twice`].
+pub(crate) fn weight_bindings(ty: GgmlType) -> usize {
+    3 + usize::from(binds_twice(ty))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

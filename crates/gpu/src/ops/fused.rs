@@ -160,7 +160,7 @@ impl Batch<'_> {
     }
 
     /// [`Batch::glu_stacked`] over the first `n_tokens` rows of `gu` only
-    /// (scratch sized for a whole prompt chunk holds one token when decoding).
+    /// (`gu` may be larger than the step's product).
     pub fn glu_stacked_n(
         &mut self,
         gu: &Tensor,

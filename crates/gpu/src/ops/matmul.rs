@@ -107,8 +107,8 @@ impl MatvecShape {
     ///
     /// A CPU-backed device (lavapipe, SwiftShader) runs a workgroup's
     /// invocations as SIMD lanes of one CPU thread: there, one thread per row
-    /// (two rows each) makes every activation load uniform (one load for the whole lane
-    /// group) and leaves no lane idle, so `tpr` is 1. A GPU wants many threads
+    /// (two rows each) makes every activation load uniform (one load for the
+    /// whole lane group) and leaves no lane idle, so `tpr` is 1. A GPU wants many threads
     /// per row to spread a short matrix over its cores and coalesce the reads:
     /// up to 32, but no more than the row has units (K = 576 has 18, so 16
     /// threads rather than 32 with 14 idle). `LAMINA_GPU_MATVEC=tpr,rpt,wg`
@@ -361,7 +361,7 @@ impl Batch<'_> {
 
     /// Whether [`Batch::matmul_glu`] can run `w` as one fused dispatch per
     /// eight columns (rather than the product and a separate activation).
-    pub fn glu_fuses(&self, w: &Weight, n: usize) -> bool {
+    fn glu_fuses(&self, w: &Weight, n: usize) -> bool {
         (n <= MAX_SMALL_COLS || self.small_n_everywhere())
             && w.chunks.len() == 1
             && w.rows() % 2 == 0
@@ -379,8 +379,9 @@ impl Batch<'_> {
     /// [gate; up] weight `w` (`2·ff` rows) and `n` packed columns; `y`
     /// receives `ff` values per column. Up to eight columns (any number on a
     /// CPU-backed device), mat-vecs whose epilogue applies the activation;
-    /// beyond, or when the weight spans several bindings, the product into `gu` (`2·ff` per
-    /// column) and [`Batch::glu_stacked`]. The bits are the same either way.
+    /// beyond, or when the weight spans several bindings, the product into
+    /// `gu` (`2·ff` per column) and [`Batch::glu_stacked`]. The bits are the
+    /// same either way.
     pub fn matmul_glu(
         &mut self,
         w: &Weight,
@@ -408,14 +409,8 @@ impl Batch<'_> {
     ) -> Result<(), GpuError> {
         let ff = w.rows() / 2;
         if !self.glu_fuses(w, n) {
+            // The product checks that `gu` holds it.
             self.matmul(w, x, gu, n)?;
-            let gu_len = n * w.rows();
-            if gu.len() < gu_len {
-                return Err(shape(
-                    "matmul_glu",
-                    format!("gu has {} elements, needs {gu_len}", gu.len()),
-                ));
-            }
             return self.glu_stacked_n(gu, y, ff, n, gate);
         }
         let cols = Columns {
@@ -503,15 +498,16 @@ impl Batch<'_> {
                     y_stride: cols.y_stride as u32,
                     _pad: [0; 3],
                 };
-                // A repacked weight is bound a second time, as vec4 words.
-                let twice = quant::binds_twice(w.ty());
+                // A weight whose decoder reads vec4 words is bound a second
+                // time, as those (quant::binds_twice).
+                let n_bind = quant::weight_bindings(w.ty());
                 let all = [
                     (&chunk.buf, None),
                     (&x.buf, None),
                     (&y.buf, None),
                     (&chunk.buf, None),
                 ];
-                let buffers = &all[..if twice { 4 } else { 3 }];
+                let buffers = &all[..n_bind];
                 if kernel == MatmulKernel::Tiled {
                     debug_assert!(glu.is_none(), "the tiled kernel has no GLU epilogue");
                     let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(TILED_ROWS));
@@ -552,7 +548,7 @@ impl Batch<'_> {
                                 (&y.buf, 0, None),
                                 (&chunk.buf, 0, None),
                             ];
-                            let ranges = &ranges[..if twice { 4 } else { 3 }];
+                            let ranges = &ranges[..n_bind];
                             self.push_ranges(&spec, ranges, &params, [gx, gy, 1])?;
                         }
                         None => {
@@ -607,7 +603,7 @@ impl Batch<'_> {
                 (&y.buf, None),
                 (&chunk.buf, None),
             ];
-            let n_bind = if quant::binds_twice(w.ty()) { 4 } else { 3 };
+            let n_bind = quant::weight_bindings(w.ty());
             self.push(
                 &get_rows_spec(w.ty()),
                 &all[..n_bind],
