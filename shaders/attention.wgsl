@@ -1,7 +1,9 @@
 // Causal multi-head attention over a KV cache. A workgroup serves GC =
 // {{GC}} query heads of one token that share a KV head (grouped-query
-// attention): token t (position pos0 + t) attends to cache positions
-// lo ..= pos0 + t, lo = 0 or the start of its sliding window; query head h
+// attention): token t is entry p.tab_first + t of the token table `tab`,
+// (cache row, position) as two u32; at position pos in rows base ..= row
+// (base = row - pos, its sequence's first row), it attends to positions
+// lo ..= pos, lo = 0 or the start of its sliding window; query head h
 // reads KV head h / (n_head / n_kv_head). Each key and value is loaded once
 // for the GC heads. GC divides the group size; the host picks it per step
 // (more heads per workgroup when there are enough workgroups to fill the
@@ -16,8 +18,9 @@
 // all of which depend on the head, its token's position and the cache only.
 // Layouts: q and out [n_tokens][n_head][head_dim]; k and v
 // [position][n_kv_head][head_dim]; scores [n_tokens][n_head][kv_len]
-// (scratch holding s_j, then e_j). q and out start at element p.q_offset
-// (one sequence of a batch of several, each with its own cache).
+// (scratch holding s_j, then e_j; kv_len is more than every token's
+// position). q and out start at element p.q_offset. With the table, one
+// dispatch serves the tokens of several sequences over one cache buffer.
 
 #include "common/params.wgsl"
 
@@ -26,7 +29,8 @@
 @group(0) @binding(2) var<storage, read> v: array<f32>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<uniform> p: AttnParams;
+@group(0) @binding(5) var<storage, read> tab: array<u32>;
+@group(0) @binding(6) var<uniform> p: AttnParams;
 
 const WG: u32 = 64u;
 const GC: u32 = {{GC}}u;
@@ -68,7 +72,9 @@ fn main(
     let kvh = h0 / (p.n_head / p.n_kv_head);
     let hd = p.head_dim;
     let kv_stride = p.n_kv_head * hd;
-    let pos = p.pos0 + t;
+    let pos = tab[2u * (p.tab_first + t) + 1u];
+    // Keys and values of position j sit at row base + j.
+    let base = tab[2u * (p.tab_first + t)] - pos;
     var lo = 0u;
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
@@ -86,7 +92,7 @@ fn main(
         m[g] = -3.4028235e38;
     }
     for (var j = lo + li; j <= pos; j += WG) {
-        let kb = j * kv_stride + kvh * hd;
+        let kb = (base + j) * kv_stride + kvh * hd;
         var d: array<f32, GC>;
         for (var i = 0u; i < hd; i++) {
             let kv = k[kb + i];
@@ -132,7 +138,7 @@ fn main(
     for (var i = li; i < hd; i += WG) {
         var o: array<f32, GC>;
         for (var j = lo; j <= pos; j++) {
-            let vv = v[j * kv_stride + kvh * hd + i];
+            let vv = v[(base + j) * kv_stride + kvh * hd + i];
             for (var g = 0u; g < GC; g++) {
                 o[g] = fma(scores[sb + g * p.kv_len + j], vv, o[g]);
             }

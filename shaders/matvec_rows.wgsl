@@ -18,6 +18,15 @@
 // [gate; up] weight of p.rows = 2 * half rows, RPT is 2, and a thread's two
 // rows are gate row r and up row r + half; it writes y[r] = act(gate) * up,
 // the bits glu_split.wgsl gives on the same products, one dispatch fewer.
+//
+// SG = {{SG}}: with subgroups of at least 8 invocations, a unit's 32
+// activations are loaded once per subgroup, a vec4 per invocation, and
+// handed to every invocation by subgroupBroadcast: a CPU-backed device
+// gathers a storage or uniform load lane by lane even when every lane reads
+// the same address, so this is 8 times fewer loads for the same values.
+// Control flow is uniform wherever it runs (rows past the end compute on
+// the last row), so every invocation takes part. (Naga takes subgroup
+// operations without an `enable` directive when the device has them.)
 
 #include "common/params.wgsl"
 
@@ -30,6 +39,7 @@
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/act.wgsl"
+#include "common/unit_x_{{SG}}.wgsl"
 
 fn pick(u: array<vec4<f32>, 8>, j: u32) -> f32 {
     let q = j >> 2u;
@@ -53,6 +63,7 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
+    {{SG_PARAM}}
 ) {
     let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;
@@ -94,8 +105,9 @@ fn main(
                 let xb = p.x_offset + c * p.x_stride + k0;
                 var s: array<f32, RPT>;
                 if (k0 + 32u <= p.k) {
+                    let xs = unit_x(xb, {{SG_LANE}});
                     for (var i = 0u; i < 8u; i++) {
-                        let xv = x4(xb + 4u * i);
+                        let xv = xs[i];
                         for (var rr = 0u; rr < RPT; rr++) {
                             let v = wv[rr][i];
                             s[rr] = fma(v.x, xv.x, s[rr]);

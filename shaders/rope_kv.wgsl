@@ -14,7 +14,8 @@
 @group(0) @binding(2) var<storage, read_write> q: array<f32>;
 @group(0) @binding(3) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(4) var<storage, read_write> vc: array<f32>;
-@group(0) @binding(5) var<uniform> p: RopeKvParams;
+@group(0) @binding(5) var<storage, read> tab: array<u32>;
+@group(0) @binding(6) var<uniform> p: RopeKvParams;
 
 const TAU: f32 = 6.283185307179586;
 
@@ -35,15 +36,17 @@ fn main(
     let t = idx / (half * heads);
     let src = p.src_base + t * p.stride + h * p.head_dim;
     let kvd = p.n_kv_head * p.head_dim;
+    let row = tab[2u * (p.tab_first + t)];
+    let cache_base = row * kvd;
     if (h >= p.n_head + p.n_kv_head) {
         // A value head: copied as it is.
-        let dst = p.cache_base + t * kvd + (h - p.n_head - p.n_kv_head) * p.head_dim;
+        let dst = cache_base + (h - p.n_head - p.n_kv_head) * p.head_dim;
         vc[dst + 2u * i] = vs[src + 2u * i];
         vc[dst + 2u * i + 1u] = vs[src + 2u * i + 1u];
         return;
     }
     let is_q = h < p.n_head;
-    var dst = p.cache_base + t * kvd + (h - p.n_head) * p.head_dim;
+    var dst = cache_base + (h - p.n_head) * p.head_dim;
     if (is_q) {
         dst = p.q_base + t * p.n_head * p.head_dim + h * p.head_dim;
     }
@@ -52,7 +55,7 @@ fn main(
     var y0 = qk[src + a];
     var y1 = qk[src + b];
     if (2u * i < p.n_rot) {
-        let pos = f32(p.pos_offset + t);
+        let pos = f32(tab[2u * (p.tab_first + t) + 1u]);
         let inv_freq = exp2(-2.0 * f32(i) / f32(p.n_rot) * log2(p.freq_base));
         var theta = pos * inv_freq;
         // Keep the argument in [-pi, pi], where WGSL bounds the error of cos/sin.

@@ -272,6 +272,8 @@ pub struct ModelArgs {
     pub n_gen: usize,
     pub reps: usize,
     pub ngl: Ngl,
+    /// Levels of concurrent decoding to measure besides the single stream.
+    pub npl: Vec<usize>,
     pub json: bool,
 }
 
@@ -289,7 +291,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         ngl: a.ngl,
         gpu_memory: None,
         n_ctx,
-        n_parallel: 1,
+        n_parallel: a.npl.iter().copied().max().unwrap_or(1).max(1),
     };
     let (m, table) = lamina_model::placement::load(&file, &load_args)?;
     if !a.json {
@@ -343,6 +345,34 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             block_per_token = (m.block_dispatches() - blocks0) as f64 / n;
         }
     }
+    // Concurrent decoding: every sequence takes one token per step, all in
+    // one `forward_multi` (as the server's scheduler does), from an empty
+    // cache like `tg`. Untimed first step per level: a new batch width
+    // compiles or sizes what it needs.
+    let mut batched = Vec::new();
+    for &np in a.npl.iter().filter(|&&np| np > 0 && a.n_gen > 0) {
+        let mut runs = Vec::new();
+        for rep in 0..=a.reps.max(1) {
+            let mut caches = m.new_caches(np, n_ctx)?;
+            let mut toks: Vec<u32> = (0..np as u32).map(|j| 1 + j).collect();
+            let steps = if rep == 0 { 1 } else { a.n_gen };
+            let t0 = Instant::now();
+            for _ in 0..steps {
+                let owned: Vec<[u32; 1]> = toks.iter().map(|&t| [t]).collect();
+                let mut work: Vec<(&[u32], &mut lamina_model::HybridCache)> = owned
+                    .iter()
+                    .zip(caches.iter_mut())
+                    .map(|(t, c)| (&t[..], c))
+                    .collect();
+                let out = m.forward_multi(&mut work)?;
+                toks = out.iter().map(|l| lamina_sampling::argmax(l)).collect();
+            }
+            if rep > 0 {
+                runs.push((np * steps) as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        batched.push((np, mean_sd(&runs)));
+    }
     let name = a
         .file
         .file_name()
@@ -359,7 +389,9 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
                    "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs,
                           "gpu_dispatches_per_token": per_token.0,
                           "gpu_dispatches_per_block": block_per_token / blocks,
-                          "gpu_submits_per_token": per_token.1}})
+                          "gpu_submits_per_token": per_token.1},
+                   "batched_tg": batched.iter().map(|(np, (m, sd))| json!({
+                       "sequences": np, "tokens_per_second": m, "sd": sd})).collect::<Vec<_>>()})
         );
     } else {
         println!("| model | ngl | threads | test | tokens/s |");
@@ -374,6 +406,12 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         if a.n_gen > 0 {
             println!(
                 "| {name} | {} | {t} | tg{} | {tgm:.2} ± {tgs:.2} |",
+                m.plan.ngl, a.n_gen
+            );
+        }
+        for (np, (bm, bs)) in &batched {
+            println!(
+                "| {name} | {} | {t} | tg{} ×{np} | {bm:.2} ± {bs:.2} |",
                 m.plan.ngl, a.n_gen
             );
         }

@@ -304,6 +304,11 @@ enum BenchCommand {
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
+        /// Also decode this many sequences together (comma-separated
+        /// levels, as llama-batched-bench's -npl): aggregate tokens/s of
+        /// one step for all of them.
+        #[arg(long = "npl", value_delimiter = ',')]
+        npl: Vec<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -543,6 +548,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     reps,
                     ngl,
                     threads,
+                    npl,
                     json,
                 },
         } => {
@@ -553,6 +559,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 n_gen,
                 reps,
                 ngl,
+                npl,
                 json,
             })?
         }

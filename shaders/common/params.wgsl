@@ -71,9 +71,9 @@ struct AttnParams {
     n_head: u32,
     n_kv_head: u32,
     head_dim: u32,
-    pos0: u32,        // position of token 0; the cache holds positions 0 .. pos0 + n_tokens
+    tab_first: u32,   // token table entry of token 0
     window: u32,      // sliding window (0: none)
-    kv_len: u32,      // pos0 + n_tokens: row length of the scores scratch
+    kv_len: u32,      // row length of the scores scratch: more than any position
     scale: f32,
     q_offset: u32,    // element offset of token 0 in q and out
     _pad0: u32,
@@ -98,11 +98,11 @@ struct RopeKvParams {
     n_head: u32,
     n_kv_head: u32,
     n_tokens: u32,
-    pos_offset: u32,  // position of token 0
+    tab_first: u32,   // token table entry of token 0
     neox: u32,
     freq_base: f32,
     stride: u32,      // values per token of the QKV product
     src_base: u32,    // element offset of token 0 in the product
     q_base: u32,      // element offset of token 0 in q
-    cache_base: u32,  // element offset of token 0 in the caches
+    _pad: u32,
 }

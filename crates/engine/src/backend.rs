@@ -44,6 +44,13 @@ pub trait Backend {
     /// for offloaded layers, so it can fail).
     fn new_cache(&self, n_ctx: usize) -> Result<Self::Cache, ModelError>;
 
+    /// `count` caches for sequences that will run together (the slots): a
+    /// backend may let them share storage so that a step over several runs
+    /// their attention at once.
+    fn new_caches(&self, count: usize, n_ctx: usize) -> Result<Vec<Self::Cache>, ModelError> {
+        (0..count).map(|_| self.new_cache(n_ctx)).collect()
+    }
+
     /// Runs `tokens` after what `cache` holds and returns the logits of the
     /// last one (`n_vocab` floats).
     fn forward(&self, tokens: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>, ModelError>;
@@ -116,6 +123,10 @@ impl Backend for HybridModel<'_> {
 
     fn new_cache(&self, n_ctx: usize) -> Result<HybridCache, ModelError> {
         HybridModel::new_cache(self, n_ctx)
+    }
+
+    fn new_caches(&self, count: usize, n_ctx: usize) -> Result<Vec<HybridCache>, ModelError> {
+        HybridModel::new_caches(self, count, n_ctx)
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut HybridCache) -> Result<Vec<f32>, ModelError> {

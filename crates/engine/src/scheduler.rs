@@ -122,15 +122,17 @@ pub(crate) fn slots<B: Backend>(
     backend: &B,
     info: &ModelInfo,
 ) -> Result<Vec<Slot<B::Cache>>, lamina_model::ModelError> {
-    (0..info.n_parallel)
-        .map(|_| {
-            Ok(Slot {
-                cache: backend.new_cache(info.n_ctx_slot)?,
-                tokens: Vec::new(),
-                seq: None,
-            })
+    // Made together, so the GPU layers' caches share buffers and a step
+    // over several slots runs their attention in one dispatch per layer.
+    Ok(backend
+        .new_caches(info.n_parallel, info.n_ctx_slot)?
+        .into_iter()
+        .map(|cache| Slot {
+            cache,
+            tokens: Vec::new(),
+            seq: None,
         })
-        .collect()
+        .collect())
 }
 
 /// Serves jobs until every sender is gone and nothing is running.

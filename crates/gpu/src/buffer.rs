@@ -176,6 +176,11 @@ impl Gpu {
         self.write_bytes(t, bytemuck::cast_slice(data))
     }
 
+    /// Overwrites the first `data.len()` elements of `t` with u32 values.
+    pub fn write_u32(&self, t: &Tensor, data: &[u32]) -> Result<(), GpuError> {
+        self.write_bytes(t, bytemuck::cast_slice(data))
+    }
+
     fn write_bytes(&self, t: &Tensor, bytes: &[u8]) -> Result<(), GpuError> {
         if bytes.len() > t.len * 4 {
             return Err(GpuError::Shape {

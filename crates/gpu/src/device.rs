@@ -204,6 +204,7 @@ pub struct Gpu {
     binding_limit: u64,
     escaped: Arc<Mutex<Escaped>>,
     matvec: Option<crate::ops::MatvecShape>,
+    lane_broadcast: bool,
     /// Per-kernel (dispatches, seconds) when `LAMINA_GPU_PROFILE` is set.
     pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
     /// Dispatches and submissions since the device was opened.
@@ -308,6 +309,9 @@ impl Gpu {
         // Buffers are also bounded by max_buffer_size; weights are split to fit both.
         binding_limit = binding_limit.min(device_limits.max_buffer_size);
 
+        let lane_broadcast = device.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size >= 8
+            && std::env::var_os("LAMINA_GPU_NO_LANE_BROADCAST").is_none();
         Ok(Gpu {
             features: device.features(),
             device,
@@ -317,6 +321,7 @@ impl Gpu {
             binding_limit,
             escaped,
             matvec,
+            lane_broadcast,
             dispatched: Default::default(),
             submitted: Default::default(),
             profile: std::env::var_os("LAMINA_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
@@ -346,6 +351,13 @@ impl Gpu {
     /// The mat-vec thread shape `LAMINA_GPU_MATVEC` forces, if set.
     pub(crate) fn matvec_override(&self) -> Option<crate::ops::MatvecShape> {
         self.matvec
+    }
+
+    /// Whether one-thread-per-row kernels may share a unit's activations
+    /// through subgroupBroadcast: subgroups enabled, of at least 8
+    /// invocations (`LAMINA_GPU_NO_LANE_BROADCAST` turns it off, to compare).
+    pub fn lane_broadcast(&self) -> bool {
+        self.lane_broadcast
     }
 
     /// The adapter this device was opened on.

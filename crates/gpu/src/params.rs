@@ -100,7 +100,8 @@ pub(crate) struct AttnParams {
     pub n_head: u32,
     pub n_kv_head: u32,
     pub head_dim: u32,
-    pub pos0: u32,
+    /// The dispatch's first entry of the token table.
+    pub tab_first: u32,
     pub window: u32,
     pub kv_len: u32,
     pub scale: f32,
@@ -133,13 +134,14 @@ pub(crate) struct RopeKvParams {
     pub n_head: u32,
     pub n_kv_head: u32,
     pub n_tokens: u32,
-    pub pos_offset: u32,
+    /// The dispatch's first entry of the token table.
+    pub tab_first: u32,
     pub neox: u32,
     pub freq_base: f32,
     pub stride: u32,
     pub src_base: u32,
     pub q_base: u32,
-    pub cache_base: u32,
+    pub _pad: u32,
 }
 
 /// Sizes naga must report for the WGSL structs of the same names.

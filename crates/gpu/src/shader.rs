@@ -37,6 +37,8 @@ sources!(
     "common/act.wgsl",
     "common/w4_on.wgsl",
     "common/w4_off.wgsl",
+    "common/unit_x_on.wgsl",
+    "common/unit_x_off.wgsl",
     "quant/f32.wgsl",
     "quant/f16.wgsl",
     "quant/bf16.wgsl",
@@ -263,7 +265,7 @@ impl Gpu {
 pub(crate) fn all_kernels() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for ty in crate::quant::SUPPORTED {
-        for spec in crate::ops::matvec_variants(ty) {
+        for spec in crate::ops::matvec_variants(ty, false) {
             v.push(spec);
         }
         v.push(crate::ops::tiled_spec(ty));
@@ -307,6 +309,22 @@ mod tests {
     }
 
     #[test]
+    fn subgroup_kernels_validate_with_subgroups() {
+        // The one-thread-per-row mat-vecs that share activations through
+        // subgroupBroadcast, on a device that has SUBGROUP.
+        let mut n = 0;
+        for ty in crate::quant::SUPPORTED {
+            for spec in crate::ops::matvec_variants(ty, true) {
+                if spec.name.contains("SG=on") {
+                    validate(&spec, wgpu::Features::SUBGROUP);
+                    n += 1;
+                }
+            }
+        }
+        assert!(n > 60, "{n} kernels");
+    }
+
+    #[test]
     fn missing_definition_and_include_are_errors() {
         let spec = KernelSpec::new("matvec.wgsl");
         let err = spec.compose().unwrap_err().to_string();
@@ -327,6 +345,7 @@ mod tests {
             crate::ops::MatvecShape::CANDIDATES[0],
             None,
             None,
+            false,
         );
         let module = validate(&spec, wgpu::Features::empty());
         let size_of = |name: &str| -> u32 {

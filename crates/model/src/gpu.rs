@@ -6,11 +6,18 @@
 //! run first, the hidden state is uploaded, and every GPU block plus the head
 //! is recorded into one command buffer, submitted once, with one readback (the
 //! logits). Each layer's KV cache lives on the device of its layer.
+//!
+//! The GPU layers' caches of sequences created together
+//! ([`HybridModel::new_caches`], as the server does for its slots) share one
+//! buffer per layer, a slot of rows each, so a step that carries several of
+//! them runs RoPE, the cache writes and attention once for all: a token
+//! table gives each token its position and cache row.
 
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Gate, Gpu, MatmulKernel, QkvLayout, Rope, Tensor, Weight,
+    Attention, Batch, Columns, Gate, Gpu, MatmulKernel, QkvLayout, Rope, Tensor, TokenRow,
+    TokenTable, Weight,
 };
 
 use crate::config::{Activation, Config};
@@ -117,11 +124,21 @@ pub struct HybridModel<'a> {
     block_dispatches: std::sync::atomic::AtomicU64,
 }
 
-/// Keys and values: CPU layers in host memory, GPU layers in device buffers.
-pub struct HybridCache {
-    cpu: KvCache,
+/// The GPU layers' keys and values of a set of sequences: per layer one
+/// key and one value buffer of `slots` slots of `n_ctx` rows.
+#[derive(Debug)]
+struct KvArena {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    n_ctx: usize,
+}
+
+/// Keys and values: CPU layers in host memory, GPU layers in a slot of
+/// device buffers that other caches made at the same time share.
+pub struct HybridCache {
+    cpu: KvCache,
+    arena: Arc<KvArena>,
+    slot: usize,
     n_ctx: usize,
     len: usize,
 }
@@ -201,6 +218,9 @@ struct Scratch {
     logits: Tensor,
     /// The last hidden state of each sequence (multi-sequence steps).
     last: Tensor,
+    /// The token table of the step (`TokenRow`s) and its host copy.
+    table: Tensor,
+    rows: Vec<TokenRow>,
     x: Tensor,
     x2: Tensor,
     /// The normed input of the next product (attention, feed-forward, head).
@@ -293,22 +313,60 @@ impl<'a> HybridModel<'a> {
     }
 
     pub fn new_cache(&self, n_ctx: usize) -> Result<HybridCache, ModelError> {
+        let mut v = self.new_caches(1, n_ctx)?;
+        v.pop()
+            .ok_or_else(|| ModelError::Gpu("no cache was made".into()))
+    }
+
+    /// `count` caches of `n_ctx` positions whose GPU layers share buffers
+    /// (as many slots per buffer as the device's binding limit allows), so
+    /// a step over several of them runs RoPE, the cache writes and
+    /// attention once per layer instead of once per sequence.
+    pub fn new_caches(&self, count: usize, n_ctx: usize) -> Result<Vec<HybridCache>, ModelError> {
         let c = &self.cpu.config;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        if let Some(g) = self.gpu.as_deref() {
-            for _ in self.first_gpu..c.n_layer {
-                k.push(g.tensor(n_ctx * c.kv_dim()).map_err(gpu_err)?);
-                v.push(g.tensor(n_ctx * c.kv_dim()).map_err(gpu_err)?);
+        let slot_values = n_ctx
+            .checked_mul(c.kv_dim())
+            .ok_or_else(|| ModelError::Gpu(format!("a cache of {n_ctx} positions is too large")))?;
+        // Element indices are u32 in the shaders, and a buffer is one binding.
+        let per_arena = match self.gpu.as_deref() {
+            Some(g) if self.first_gpu < c.n_layer => {
+                // Less a little for the slack every tensor gets.
+                let limit = (g.binding_limit().saturating_sub(1 << 16) / 4).min(u32::MAX as u64);
+                let limit = limit as usize;
+                (limit / slot_values.max(1)).max(1)
+            }
+            _ => count.max(1),
+        };
+        let mut out = Vec::with_capacity(count);
+        while out.len() < count {
+            let slots = per_arena.min(count - out.len());
+            let mut arena = KvArena {
+                k: Vec::new(),
+                v: Vec::new(),
+                n_ctx,
+            };
+            if let Some(g) = self.gpu.as_deref() {
+                for _ in self.first_gpu..c.n_layer {
+                    arena
+                        .k
+                        .push(g.tensor(slots * slot_values).map_err(gpu_err)?);
+                    arena
+                        .v
+                        .push(g.tensor(slots * slot_values).map_err(gpu_err)?);
+                }
+            }
+            let arena = Arc::new(arena);
+            for slot in 0..slots {
+                out.push(HybridCache {
+                    cpu: KvCache::for_layers(c, n_ctx, self.first_gpu),
+                    arena: arena.clone(),
+                    slot,
+                    n_ctx,
+                    len: 0,
+                });
             }
         }
-        Ok(HybridCache {
-            cpu: KvCache::for_layers(c, n_ctx, self.first_gpu),
-            k,
-            v,
-            n_ctx,
-            len: 0,
-        })
+        Ok(out)
     }
 
     /// Runs `tokens` at positions `cache.len()..` and returns the logits
@@ -340,7 +398,9 @@ impl<'a> HybridModel<'a> {
     /// ([`CpuModel::forward_multi`]); with a GPU part, the CPU layers run per
     /// sequence and the GPU layers take every sequence in one submission:
     /// each weight is streamed once for all of them (the small-N and tiled
-    /// kernels), with RoPE and attention per sequence over its own cache.
+    /// kernels), and RoPE and attention take every sequence whose cache
+    /// shares buffers with the others ([`HybridModel::new_caches`]) in one
+    /// dispatch each, every token at its own position over its own rows.
     /// Either way each sequence gets the bits it would get alone.
     pub fn forward_multi(
         &self,
@@ -406,6 +466,8 @@ impl<'a> HybridModel<'a> {
             kv_room,
             logits: t(n.max(seqs) * c.n_vocab)?,
             last: t(seqs * e)?,
+            table: t(2 * n)?,
+            rows: Vec::with_capacity(n),
             x: t(n * e)?,
             x2: t(n * e)?,
             h: t(n * e)?,
@@ -475,9 +537,25 @@ impl<'a> HybridModel<'a> {
             };
             *held = Some(self.scratch(g, n, seqs, room)?);
         }
-        let Some(s) = held.as_ref() else {
+        let Some(s) = held.as_mut() else {
             return Err(ModelError::Gpu("scratch buffers missing".into()));
         };
+        // The token table: each token's position and its row in its
+        // cache's buffers (its slot's first row plus the position).
+        s.rows.clear();
+        for seg in segments {
+            let base = seg.cache.slot * seg.cache.arena.n_ctx;
+            for pos in seg.pos0..seg.pos0 + seg.n {
+                let (row, pos) = (u32::try_from(base + pos), u32::try_from(pos));
+                let (Ok(row), Ok(pos)) = (row, pos) else {
+                    return Err(ModelError::Gpu("cache rows beyond u32".into()));
+                };
+                s.rows.push(TokenRow { row, pos });
+            }
+        }
+        let flat: Vec<u32> = s.rows.iter().flat_map(|r| [r.row, r.pos]).collect();
+        g.write_u32(&s.table, &flat).map_err(gpu_err)?;
+        let s = &*s;
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
         // Each block leaves the hidden state where it found it (in `x`) and
@@ -554,7 +632,7 @@ impl<'a> HybridModel<'a> {
     /// norm, gate/up + activation, down, add + norm), one more for per-head
     /// norms or biases, one more for the activation when gate and up differ
     /// in type or a prompt chunk runs the tiled kernel; RoPE and attention
-    /// once per sequence.
+    /// once per run of sequences whose caches share buffers.
     #[allow(clippy::too_many_arguments)]
     fn record_layer(
         &self,
@@ -590,42 +668,50 @@ impl<'a> HybridModel<'a> {
             b.head_norms(qk_src, qn, kn, dst, &layout, n, c.rms_eps)?;
             qk_src = dst;
         }
-        // RoPE, the cache writes and attention are per sequence: each has
-        // its own positions and cache.
-        for seg in segments {
-            let (kc, vc) = (&seg.cache.k[i], &seg.cache.v[i]);
-            let rope = Rope {
+        // RoPE, the cache writes and attention once for each run of
+        // sequences whose caches share buffers (all of them, for the
+        // server's slots), every token at its own position and rows (the
+        // token table); the segments' tokens are packed in order.
+        let table = TokenTable {
+            host: &s.rows,
+            gpu: &s.table,
+        };
+        let rope = Rope {
+            head_dim: hd,
+            n_rot: c.rope_dim,
+            n_heads: c.n_head,
+            pos_offset: 0,
+            freq_base: c.rope_base_for(il),
+            neox: c.rope_neox,
+        };
+        let window = if c.is_swa(il) {
+            c.sliding_window.unwrap_or(0)
+        } else {
+            0
+        };
+        let mut at = 0;
+        while let Some(seg) = segments.get(at) {
+            let arena = &seg.cache.arena;
+            let run = segments[at..]
+                .iter()
+                .take_while(|o| Arc::ptr_eq(&o.cache.arena, arena))
+                .count();
+            let tokens: usize = segments[at..at + run].iter().map(|o| o.n).sum();
+            let (kc, vc) = (&arena.k[i], &arena.v[i]);
+            b.rope_kv_rows(
+                qk_src, v_src, &s.q, kc, vc, &layout, &rope, table, seg.first, tokens,
+            )?;
+            let a = Attention {
+                n_tokens: tokens,
+                n_head: c.n_head,
+                n_kv_head: c.n_head_kv,
                 head_dim: hd,
-                n_rot: c.rope_dim,
-                n_heads: c.n_head,
-                pos_offset: seg.pos0 as u32,
-                freq_base: c.rope_base_for(il),
-                neox: c.rope_neox,
+                pos0: 0,
+                window,
+                scale: c.attn_scale,
             };
-            b.rope_kv(
-                qk_src, v_src, &s.q, kc, vc, &layout, &rope, seg.first, seg.n,
-            )?;
-            b.attention_at(
-                &s.q,
-                kc,
-                vc,
-                &s.scores,
-                &s.attn,
-                &Attention {
-                    n_tokens: seg.n,
-                    n_head: c.n_head,
-                    n_kv_head: c.n_head_kv,
-                    head_dim: hd,
-                    pos0: seg.pos0,
-                    window: if c.is_swa(il) {
-                        c.sliding_window.unwrap_or(0)
-                    } else {
-                        0
-                    },
-                    scale: c.attn_scale,
-                },
-                seg.first,
-            )?;
+            b.attention_rows(&s.q, kc, vc, &s.scores, &s.attn, &a, table, seg.first)?;
+            at += run;
         }
         b.matmul(&l.wo, &s.attn, &s.o, n)?;
         let post = l.post_attn_norm.as_ref();

@@ -357,7 +357,10 @@ fn a_multi_sequence_step_equals_separate_steps_bit_for_bit() {
 fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
     for arch in ["llama", "gemma3"] {
         let file = open(&Spec::new(arch));
-        for ngl in [LAYERS + 1, 1] {
+        // Batched caches made together (one buffer per layer: one RoPE and
+        // one attention dispatch for the step) or not (runs of sequences
+        // that share buffers: here the middle one does not).
+        for (ngl, shared) in [(LAYERS + 1, true), (LAYERS + 1, false), (1, true)] {
             let cpu = CpuModel::load(&file).unwrap();
             let params = PlanParams {
                 n_ctx: 32,
@@ -367,7 +370,16 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
             let m = HybridModel::new(cpu, p, Some(gpu())).unwrap();
             let new = || m.new_cache(32).unwrap();
             let (mut a1, mut b1, mut c1) = (new(), new(), new());
-            let (mut a2, mut b2, mut c2) = (new(), new(), new());
+            let (mut a2, mut b2, mut c2) = if shared {
+                let mut v = m.new_caches(3, 32).unwrap();
+                let c = v.pop().unwrap();
+                let b = v.pop().unwrap();
+                (v.pop().unwrap(), b, c)
+            } else {
+                let mut v = m.new_caches(2, 32).unwrap();
+                let c = v.pop().unwrap();
+                (v.pop().unwrap(), new(), c)
+            };
             m.forward(&PROMPT, &mut a1, Logits::Last).unwrap();
             m.forward(&PROMPT, &mut a2, Logits::Last).unwrap();
             m.forward(&[1, 2, 3], &mut b1, Logits::Last).unwrap();
@@ -389,7 +401,10 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
             for (i, (x, y)) in alone.iter().zip(&together).enumerate() {
                 assert_eq!(x.len(), y.len());
                 let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(same, "{arch} -ngl {ngl}: sequence {i} differs when batched");
+                assert!(
+                    same,
+                    "{arch} -ngl {ngl}, shared {shared}: sequence {i} differs when batched"
+                );
             }
             assert_eq!((a2.len(), b2.len(), c2.len()), (6, 5, 4));
             // The caches hold the same history: one more decode step agrees.

@@ -9,6 +9,51 @@ use crate::shader::KernelSpec;
 
 const ELT_WG: u32 = 256;
 
+/// Where one token of a step sits in the KV cache buffers: its keys and
+/// values go to row `row`, it is at position `pos` (its RoPE angle and
+/// causal limit), and its sequence's rows start at `row - pos`. A table of
+/// these lets one RoPE + cache-write dispatch and one attention dispatch
+/// serve the tokens of several sequences that share cache buffers, each at
+/// its own position in its own rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct TokenRow {
+    pub row: u32,
+    pub pos: u32,
+}
+
+/// A token table: the entries on the host, where they are checked against
+/// the caches, and the same entries in `gpu` from element 0 (two `u32`
+/// each, as [`Gpu::write_u32`](crate::Gpu::write_u32) writes them). Token
+/// `t` of a dispatch recorded at `first` is entry `first + t`.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenTable<'a> {
+    pub host: &'a [TokenRow],
+    pub gpu: &'a Tensor,
+}
+
+impl TokenTable<'_> {
+    /// Entries `first .. first + n`, if the table has them on both sides.
+    pub(super) fn entries(&self, first: usize, n: usize) -> Option<&[TokenRow]> {
+        let end = first.checked_add(n)?;
+        (end.checked_mul(2)? <= self.gpu.len())
+            .then(|| self.host.get(first..end))
+            .flatten()
+    }
+}
+
+/// A table for one sequence at positions `pos0..` in rows `pos0..` (the
+/// unbatched calls): entries `first .. first + n`, those before `first`
+/// unused.
+pub(super) fn one_sequence_table(first: usize, n: usize, pos0: usize) -> Option<Vec<TokenRow>> {
+    let mut v = vec![TokenRow::default(); first.checked_add(n)?];
+    for (t, e) in v[first..].iter_mut().enumerate() {
+        let p = u32::try_from(pos0.checked_add(t)?).ok()?;
+        *e = TokenRow { row: p, pos: p };
+    }
+    Some(v)
+}
+
 /// Attention settings for [`Batch::attention`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Attention {
@@ -404,48 +449,88 @@ impl Batch<'_> {
         a: &Attention,
         first: usize,
     ) -> Result<(), GpuError> {
+        let host = one_sequence_table(first, a.n_tokens, a.pos0)
+            .ok_or_else(|| shape("attention", format!("{a:?} from token {first}")))?;
+        let gpu = self.gpu.upload_u32(bytemuck::cast_slice(&host))?;
+        let table = TokenTable {
+            host: &host,
+            gpu: &gpu,
+        };
+        self.attention_rows(q, k, v, scores, out, a, table, first)
+    }
+
+    /// Attention for tokens `first .. first + a.n_tokens` of `q` and `out`,
+    /// each at the position and over the cache rows its entry of `table`
+    /// gives (`a.pos0` is not used): tokens of several sequences sharing the
+    /// cache buffers `k` and `v` in one dispatch, each with the bits it gets
+    /// alone. `scores` needs `n_tokens · n_head · (largest position + 1)`
+    /// elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_rows(
+        &mut self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        scores: &Tensor,
+        out: &Tensor,
+        a: &Attention,
+        table: TokenTable<'_>,
+        first: usize,
+    ) -> Result<(), GpuError> {
         const OP: &str = "attention";
-        let kv_len = a.pos0 + a.n_tokens;
+        let bad = |why: String| shape(OP, format!("{a:?} from token {first}: {why}"));
+        let rows = table
+            .entries(first, a.n_tokens)
+            .ok_or_else(|| bad(format!("a table of {} entries", table.host.len())))?;
+        let kvd = a.n_kv_head * a.head_dim;
+        // Every token's rows (its sequence's, up to its own) inside the
+        // caches; the scores rows as long as the furthest position needs.
+        let mut kv_len = 0usize;
+        for e in rows {
+            let end = (e.row as usize + 1).checked_mul(kvd);
+            if e.pos > e.row || end.is_none_or(|end| end > k.len() || end > v.len()) {
+                return Err(bad(format!(
+                    "token at position {} in row {} of caches of {} and {} elements",
+                    e.pos,
+                    e.row,
+                    k.len(),
+                    v.len()
+                )));
+            }
+            kv_len = kv_len.max(e.pos as usize + 1);
+        }
         let q_offset = first * a.n_head * a.head_dim;
         let q_len = q_offset + a.n_tokens * a.n_head * a.head_dim;
-        let kv_need = kv_len * a.n_kv_head * a.head_dim;
         if a.n_kv_head == 0
             || a.head_dim == 0
             || a.head_dim > ATTN_Q_VALUES
             || a.n_head % a.n_kv_head != 0
             || q.len() < q_len
             || out.len() < q_len
-            || k.len() < kv_need
-            || v.len() < kv_need
             || scores.len() < a.n_tokens * a.n_head * kv_len
         {
-            return Err(shape(
-                OP,
-                format!(
-                    "{a:?}: q {}, k {}, v {}, scores {}, out {} elements",
-                    q.len(),
-                    k.len(),
-                    v.len(),
-                    scores.len(),
-                    out.len()
-                ),
-            ));
+            return Err(bad(format!(
+                "q {}, scores {}, out {} elements",
+                q.len(),
+                scores.len(),
+                out.len()
+            )));
         }
-        Self::distinct(OP, scores, &[q, k, v, out])?;
-        Self::distinct(OP, out, &[q, k, v])?;
+        Self::distinct(OP, scores, &[q, k, v, out, table.gpu])?;
+        Self::distinct(OP, out, &[q, k, v, table.gpu])?;
         if a.n_tokens == 0 || a.n_head == 0 {
             return Ok(());
         }
         let heads = heads_per_wg(a.n_tokens, a.n_head, a.n_kv_head, a.head_dim);
         let groups = to_u32(OP, "rows", a.n_tokens * a.n_head / heads)?;
         to_u32(OP, "scores", a.n_tokens * a.n_head * kv_len)?;
-        to_u32(OP, "cache", kv_need)?;
+        to_u32(OP, "cache", k.len().min(v.len()))?;
         let params = AttnParams {
             n_tokens: to_u32(OP, "n_tokens", a.n_tokens)?,
             n_head: to_u32(OP, "n_head", a.n_head)?,
             n_kv_head: to_u32(OP, "n_kv_head", a.n_kv_head)?,
             head_dim: to_u32(OP, "head_dim", a.head_dim)?,
-            pos0: to_u32(OP, "pos0", a.pos0)?,
+            tab_first: to_u32(OP, "first", first)?,
             window: to_u32(OP, "window", a.window)?,
             kv_len: to_u32(OP, "kv_len", kv_len)?,
             scale: a.scale,
@@ -461,6 +546,7 @@ impl Batch<'_> {
                 (&v.buf, None),
                 (&scores.buf, None),
                 (&out.buf, None),
+                (&table.gpu.buf, None),
             ],
             &params,
             [gx, gy, 1],

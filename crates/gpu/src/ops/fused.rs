@@ -8,6 +8,7 @@
 //! row per token (`n_head` query heads, then `n_kv_head` key heads, then
 //! `n_kv_head` value heads) and one gate/up row per token (gate, then up).
 
+use super::elementwise::{one_sequence_table, TokenTable};
 use super::{shape, to_u32, Batch};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
@@ -268,7 +269,8 @@ impl Batch<'_> {
     /// read from `qk`, values from `vs`, which may be the same tensor): RoPE
     /// of the queries into `q` (packed `[token][n_head * head_dim]`, token
     /// `first` at its row `first`), RoPE of the keys into `k_cache` and the
-    /// values into `v_cache`, token `first` at cache row `rope.pos_offset`.
+    /// values into `v_cache`, token `first` at position and cache row
+    /// `rope.pos_offset` (one sequence).
     /// The bits of [`Batch::rope_tokens`] and [`Batch::copy`].
     #[allow(clippy::too_many_arguments)]
     pub fn rope_kv(
@@ -283,15 +285,56 @@ impl Batch<'_> {
         first: usize,
         n: usize,
     ) -> Result<(), GpuError> {
+        let host = one_sequence_table(first, n, rope.pos_offset as usize)
+            .ok_or_else(|| shape("rope_kv", format!("tokens {first}..+{n}")))?;
+        let gpu = self.gpu.upload_u32(bytemuck::cast_slice(&host))?;
+        let table = TokenTable {
+            host: &host,
+            gpu: &gpu,
+        };
+        self.rope_kv_rows(qk, vs, q, k_cache, v_cache, layout, rope, table, first, n)
+    }
+
+    /// [`Batch::rope_kv`] with each token at the position and cache row its
+    /// entry of `table` gives (`rope.pos_offset` is not used): the tokens of
+    /// several sequences sharing the cache buffers in one dispatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_kv_rows(
+        &mut self,
+        qk: &Tensor,
+        vs: &Tensor,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        layout: &QkvLayout,
+        rope: &Rope,
+        table: TokenTable<'_>,
+        first: usize,
+        n: usize,
+    ) -> Result<(), GpuError> {
         const OP: &str = "rope_kv";
         let hd = layout.head_dim;
         let (qd, kvd, stride) = (layout.q_dim(), layout.kv_dim(), layout.stride());
-        let pos0 = rope.pos_offset as usize;
         let end = first.checked_add(n);
         let fits = |t: &Tensor, rows: Option<usize>, per: usize| {
             rows.and_then(|r| r.checked_mul(per))
                 .is_some_and(|e| e <= t.len())
         };
+        let bad = |why: String| shape(OP, format!("tokens {first}..+{n} of {layout:?}: {why}"));
+        let rows = table
+            .entries(first, n)
+            .ok_or_else(|| bad(format!("a table of {} entries", table.host.len())))?;
+        if let Some(e) = rows.iter().find(|e| {
+            !fits(k_cache, Some(e.row as usize + 1), kvd)
+                || !fits(v_cache, Some(e.row as usize + 1), kvd)
+        }) {
+            return Err(bad(format!(
+                "row {} of caches of {} and {} elements",
+                e.row,
+                k_cache.len(),
+                v_cache.len()
+            )));
+        }
         if hd == 0
             || hd % 2 != 0
             || rope.n_rot % 2 != 0
@@ -300,42 +343,35 @@ impl Batch<'_> {
             || !fits(qk, end, stride)
             || !fits(vs, end, stride)
             || !fits(q, end, qd)
-            || !fits(k_cache, pos0.checked_add(n), kvd)
-            || !fits(v_cache, pos0.checked_add(n), kvd)
         {
-            return Err(shape(
-                OP,
-                format!(
-                    "tokens {first}..+{n} of {layout:?} at position {pos0}, rotating {}: \
-                     qk {}, v {}, q {}, caches {} and {}",
-                    rope.n_rot,
-                    qk.len(),
-                    vs.len(),
-                    q.len(),
-                    k_cache.len(),
-                    v_cache.len()
-                ),
-            ));
+            return Err(bad(format!(
+                "rotating {}: qk {}, v {}, q {}",
+                rope.n_rot,
+                qk.len(),
+                vs.len(),
+                q.len()
+            )));
         }
-        Self::distinct(OP, q, &[qk, vs, k_cache, v_cache])?;
-        Self::distinct(OP, k_cache, &[qk, vs, v_cache])?;
-        Self::distinct(OP, v_cache, &[qk, vs])?;
+        Self::distinct(OP, q, &[qk, vs, k_cache, v_cache, table.gpu])?;
+        Self::distinct(OP, k_cache, &[qk, vs, v_cache, table.gpu])?;
+        Self::distinct(OP, v_cache, &[qk, vs, table.gpu])?;
         if n == 0 {
             return Ok(());
         }
+        to_u32(OP, "cache", k_cache.len().min(v_cache.len()))?;
         let params = RopeKvParams {
             head_dim: to_u32(OP, "head_dim", hd)?,
             n_rot: to_u32(OP, "n_rot", rope.n_rot)?,
             n_head: to_u32(OP, "n_head", layout.n_head)?,
             n_kv_head: to_u32(OP, "n_kv_head", layout.n_kv_head)?,
             n_tokens: to_u32(OP, "tokens", n)?,
-            pos_offset: rope.pos_offset,
+            tab_first: to_u32(OP, "first", first)?,
             neox: u32::from(rope.neox),
             freq_base: rope.freq_base,
             stride: to_u32(OP, "stride", stride)?,
             src_base: to_u32(OP, "first element", first * stride)?,
             q_base: to_u32(OP, "first query", first * qd)?,
-            cache_base: to_u32(OP, "cache offset", pos0 * kvd)?,
+            _pad: 0,
         };
         let pairs = to_u32(OP, "pairs", n * stride / 2)?;
         let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));
@@ -347,6 +383,7 @@ impl Batch<'_> {
                 (&q.buf, None),
                 (&k_cache.buf, None),
                 (&v_cache.buf, None),
+                (&table.gpu.buf, None),
             ],
             &params,
             [gx, gy, 1],

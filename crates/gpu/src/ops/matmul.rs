@@ -225,13 +225,15 @@ pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, 
 /// the smallest that holds the batch: its arrays stay smaller), in thread
 /// shape `shape`, with
 /// the activations from a storage buffer or (`uniform_vec4s`) a uniform
-/// window of that many vec4s.
+/// window of that many vec4s; with `sg` (one thread per row, subgroups of 8
+/// or more) each unit's activations loaded once per subgroup.
 pub(crate) fn matvec_spec(
     ty: GgmlType,
     maxc: usize,
     shape: MatvecShape,
     uniform_vec4s: Option<u64>,
     glu: Option<Gate>,
+    sg: bool,
 ) -> KernelSpec {
     // One thread per row has its own kernel, which keeps the canonical tree
     // in registers (matvec_rows.wgsl); teams share matvec.wgsl.
@@ -248,6 +250,15 @@ pub(crate) fn matvec_spec(
         .def("WGMEM", shape.wgmem(maxc).to_string())
         .def("GLU", glu.map_or("none", Gate::wgsl))
         .def("GLU_ON", if glu.is_some() { "true" } else { "false" });
+    let spec = if sg && shape.tpr == 1 {
+        spec.def("SG", "on")
+            .def("SG_PARAM", "@builtin(subgroup_invocation_id) sgid: u32,")
+            .def("SG_LANE", "sgid")
+    } else {
+        spec.def("SG", "off")
+            .def("SG_PARAM", "")
+            .def("SG_LANE", "0u")
+    };
     match uniform_vec4s {
         Some(n) => spec.def("XSRC", "uniform").def("XU", n.to_string()),
         None => spec.def("XSRC", "storage"),
@@ -255,18 +266,19 @@ pub(crate) fn matvec_spec(
 }
 
 /// Every mat-vec variant of `ty` the runtime can build, up to the uniform
-/// window's length (the shader validation test).
+/// window's length (the shader validation tests), with (`sg`) or without
+/// subgroup broadcasts.
 #[cfg(test)]
-pub(crate) fn matvec_variants(ty: GgmlType) -> Vec<KernelSpec> {
+pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for shape in MatvecShape::CANDIDATES {
         for maxc in [1, 2, 4, MAX_SMALL_COLS] {
-            v.push(matvec_spec(ty, maxc, shape, None, None));
-            v.push(matvec_spec(ty, maxc, shape, Some(64), None));
+            v.push(matvec_spec(ty, maxc, shape, None, None, sg));
+            v.push(matvec_spec(ty, maxc, shape, Some(64), None, sg));
             for gate in [Gate::Silu, Gate::GeluTanh] {
                 let shape = shape.for_glu();
-                v.push(matvec_spec(ty, maxc, shape, None, Some(gate)));
-                v.push(matvec_spec(ty, maxc, shape, Some(64), Some(gate)));
+                v.push(matvec_spec(ty, maxc, shape, None, Some(gate), sg));
+                v.push(matvec_spec(ty, maxc, shape, Some(64), Some(gate), sg));
             }
         }
     }
@@ -530,6 +542,7 @@ impl Batch<'_> {
                         chunk.rows
                     };
                     let (gx, gy) = self.gpu.grid(out_rows.div_ceil(wg_rows));
+                    let sg = self.gpu.lane_broadcast();
                     // One thread per row reads activations in lockstep: from
                     // a uniform window where the layout allows.
                     let window = (ms.tpr == 1)
@@ -537,7 +550,7 @@ impl Batch<'_> {
                         .flatten();
                     match window {
                         Some((start, vec4s, first)) => {
-                            let spec = matvec_spec(w.ty(), maxc, ms, Some(vec4s), glu);
+                            let spec = matvec_spec(w.ty(), maxc, ms, Some(vec4s), glu, sg);
                             let params = MatParams {
                                 x_offset: first,
                                 ..params
@@ -552,7 +565,7 @@ impl Batch<'_> {
                             self.push_ranges(&spec, ranges, &params, [gx, gy, 1])?;
                         }
                         None => {
-                            let spec = matvec_spec(w.ty(), maxc, ms, None, glu);
+                            let spec = matvec_spec(w.ty(), maxc, ms, None, glu, sg);
                             self.push(&spec, buffers, &params, [gx, gy, 1])?;
                         }
                     }

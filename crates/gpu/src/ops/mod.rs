@@ -16,7 +16,7 @@ pub mod matmul;
 
 #[cfg(test)]
 pub(crate) use elementwise::elementwise_specs;
-pub use elementwise::{Attention, Rope};
+pub use elementwise::{Attention, Rope, TokenRow, TokenTable};
 #[cfg(test)]
 pub(crate) use fused::fused_specs;
 pub use fused::{Gate, QkvLayout};

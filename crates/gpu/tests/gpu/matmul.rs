@@ -146,3 +146,66 @@ fn strided_columns_write_only_their_slices() {
         .matmul_strided(MatmulKernel::Auto, &w, &xt, &y, bad)
         .is_err());
 }
+
+/// The one-thread-per-row kernels share a unit's activations through
+/// subgroupBroadcast where the device has subgroups; a device opened
+/// `portable` (no SUBGROUP) loads them in every invocation. Both must give
+/// the same bits, mat-vec and small-N (5 columns of 8: the clamped ones
+/// too), GLU epilogue too. The broadcast only moves activations, whatever
+/// the weight type, so a few types stand for all (a float row with a short
+/// last unit among them); each pipeline compiles twice, seconds apiece on a
+/// software device. (Without subgroups both sides take the portable path.)
+#[test]
+fn lane_broadcast_gives_the_bits_of_per_invocation_loads() {
+    let (_turn, gpu) = common::gpu();
+    let portable = lamina_gpu::Gpu::new(lamina_gpu::GpuOptions {
+        portable: true,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(!portable.lane_broadcast());
+    if gpu.adapter_info().subgroup_min_size >= 8 {
+        assert!(
+            gpu.lane_broadcast(),
+            "subgroups of 8 or more but no broadcast"
+        );
+    }
+    let run = |g: &lamina_gpu::Gpu, ty: GgmlType, data: &[u8], x: &[f32], n: usize, glu: bool| {
+        let (rows, cols) = (ROWS[1] * 2, cols_for(ty));
+        let w = g.upload_weight(ty, rows, cols, data).unwrap();
+        let xt = g.upload_f32(x).unwrap();
+        let out = if glu { rows / 2 } else { rows };
+        let y = common::poisoned(g, out * n);
+        let mut b = g.batch();
+        if glu {
+            let gu = common::poisoned(g, rows * n);
+            b.matmul_glu(&w, &xt, &gu, &y, n, lamina_gpu::Gate::Silu)
+                .unwrap();
+        } else {
+            b.matmul_with(MatmulKernel::Auto, &w, &xt, &y, n).unwrap();
+        }
+        b.submit().unwrap();
+        g.read_f32(&y).unwrap()
+    };
+    let types = [
+        GgmlType::F32,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+    ];
+    for ty in types {
+        let (rows, cols) = (ROWS[1] * 2, cols_for(ty));
+        let mut rng = Rng::new(0x5eed ^ ty.id() as u64);
+        let data = common::random_weight(&mut rng, ty, rows, cols);
+        for (n, glus) in [(1, &[false][..]), (5, &[false, true][..])] {
+            let x = rng.vec(cols * n);
+            for &glu in glus {
+                let a = run(gpu, ty, &data, &x, n, glu);
+                let b = run(&portable, ty, &data, &x, n, glu);
+                let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{ty} × {n} columns (glu {glu}): the paths differ");
+            }
+        }
+    }
+}
