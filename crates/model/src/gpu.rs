@@ -139,7 +139,6 @@ pub struct HybridCache {
     cpu: KvCache,
     arena: Arc<KvArena>,
     slot: usize,
-    n_ctx: usize,
     len: usize,
 }
 
@@ -153,7 +152,7 @@ impl HybridCache {
     }
 
     pub fn capacity(&self) -> usize {
-        self.n_ctx
+        self.arena.n_ctx
     }
 
     /// Forgets positions `len..` (to reuse a shared prefix).
@@ -361,7 +360,6 @@ impl<'a> HybridModel<'a> {
                     cpu: KvCache::for_layers(c, n_ctx, self.first_gpu),
                     arena: arena.clone(),
                     slot,
-                    n_ctx,
                     len: 0,
                 });
             }
@@ -379,7 +377,7 @@ impl<'a> HybridModel<'a> {
     ) -> Result<Vec<f32>, ModelError> {
         let n = tokens.len();
         let pos0 = cache.len;
-        self.cpu.check_room(n, pos0, cache.n_ctx)?;
+        self.cpu.check_room(n, pos0, cache.capacity())?;
         let mut x = self.cpu.embed(tokens)?;
         for il in 0..self.first_gpu {
             self.cpu.layer(il, &mut x, n, pos0, &mut cache.cpu)?;
@@ -423,7 +421,7 @@ impl<'a> HybridModel<'a> {
         let mut firsts = Vec::with_capacity(work.len());
         for (tokens, cache) in work.iter_mut() {
             let (n, pos0) = (tokens.len(), cache.len);
-            self.cpu.check_room(n, pos0, cache.n_ctx)?;
+            self.cpu.check_room(n, pos0, cache.capacity())?;
             let mut x = self.cpu.embed(tokens)?;
             for il in 0..self.first_gpu {
                 self.cpu.layer(il, &mut x, n, pos0, &mut cache.cpu)?;
@@ -528,7 +526,7 @@ impl<'a> HybridModel<'a> {
             let room = if n == seqs {
                 segments
                     .iter()
-                    .map(|s| s.cache.n_ctx)
+                    .map(|s| s.cache.capacity())
                     .max()
                     .unwrap_or(0)
                     .max(kv_len)
