@@ -57,6 +57,51 @@ const WG: u32 = {{WG}}u;
 const ROWS: u32 = WG * RPT;
 const NO: u32 = RPT * MAXC;
 const GLU_ON: bool = {{GLU_ON}};
+// Unit groups (WALK = groups): UG adjacent units decoded from one load of
+// their shared words; CLB = log2(32 / UG).
+const UG: u32 = {{UG}}u;
+const CLB: u32 = {{CLB}}u;
+
+// Canonical step 1 for unit `u` of every output this thread holds: the
+// partial of row rr (weights `wv[rr]`) and column c at rr * MAXC + c, zero
+// for columns past p.ncols. `sgl` is the subgroup invocation (SG on).
+fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
+    var o: array<f32, NO>;
+    let k0 = 32u * u;
+    for (var c = 0u; c < MAXC; c++) {
+        if (c >= p.ncols) {
+            break;
+        }
+        let xb = p.x_offset + c * p.x_stride + k0;
+        var s: array<f32, RPT>;
+        if (k0 + 32u <= p.k) {
+            let xs = unit_x(xb, sgl);
+            for (var i = 0u; i < 8u; i++) {
+                let xv = xs[i];
+                for (var rr = 0u; rr < RPT; rr++) {
+                    let v = wv[rr][i];
+                    s[rr] = fma(v.x, xv.x, s[rr]);
+                    s[rr] = fma(v.y, xv.y, s[rr]);
+                    s[rr] = fma(v.z, xv.z, s[rr]);
+                    s[rr] = fma(v.w, xv.w, s[rr]);
+                }
+            }
+        } else {
+            // A float row's short last unit: its valid weights only.
+            let n = p.k - k0;
+            for (var jj = 0u; jj < n; jj++) {
+                let xv = x1(xb + jj);
+                for (var rr = 0u; rr < RPT; rr++) {
+                    s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
+                }
+            }
+        }
+        for (var rr = 0u; rr < RPT; rr++) {
+            o[rr * MAXC + c] = s[rr];
+        }
+    }
+    return o;
+}
 
 @compute @workgroup_size({{WG}})
 fn main(
@@ -82,92 +127,8 @@ fn main(
             rbase[rr] = min(r0 + rr * WG + li, p.rows - 1u) * p.row_bytes;
         }
     }
-    var l0: array<f32, NO>;
-    var l1: array<f32, NO>;
-    var l2: array<f32, NO>;
-    var l3: array<f32, NO>;
-    var l4: array<f32, NO>;
     var root: array<f32, NO>;
-    for (var j = 0u; j < 32u; j++) {
-        let lane = reverseBits(j) >> 27u;
-        // Lane `lane`'s partial of each output: its units in increasing order.
-        var t: array<f32, NO>;
-        for (var u = lane; u < units; u += 32u) {
-            var wv: array<array<vec4<f32>, 8>, RPT>;
-            for (var rr = 0u; rr < RPT; rr++) {
-                wv[rr] = dq32(rbase[rr], u);
-            }
-            let k0 = 32u * u;
-            for (var c = 0u; c < MAXC; c++) {
-                if (c >= p.ncols) {
-                    break;
-                }
-                let xb = p.x_offset + c * p.x_stride + k0;
-                var s: array<f32, RPT>;
-                if (k0 + 32u <= p.k) {
-                    let xs = unit_x(xb, {{SG_LANE}});
-                    for (var i = 0u; i < 8u; i++) {
-                        let xv = xs[i];
-                        for (var rr = 0u; rr < RPT; rr++) {
-                            let v = wv[rr][i];
-                            s[rr] = fma(v.x, xv.x, s[rr]);
-                            s[rr] = fma(v.y, xv.y, s[rr]);
-                            s[rr] = fma(v.z, xv.z, s[rr]);
-                            s[rr] = fma(v.w, xv.w, s[rr]);
-                        }
-                    }
-                } else {
-                    // A float row's short last unit: its valid weights only.
-                    let n = p.k - k0;
-                    for (var jj = 0u; jj < n; jj++) {
-                        let xv = x1(xb + jj);
-                        for (var rr = 0u; rr < RPT; rr++) {
-                            s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
-                        }
-                    }
-                }
-                for (var rr = 0u; rr < RPT; rr++) {
-                    t[rr * MAXC + c] = t[rr * MAXC + c] + s[rr];
-                }
-            }
-        }
-        // Fold lane j into the counter (j is uniform: no divergence).
-        if ((j & 1u) == 0u) {
-            l0 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l0[o] + t[o];
-        }
-        if ((j & 2u) == 0u) {
-            l1 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l1[o] + t[o];
-        }
-        if ((j & 4u) == 0u) {
-            l2 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l2[o] + t[o];
-        }
-        if ((j & 8u) == 0u) {
-            l3 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l3[o] + t[o];
-        }
-        if ((j & 16u) == 0u) {
-            l4 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            root[o] = l4[o] + t[o];
-        }
-    }
+#include "common/walk_{{WALK}}.wgsl"
     if (GLU_ON) {
         let r = r0 + li;
         for (var c = 0u; c < MAXC; c++) {

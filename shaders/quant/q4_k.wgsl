@@ -74,3 +74,51 @@ fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return o;
 }
+
+// Unit groups (common/walk_groups.wgsl, UG 2): sub-blocks S and S + 1 (S
+// even) take the low and high nibbles of the same 32 quant bytes, so a group
+// loads the header and those bytes once (four loads for two units where
+// dq32 makes eight); `dqg_unit` then makes dq32's operations on them.
+struct Group {
+    hd: vec4<u32>,
+    dm: vec2<f32>,
+    qa: vec4<u32>,
+    qb: vec4<u32>,
+    s0: u32,
+}
+
+fn dqg_load(row: u32, u0: u32) -> Group {
+    let b = row + 144u * (u0 >> 3u);
+    var g: Group;
+    g.s0 = u0 & 7u;
+    g.hd = w4[b >> 4u];
+    g.dm = unpack2x16float(w[b >> 2u]);
+    let qv = (b + 16u + 32u * (g.s0 >> 1u)) >> 4u;
+    g.qa = w4[qv];
+    g.qb = w4[qv + 1u];
+    return g;
+}
+
+fn dqg_unit(g: Group, r: u32) -> array<vec4<f32>, 8> {
+    let S = g.s0 + r;
+    let sh = 8u * (S & 3u);
+    var sc: u32;
+    var m: u32;
+    if (S < 4u) {
+        sc = (g.hd.y >> sh) & 63u;
+        m = (g.hd.z >> sh) & 63u;
+    } else {
+        let a = (g.hd.w >> sh) & 0xffu;
+        sc = (a & 0xfu) | ((((g.hd.y >> sh) & 0xffu) >> 6u) << 4u);
+        m = (a >> 4u) | ((((g.hd.z >> sh) & 0xffu) >> 6u) << 4u);
+    }
+    let dl = g.dm.x * f32(sc);
+    let ml = g.dm.y * f32(m);
+    let shift = 4u * r;
+    var o: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 4u; i++) {
+        o[i] = fma(u8x4((g.qa[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
+        o[i + 4u] = fma(u8x4((g.qb[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
+    }
+    return o;
+}

@@ -51,3 +51,44 @@ fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
     }
     return o;
 }
+
+// Unit groups (common/walk_groups.wgsl, UG 4): units u0 .. u0 + 3 (u0 a
+// multiple of 4) are the four units of half n = (u0 / 4) % 2 of super-block
+// u0 / 8, t = 0 .. 3, which all read that half's 64 ql and 32 qh bytes. A
+// group loads them, its 8 scale bytes and d once: 30 loads for four units
+// where dq32 makes 80; `dqg_unit` then makes dq32's operations on them.
+struct Group {
+    ql: array<u32, 16>,
+    qh: array<u32, 8>,
+    sc: array<u32, 2>,
+    d: f32,
+}
+
+fn dqg_load(row: u32, u0: u32) -> Group {
+    let b = row + 210u * (u0 >> 3u);
+    let n = (u0 >> 2u) & 1u;
+    var g: Group;
+    g.ql = w16_at(b + 64u * n);
+    g.qh = w8_at(b + 128u + 32u * n);
+    g.sc = w2_at(b + 192u + 8u * n);
+    g.d = wb_f16(b + 208u);
+    return g;
+}
+
+// Unit u0 + t of the group: dq32's G = 8n + 2t, its ql bytes the t % 2'th
+// 32 of the half, its scales bytes 2t and 2t + 1 of the group's eight.
+fn dqg_unit(g: Group, t: u32) -> array<vec4<f32>, 8> {
+    let scs = (g.sc[t >> 1u] >> (16u * (t & 1u))) & 0xffffu;
+    let dlo = g.d * f32((bitcast<i32>(scs) << 24u) >> 24u);
+    let dhi = g.d * f32((bitcast<i32>(scs) << 16u) >> 24u);
+    let lshift = 4u * (t >> 1u);
+    let hshift = 2u * t;
+    var o: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let l = (g.ql[8u * (t & 1u) + i] >> lshift) & 0x0f0f0f0fu;
+        let h = (g.qh[i] >> hshift) & 0x03030303u;
+        let dl = select(dlo, dhi, i >= 4u);
+        o[i] = dl * (u8x4(l | (h << 4u)) - 32.0);
+    }
+    return o;
+}

@@ -65,13 +65,28 @@ pub(crate) fn weight_defs(
 }
 
 /// Whether dispatches of a `ty` weight bind its buffer a second time (as
-/// binding 3, see [`weight_defs`]): Q4_K, whose 144-byte super-blocks are
-/// 16-byte aligned, so its decoder loads a sub-block's quants as two vec4
-/// words (Gemma 3 decode ~1.3x on lavapipe). The 18-, 20- and 34-byte
-/// blocks of Q4_0, Q4_1 and Q8_0 are not aligned; repacking them at upload
-/// (quants first, scales after) was tried and measured no faster there.
+/// binding 3, see [`weight_defs`]): Q4_K and Q5_K, whose 144- and 176-byte
+/// super-blocks are 16-byte aligned, so their decoders load headers and
+/// quants as vec4 words (Gemma 3 decode ~1.3x on lavapipe with Q4_K). The
+/// 18-, 20- and 34-byte blocks of Q4_0, Q4_1 and Q8_0 are not aligned;
+/// repacking them at upload (quants first, scales after) was tried and
+/// measured no faster there.
 pub(crate) fn binds_twice(ty: GgmlType) -> bool {
-    ty == GgmlType::Q4K
+    matches!(ty, GgmlType::Q4K | GgmlType::Q5K)
+}
+
+/// Adjacent 32-weight units that share their quant words, which the
+/// one-thread-per-row kernel then decodes from one load
+/// (`shaders/common/walk_groups.wgsl`): Q6_K's four units of a 128-weight
+/// half read the same 96 bytes of low and high bits, Q4_K's and Q5_K's
+/// sub-block pairs the same 32 bytes of nibbles. 1 for every other type. Every row of a
+/// grouping type holds whole groups (its super-blocks hold 8 units).
+pub(crate) fn unit_group(ty: GgmlType) -> u32 {
+    match ty {
+        GgmlType::Q6K => 4,
+        GgmlType::Q4K | GgmlType::Q5K => 2,
+        _ => 1,
+    }
 }
 
 /// Storage bindings before the parameters in a weight kernel's dispatch:

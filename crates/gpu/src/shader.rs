@@ -39,6 +39,8 @@ sources!(
     "common/w4_off.wgsl",
     "common/unit_x_on.wgsl",
     "common/unit_x_off.wgsl",
+    "common/walk_lanes.wgsl",
+    "common/walk_groups.wgsl",
     "quant/f32.wgsl",
     "quant/f16.wgsl",
     "quant/bf16.wgsl",

@@ -250,6 +250,20 @@ pub(crate) fn matvec_spec(
         .def("WGMEM", shape.wgmem(maxc).to_string())
         .def("GLU", glu.map_or("none", Gate::wgsl))
         .def("GLU_ON", if glu.is_some() { "true" } else { "false" });
+    // One thread per row walks all 32 lanes itself, so it can decode a
+    // group of units that share their words from one load.
+    let ug = if shape.tpr == 1 {
+        quant::unit_group(ty)
+    } else {
+        1
+    };
+    let spec = if ug > 1 {
+        spec.def("WALK", "groups")
+            .def("UG", ug.to_string())
+            .def("CLB", (LANES as u32 / ug).trailing_zeros().to_string())
+    } else {
+        spec.def("WALK", "lanes").def("UG", "1").def("CLB", "5")
+    };
     let spec = if sg && shape.tpr == 1 {
         spec.def("SG", "on")
             .def("SG_PARAM", "@builtin(subgroup_invocation_id) sgid: u32,")
