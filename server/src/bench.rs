@@ -271,6 +271,8 @@ pub struct ModelArgs {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub reps: usize,
+    /// Context already in the cache before each pp and tg run.
+    pub depth: usize,
     pub ngl: Ngl,
     /// Levels of concurrent decoding to measure besides the single stream.
     pub npl: Vec<usize>,
@@ -286,7 +288,7 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 
 pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
     let file = Model::open(&a.file, LoadMode::Mmap)?;
-    let n_ctx = a.n_prompt + a.n_gen + 1;
+    let n_ctx = a.depth + a.n_prompt + a.n_gen + 1;
     let load_args = LoadArgs {
         ngl: a.ngl,
         gpu_memory: None,
@@ -299,17 +301,27 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
     }
     let vocab = m.config().n_vocab as u64;
     // Arbitrary but fixed token ids spread over the vocabulary.
-    let prompt: Vec<u32> = (0..a.n_prompt as u64)
-        .map(|i| ((i * 7919 + 13) % vocab) as u32)
-        .collect();
+    let ids = |n: usize, salt: u64| -> Vec<u32> {
+        (0..n as u64)
+            .map(|i| ((i * 7919 + 13 + salt) % vocab) as u32)
+            .collect()
+    };
+    let prompt = ids(a.n_prompt, 0);
+    // One cache for every run: filled once to the depth (untimed, in
+    // chunks the size of the server's prefill batches), and cut back to
+    // it before each run.
+    let mut cache = m.new_cache(n_ctx)?;
+    for chunk in ids(a.depth, 1).chunks(512) {
+        m.forward(chunk, &mut cache, Logits::Last)?;
+    }
     // One untimed run first, as llama-bench does: the first use of each
     // kernel compiles its pipeline (seconds on a software device), and the
     // first touch of the map faults the weights in.
     {
-        let mut cache = m.new_cache(n_ctx)?;
         if a.n_prompt > 0 {
             m.forward(&prompt, &mut cache, Logits::Last)?;
         }
+        cache.truncate(a.depth);
         for _ in 0..a.n_gen.min(2) {
             m.forward(&[1], &mut cache, Logits::Last)?;
         }
@@ -323,13 +335,13 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
     }
     for _ in 0..a.reps.max(1) {
         if a.n_prompt > 0 {
-            let mut cache = m.new_cache(n_ctx)?;
+            cache.truncate(a.depth);
             let t0 = Instant::now();
             m.forward(&prompt, &mut cache, Logits::Last)?;
             pp.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
         }
         if a.n_gen > 0 {
-            let mut cache = m.new_cache(n_ctx)?;
+            cache.truncate(a.depth);
             let t0 = Instant::now();
             let mut tok = 1u32;
             let (d0, s0) = counters();
@@ -345,6 +357,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             block_per_token = (m.block_dispatches() - blocks0) as f64 / n;
         }
     }
+    drop(cache);
     // Concurrent decoding: every sequence takes one token per step, all in
     // one `forward_multi` (as the server's scheduler does), from an empty
     // cache like `tg`. Untimed first step per level: a new batch width
@@ -385,6 +398,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         println!(
             "{}",
             json!({"model": name, "ngl": m.plan.ngl, "threads": rayon::current_num_threads(),
+                   "depth": a.depth,
                    "pp": {"tokens": a.n_prompt, "tokens_per_second": ppm, "sd": pps},
                    "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs,
                           "gpu_dispatches_per_token": per_token.0,
@@ -397,15 +411,21 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         println!("| model | ngl | threads | test | tokens/s |");
         println!("| --- | --- | --- | --- | --- |");
         let t = rayon::current_num_threads();
+        // llama-bench's label for a test at depth: "tg32 @ d4096".
+        let at = if a.depth > 0 {
+            format!(" @ d{}", a.depth)
+        } else {
+            String::new()
+        };
         if a.n_prompt > 0 {
             println!(
-                "| {name} | {} | {t} | pp{} | {ppm:.2} ± {pps:.2} |",
+                "| {name} | {} | {t} | pp{}{at} | {ppm:.2} ± {pps:.2} |",
                 m.plan.ngl, a.n_prompt
             );
         }
         if a.n_gen > 0 {
             println!(
-                "| {name} | {} | {t} | tg{} | {tgm:.2} ± {tgs:.2} |",
+                "| {name} | {} | {t} | tg{}{at} | {tgm:.2} ± {tgs:.2} |",
                 m.plan.ngl, a.n_gen
             );
         }

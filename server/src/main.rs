@@ -294,6 +294,10 @@ enum BenchCommand {
         n_gen: usize,
         #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
         reps: usize,
+        /// Tokens already in the cache when pp and tg run (llama-bench's -d):
+        /// the cost of attention over a long context.
+        #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+        depth: usize,
         #[arg(
             long = "n-gpu-layers",
             visible_alias = "ngl",
@@ -546,6 +550,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     n_prompt,
                     n_gen,
                     reps,
+                    depth,
                     ngl,
                     threads,
                     npl,
@@ -558,6 +563,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 n_prompt,
                 n_gen,
                 reps,
+                depth,
                 ngl,
                 npl,
                 json,
