@@ -15,6 +15,8 @@ fn scale_min_k4(sb: u32, s: u32) -> vec2<f32> {
     return vec2<f32>(f32(sc), f32(m));
 }
 
+#include "quant/k4_scales.wgsl"
+
 fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     let b = row + 144u * (g >> 4u);
     let S = (g & 15u) >> 1u;
@@ -29,48 +31,6 @@ fn dq16(row: u32, g: u32) -> array<vec4<f32>, 4> {
     for (var i = 0u; i < 4u; i++) {
         let q = (qs[i] >> shift) & 0x0f0f0f0fu;
         o[i] = fma(u8x4(q), vec4<f32>(dl), vec4<f32>(-ml));
-    }
-    return o;
-}
-
-// Sub-block u % 8 of super-block u / 8: the super-block's header (d, dmin
-// and the 12 scale bytes) is one vec4 load and the sub-block's 32 quant
-// bytes two (super-blocks are 144 = 9 * 16 bytes, so rows of them stay
-// 16-byte aligned; the kernel binds the buffer a second time as `w4`):
-// four loads instead of twelve on a device that loads lane by lane. The
-// same operations as dq16.
-fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
-    let b = row + 144u * (u >> 3u);
-    let S = u & 7u;
-    let hd = w4[b >> 4u];
-    // d and dmin through `w`, so every kernel uses both views of the buffer
-    // (an unused binding would leave the kernel's derived layout).
-    let dm = unpack2x16float(w[b >> 2u]);
-    let s0 = hd.y;
-    let s1 = hd.z;
-    let s2 = hd.w;
-    let byte = S & 3u;
-    let sh = 8u * byte;
-    var sc: u32;
-    var m: u32;
-    if (S < 4u) {
-        sc = (s0 >> sh) & 63u;
-        m = (s1 >> sh) & 63u;
-    } else {
-        let a = (s2 >> sh) & 0xffu;
-        sc = (a & 0xfu) | ((((s0 >> sh) & 0xffu) >> 6u) << 4u);
-        m = (a >> 4u) | ((((s1 >> sh) & 0xffu) >> 6u) << 4u);
-    }
-    let dl = dm.x * f32(sc);
-    let ml = dm.y * f32(m);
-    let qv = (b + 16u + 32u * (S >> 1u)) >> 4u;
-    let qa = w4[qv];
-    let qb = w4[qv + 1u];
-    let shift = 4u * (S & 1u);
-    var o: array<vec4<f32>, 8>;
-    for (var i = 0u; i < 4u; i++) {
-        o[i] = fma(u8x4((qa[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
-        o[i + 4u] = fma(u8x4((qb[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
     }
     return o;
 }
@@ -92,6 +52,8 @@ fn dqg_load(row: u32, u0: u32) -> Group {
     var g: Group;
     g.s0 = u0 & 7u;
     g.hd = w4[b >> 4u];
+    // d and dmin through `w`, so every kernel uses both views of the buffer
+    // (an unused binding would leave the kernel's derived layout).
     g.dm = unpack2x16float(w[b >> 2u]);
     let qv = (b + 16u + 32u * (g.s0 >> 1u)) >> 4u;
     g.qa = w4[qv];
@@ -100,20 +62,9 @@ fn dqg_load(row: u32, u0: u32) -> Group {
 }
 
 fn dqg_unit(g: Group, r: u32) -> array<vec4<f32>, 8> {
-    let S = g.s0 + r;
-    let sh = 8u * (S & 3u);
-    var sc: u32;
-    var m: u32;
-    if (S < 4u) {
-        sc = (g.hd.y >> sh) & 63u;
-        m = (g.hd.z >> sh) & 63u;
-    } else {
-        let a = (g.hd.w >> sh) & 0xffu;
-        sc = (a & 0xfu) | ((((g.hd.y >> sh) & 0xffu) >> 6u) << 4u);
-        m = (a >> 4u) | ((((g.hd.z >> sh) & 0xffu) >> 6u) << 4u);
-    }
-    let dl = g.dm.x * f32(sc);
-    let ml = g.dm.y * f32(m);
+    let sm = scale_min_hd(g.hd, g.s0 + r);
+    let dl = g.dm.x * sm.x;
+    let ml = g.dm.y * sm.y;
     let shift = 4u * r;
     var o: array<vec4<f32>, 8>;
     for (var i = 0u; i < 4u; i++) {
@@ -121,4 +72,14 @@ fn dqg_unit(g: Group, r: u32) -> array<vec4<f32>, 8> {
         o[i + 4u] = fma(u8x4((g.qb[i] >> shift) & 0x0f0f0f0fu), vec4<f32>(dl), vec4<f32>(-ml));
     }
     return o;
+}
+
+// Sub-block u % 8 of super-block u / 8, its group of one: the header (d,
+// dmin and the 12 scale bytes) is one vec4 load and the sub-block's 32 quant
+// bytes two (super-blocks are 144 = 9 * 16 bytes, so rows of them stay
+// 16-byte aligned; the kernel binds the buffer a second time as `w4`), four
+// loads instead of twelve on a device that loads lane by lane. The same
+// operations as dq16.
+fn dq32(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    return dqg_unit(dqg_load(row, u & ~1u), u & 1u);
 }
