@@ -73,7 +73,7 @@ struct AttnParams {
     head_dim: u32,
     tab_first: u32,   // token table entry of token 0
     window: u32,      // sliding window (0: none)
-    kv_len: u32,      // row length of the scores scratch: more than any position
+    n_chunks: u32,    // chunks per (token, head) in the partials
     scale: f32,
     q_offset: u32,    // element offset of token 0 in q and out
     _pad0: u32,

@@ -103,7 +103,8 @@ pub(crate) struct AttnParams {
     /// The dispatch's first entry of the token table.
     pub tab_first: u32,
     pub window: u32,
-    pub kv_len: u32,
+    /// Chunks per (token, head) in the partials.
+    pub n_chunks: u32,
     pub scale: f32,
     pub q_offset: u32,
     pub _pad: [u32; 3],

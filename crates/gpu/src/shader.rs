@@ -71,6 +71,7 @@ sources!(
     "copy_f32.wgsl",
     "add_rows.wgsl",
     "attention.wgsl",
+    "attention_combine.wgsl",
     "add_rms_norm.wgsl",
     "glu_split.wgsl",
     "head_norm.wgsl",

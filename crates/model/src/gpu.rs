@@ -212,7 +212,7 @@ struct Segment<'c> {
 struct Scratch {
     n: usize,
     seqs: usize,
-    /// Positions the attention scores have room for.
+    /// Positions the attention partials have room for.
     kv_room: usize,
     logits: Tensor,
     /// The last hidden state of each sequence (multi-sequence steps).
@@ -233,6 +233,7 @@ struct Scratch {
     /// The stacked gate/up product and the gated activation.
     gu: Tensor,
     a: Tensor,
+    /// The attention chunks' partials.
     scores: Tensor,
 }
 
@@ -476,7 +477,9 @@ impl<'a> HybridModel<'a> {
             o: t(n * e)?,
             gu: t(n * 2 * ff)?,
             a: t(n * ff)?,
-            scores: t(n * c.n_head * kv_room)?,
+            scores: t(lamina_gpu::attention_scratch_len(
+                n, c.n_head, c.head_dim, kv_room,
+            ))?,
         })
     }
 

@@ -184,7 +184,7 @@ fn plan_from_bytes(
 
 /// One step's GPU working memory: the activations of a prompt batch through a
 /// block (residual, normed input, Q, K, V, attention output, gate, up), the
-/// attention scores of a batch against the whole context, and the logits of
+/// attention partials of a batch over the whole context, and the logits of
 /// the parallel sequences. An estimate, deliberately generous.
 fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
     let f = 4u64;
@@ -194,7 +194,8 @@ fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
         return logits + b * c.n_embd as u64 * f;
     }
     let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) as u64;
-    let scores = (c.n_head * p.n_ctx) as u64;
+    // The attention partials: head_dim + 4 values per head and chunk.
+    let scores = lamina_gpu::attention_scratch_len(1, c.n_head, c.head_dim, p.n_ctx) as u64;
     b * (acts + scores) * f + logits
 }
 

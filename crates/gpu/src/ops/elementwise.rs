@@ -108,7 +108,12 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
         KernelSpec::new("add_rows.wgsl"),
     ]
     .into_iter()
-    .chain((1..=MAX_HEADS_PER_WG).map(attention_spec))
+    .chain([32, 64, 80, 128, 256, 2048].into_iter().flat_map(|hd| {
+        (1..=MAX_HEADS_PER_WG)
+            .filter(move |&g| attention_shared(g, hd) <= ATTN_SHARED_VALUES)
+            .map(move |g| attention_spec(g, hd))
+    }))
+    .chain([attention_combine_spec()])
     .collect()
 }
 
@@ -120,24 +125,77 @@ const ATTN_Q_VALUES: usize = 2048;
 /// Below this many workgroups an attention step would leave a device's
 /// cores idle, so heads are not grouped further.
 const ATTN_MIN_WGS: usize = 16;
+/// Positions per attention chunk (`shaders/attention.wgsl`). Each chunk of a
+/// token is a workgroup, so a decoded token at position p spreads over
+/// p / 256 + 1 workgroups per head group; the partials cost (head_dim + 4) /
+/// 256 of the scores a whole-context softmax would keep. At least four times
+/// the workgroup size, so the lanes' value sums fit where the scores were.
+pub const ATTN_CHUNK: usize = 256;
+/// Invocations per attention workgroup.
+const ATTN_WG: usize = 64;
+/// Workgroup memory an attention workgroup may use, in f32s (WebGPU's
+/// guaranteed 16 KiB).
+const ATTN_SHARED_VALUES: usize = 4096;
 
-fn attention_spec(heads: usize) -> KernelSpec {
+fn attention_spec(heads: usize, head_dim: usize) -> KernelSpec {
+    let hd4 = head_dim / 4;
     KernelSpec::new("attention.wgsl")
         .def("GC", heads.to_string())
-        .def("RED", (heads * 64).to_string())
+        .def("HD", head_dim.to_string())
+        .def("C", ATTN_CHUNK.to_string())
+        .def("R", (ATTN_WG / hd4).max(1).to_string())
+        .def("QS4", (heads * hd4).to_string())
+        .def("ES", (heads * ATTN_CHUNK).to_string())
+        .def("RED", (heads * ATTN_WG).to_string())
+}
+
+fn attention_combine_spec() -> KernelSpec {
+    KernelSpec::new("attention_combine.wgsl").def("C", ATTN_CHUNK.to_string())
+}
+
+/// Workgroup memory (f32s) of an attention workgroup serving `heads` heads.
+fn attention_shared(heads: usize, head_dim: usize) -> usize {
+    heads * (head_dim + ATTN_CHUNK + ATTN_WG)
+}
+
+/// Chunks of the longest token range of a step whose furthest position is
+/// `kv_len - 1`: the chunk index space of its partials.
+fn attention_chunks(kv_len: usize) -> usize {
+    kv_len.div_ceil(ATTN_CHUNK).max(1)
+}
+
+/// Elements of the scratch [`Batch::attention`] needs for `n_tokens` tokens
+/// of `n_head` heads of `head_dim` whose positions are below `kv_len`: the
+/// chunk partials, `head_dim + 4` values per (token, head, chunk).
+pub fn attention_scratch_len(
+    n_tokens: usize,
+    n_head: usize,
+    head_dim: usize,
+    kv_len: usize,
+) -> usize {
+    n_tokens
+        .saturating_mul(n_head)
+        .saturating_mul(attention_chunks(kv_len))
+        .saturating_mul(head_dim + 4)
 }
 
 /// Query heads per attention workgroup: a divisor of the group size (the
-/// heads sharing a KV head), at most 8 and 2048 query values, as large as
-/// still gives ATTN_MIN_WGS workgroups (more sharing of each key and value
-/// load, enough workgroups to fill the device); 1 when nothing larger fits.
-/// Every choice gives the same bits.
-fn heads_per_wg(n_tokens: usize, n_head: usize, n_kv_head: usize, head_dim: usize) -> usize {
+/// heads sharing a KV head), at most 8 and within the workgroup memory, as
+/// large as still gives ATTN_MIN_WGS workgroups (more sharing of each key
+/// and value load, enough workgroups to fill the device); 1 when nothing
+/// larger fits. Every choice gives the same bits.
+fn heads_per_wg(
+    n_tokens: usize,
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    chunks: usize,
+) -> usize {
     let group = n_head / n_kv_head;
     (1..=group.min(MAX_HEADS_PER_WG))
         .rev()
-        .filter(|g| group % g == 0 && g * head_dim <= ATTN_Q_VALUES)
-        .find(|g| n_tokens * n_head / g >= ATTN_MIN_WGS)
+        .filter(|&g| group % g == 0 && attention_shared(g, head_dim) <= ATTN_SHARED_VALUES)
+        .find(|g| n_tokens * n_head / g * chunks >= ATTN_MIN_WGS)
         .unwrap_or(1)
 }
 
@@ -421,19 +479,20 @@ impl Batch<'_> {
     }
 
     /// Causal attention of `q` over the KV cache `k`, `v` into `out`, using
-    /// `scores` (≥ `n_tokens · n_head · (pos0 + n_tokens)` elements) as scratch.
-    /// Layouts: `q`, `out` = `[token][head][head_dim]`; `k`, `v` =
-    /// `[position][kv_head][head_dim]` (see `shaders/attention.wgsl`).
+    /// `scratch` (≥ [`attention_scratch_len`] elements) for the partials of
+    /// tokens whose positions span several chunks. Layouts: `q`, `out` =
+    /// `[token][head][head_dim]`; `k`, `v` = `[position][kv_head][head_dim]`
+    /// (see `shaders/attention.wgsl`); `head_dim` a multiple of 4.
     pub fn attention(
         &mut self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        scores: &Tensor,
+        scratch: &Tensor,
         out: &Tensor,
         a: &Attention,
     ) -> Result<(), GpuError> {
-        self.attention_at(q, k, v, scores, out, a, 0)
+        self.attention_at(q, k, v, scratch, out, a, 0)
     }
 
     /// [`Batch::attention`] for tokens stored from token index `first` of
@@ -444,7 +503,7 @@ impl Batch<'_> {
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        scores: &Tensor,
+        scratch: &Tensor,
         out: &Tensor,
         a: &Attention,
         first: usize,
@@ -456,22 +515,23 @@ impl Batch<'_> {
             host: &host,
             gpu: &gpu,
         };
-        self.attention_rows(q, k, v, scores, out, a, table, first)
+        self.attention_rows(q, k, v, scratch, out, a, table, first)
     }
 
     /// Attention for tokens `first .. first + a.n_tokens` of `q` and `out`,
     /// each at the position and over the cache rows its entry of `table`
     /// gives (`a.pos0` is not used): tokens of several sequences sharing the
     /// cache buffers `k` and `v` in one dispatch, each with the bits it gets
-    /// alone. `scores` needs `n_tokens · n_head · (largest position + 1)`
-    /// elements.
+    /// alone. `scratch` needs [`attention_scratch_len`] of (`n_tokens`,
+    /// `n_head`, `head_dim`, largest position + 1) elements. One dispatch,
+    /// and a second to join the chunks when some token spans more than one.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_rows(
         &mut self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        scores: &Tensor,
+        scratch: &Tensor,
         out: &Tensor,
         a: &Attention,
         table: TokenTable<'_>,
@@ -484,8 +544,9 @@ impl Batch<'_> {
             .ok_or_else(|| bad(format!("a table of {} entries", table.host.len())))?;
         let kvd = a.n_kv_head * a.head_dim;
         // Every token's rows (its sequence's, up to its own) inside the
-        // caches; the scores rows as long as the furthest position needs.
+        // caches; the partials as many chunks as the furthest position needs.
         let mut kv_len = 0usize;
+        let mut split = false;
         for e in rows {
             let end = (e.row as usize + 1).checked_mul(kvd);
             if e.pos > e.row || end.is_none_or(|end| end > k.len() || end > v.len()) {
@@ -497,34 +558,44 @@ impl Batch<'_> {
                     v.len()
                 )));
             }
-            kv_len = kv_len.max(e.pos as usize + 1);
+            let pos = e.pos as usize;
+            kv_len = kv_len.max(pos + 1);
+            let lo = if a.window > 0 {
+                (pos + 1).saturating_sub(a.window)
+            } else {
+                0
+            };
+            split |= lo / ATTN_CHUNK != pos / ATTN_CHUNK;
         }
         let q_offset = first * a.n_head * a.head_dim;
         let q_len = q_offset + a.n_tokens * a.n_head * a.head_dim;
+        let chunks = attention_chunks(kv_len);
         if a.n_kv_head == 0
             || a.head_dim == 0
+            || a.head_dim % 4 != 0
             || a.head_dim > ATTN_Q_VALUES
             || a.n_head % a.n_kv_head != 0
             || q.len() < q_len
             || out.len() < q_len
-            || scores.len() < a.n_tokens * a.n_head * kv_len
+            || scratch.len() < attention_scratch_len(a.n_tokens, a.n_head, a.head_dim, kv_len)
         {
             return Err(bad(format!(
-                "q {}, scores {}, out {} elements",
+                "q {}, scratch {}, out {} elements (head_dim a multiple of 4 up to {ATTN_Q_VALUES})",
                 q.len(),
-                scores.len(),
+                scratch.len(),
                 out.len()
             )));
         }
-        Self::distinct(OP, scores, &[q, k, v, out, table.gpu])?;
+        Self::distinct(OP, scratch, &[q, k, v, out, table.gpu])?;
         Self::distinct(OP, out, &[q, k, v, table.gpu])?;
         if a.n_tokens == 0 || a.n_head == 0 {
             return Ok(());
         }
-        let heads = heads_per_wg(a.n_tokens, a.n_head, a.n_kv_head, a.head_dim);
-        let groups = to_u32(OP, "rows", a.n_tokens * a.n_head / heads)?;
-        to_u32(OP, "scores", a.n_tokens * a.n_head * kv_len)?;
+        let heads = heads_per_wg(a.n_tokens, a.n_head, a.n_kv_head, a.head_dim, chunks);
+        let groups = to_u32(OP, "workgroups", a.n_tokens * a.n_head / heads * chunks)?;
+        to_u32(OP, "scratch", scratch.len())?;
         to_u32(OP, "cache", k.len().min(v.len()))?;
+        to_u32(OP, "q", q_len)?;
         let params = AttnParams {
             n_tokens: to_u32(OP, "n_tokens", a.n_tokens)?,
             n_head: to_u32(OP, "n_head", a.n_head)?,
@@ -532,19 +603,36 @@ impl Batch<'_> {
             head_dim: to_u32(OP, "head_dim", a.head_dim)?,
             tab_first: to_u32(OP, "first", first)?,
             window: to_u32(OP, "window", a.window)?,
-            kv_len: to_u32(OP, "kv_len", kv_len)?,
+            n_chunks: to_u32(OP, "n_chunks", chunks)?,
             scale: a.scale,
             q_offset: to_u32(OP, "q_offset", q_offset)?,
             _pad: [0; 3],
         };
         let (gx, gy) = self.gpu.grid(groups);
         self.push(
-            &attention_spec(heads),
+            &attention_spec(heads, a.head_dim),
             &[
                 (&q.buf, None),
                 (&k.buf, None),
                 (&v.buf, None),
-                (&scores.buf, None),
+                (&scratch.buf, None),
+                (&out.buf, None),
+                (&table.gpu.buf, None),
+            ],
+            &params,
+            [gx, gy, 1],
+        )?;
+        if !split {
+            return Ok(());
+        }
+        let columns = a.n_tokens * a.n_head * a.head_dim / 4;
+        let (gx, gy) = self
+            .gpu
+            .grid(to_u32(OP, "columns", columns.div_ceil(ATTN_WG))?);
+        self.push(
+            &attention_combine_spec(),
+            &[
+                (&scratch.buf, None),
                 (&out.buf, None),
                 (&table.gpu.buf, None),
             ],

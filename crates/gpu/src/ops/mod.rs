@@ -16,7 +16,7 @@ pub mod matmul;
 
 #[cfg(test)]
 pub(crate) use elementwise::elementwise_specs;
-pub use elementwise::{Attention, Rope, TokenRow, TokenTable};
+pub use elementwise::{attention_scratch_len, Attention, Rope, TokenRow, TokenTable, ATTN_CHUNK};
 #[cfg(test)]
 pub(crate) use fused::fused_specs;
 pub use fused::{Gate, QkvLayout};

@@ -3,7 +3,7 @@
 use super::common;
 
 use common::Rng;
-use lamina_gpu::{Attention, Gpu, Rope, Tensor};
+use lamina_gpu::{attention_scratch_len, Attention, Gpu, Rope, Tensor};
 
 /// RMSNorm: a 1000-term f32 sum of squares (relative error ≲ 1000·ε/√3 in
 /// the worst order, far less in a tree), a divide, a square root and two
@@ -275,11 +275,15 @@ fn attention_matches_reference() {
     let (_turn, gpu) = common::gpu();
     let mut rng = Rng::new(17);
     // Prefill with GQA and a window; decode with a long cache (more cache
-    // positions than invocations per workgroup).
+    // positions than a chunk: partials joined by the second pass), also
+    // with a window that starts inside a chunk; a prompt across a chunk
+    // boundary (tokens with one chunk and with two in one step).
     let cases = [
         (3, 5, 4, 2, 64, 0),
         (3, 5, 4, 2, 64, 4),
         (1, 300, 2, 1, 128, 0),
+        (1, 900, 4, 2, 64, 333),
+        (12, 250, 6, 3, 80, 0),
         (6, 0, 2, 2, 32, 0),
         // Enough tokens that a workgroup serves several heads of a group
         // (gemma3's head_dim 256, four heads on one KV head).
@@ -309,7 +313,10 @@ fn attention_matches_reference() {
             gpu.upload_f32(&k).unwrap(),
             gpu.upload_f32(&v).unwrap(),
         );
-        let scores = common::poisoned(gpu, n_tokens * n_head * kv_len);
+        let scores = common::poisoned(
+            gpu,
+            attention_scratch_len(n_tokens, n_head, head_dim, kv_len),
+        );
         let got = run(gpu, q.len(), |b, y| {
             b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
         });
@@ -323,50 +330,56 @@ fn attention_matches_reference() {
 }
 
 /// A token's attention has the same bits whether its step holds one token
-/// (one head per workgroup) or twenty (a workgroup serves four heads).
+/// (one head per workgroup) or twenty (a workgroup serves four heads), also
+/// when its positions span several chunks and others' do not.
 #[test]
 fn attention_is_the_same_for_a_token_alone_and_in_a_batch() {
     let (_turn, gpu) = common::gpu();
     let mut rng = Rng::new(19);
-    let (n_tokens, pos0, n_head, n_kv_head, head_dim) = (20, 3, 8, 2, 64);
-    let a = Attention {
-        n_tokens,
-        n_head,
-        n_kv_head,
-        head_dim,
-        pos0,
-        window: 0,
-        scale: 0.125,
-    };
-    let kv_len = pos0 + n_tokens;
-    let q = rng.vec(n_tokens * n_head * head_dim);
-    let (k, v) = (
-        rng.vec(kv_len * n_kv_head * head_dim),
-        rng.vec(kv_len * n_kv_head * head_dim),
-    );
-    let (qt, kt, vt) = (
-        gpu.upload_f32(&q).unwrap(),
-        gpu.upload_f32(&k).unwrap(),
-        gpu.upload_f32(&v).unwrap(),
-    );
-    let scores = common::poisoned(gpu, n_tokens * n_head * kv_len);
-    let batch = run(gpu, q.len(), |b, y| {
-        b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
-    });
-    let alone = run(gpu, q.len(), |b, y| {
-        for t in 0..n_tokens {
-            let one = Attention {
-                n_tokens: 1,
-                pos0: pos0 + t,
-                ..a
-            };
-            b.attention_at(&qt, &kt, &vt, &scores, y, &one, t).unwrap();
-        }
-    });
-    let diff = (0..q.len())
-        .filter(|&i| batch[i].to_bits() != alone[i].to_bits())
-        .count();
-    assert_eq!(diff, 0, "{diff} of {} outputs differ", q.len());
+    for (n_tokens, pos0, window) in [(20, 3, 0), (20, 245, 0), (9, 500, 300)] {
+        let (n_head, n_kv_head, head_dim) = (8, 2, 64);
+        let a = Attention {
+            n_tokens,
+            n_head,
+            n_kv_head,
+            head_dim,
+            pos0,
+            window,
+            scale: 0.125,
+        };
+        let kv_len = pos0 + n_tokens;
+        let q = rng.vec(n_tokens * n_head * head_dim);
+        let (k, v) = (
+            rng.vec(kv_len * n_kv_head * head_dim),
+            rng.vec(kv_len * n_kv_head * head_dim),
+        );
+        let (qt, kt, vt) = (
+            gpu.upload_f32(&q).unwrap(),
+            gpu.upload_f32(&k).unwrap(),
+            gpu.upload_f32(&v).unwrap(),
+        );
+        let scores = common::poisoned(
+            gpu,
+            attention_scratch_len(n_tokens, n_head, head_dim, kv_len),
+        );
+        let batch = run(gpu, q.len(), |b, y| {
+            b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
+        });
+        let alone = run(gpu, q.len(), |b, y| {
+            for t in 0..n_tokens {
+                let one = Attention {
+                    n_tokens: 1,
+                    pos0: pos0 + t,
+                    ..a
+                };
+                b.attention_at(&qt, &kt, &vt, &scores, y, &one, t).unwrap();
+            }
+        });
+        let diff = (0..q.len())
+            .filter(|&i| batch[i].to_bits() != alone[i].to_bits())
+            .count();
+        assert_eq!(diff, 0, "{a:?}: {diff} of {} outputs differ", q.len());
+    }
 }
 
 #[test]
