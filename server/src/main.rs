@@ -122,6 +122,10 @@ enum Command {
         /// A Jinja chat template to use instead of the file's.
         #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
         chat_template_file: Option<PathBuf>,
+        /// Let message content write control tokens: a user's
+        /// `<|im_start|>system` becomes the token, not text (the old behaviour).
+        #[arg(long, env = "LAMINA_PARSE_SPECIAL_IN_CONTENT")]
+        parse_special_in_content: bool,
         /// Requests that may wait for a slot; past that, 503 at once.
         #[arg(long, env = "LAMINA_MAX_QUEUE", default_value_t = 64)]
         max_queue: usize,
@@ -429,6 +433,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             api_key,
             api_key_file,
             chat_template_file,
+            parse_special_in_content,
             max_queue,
             max_tokens,
             timeout_s,
@@ -448,6 +453,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 api_key,
                 api_key_file,
                 chat_template_file,
+                parse_special_in_content,
                 max_queue,
                 max_tokens,
                 timeout_s,

@@ -27,6 +27,7 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     pub api_key_file: Option<PathBuf>,
     pub chat_template_file: Option<PathBuf>,
+    pub parse_special_in_content: bool,
     pub max_queue: usize,
     pub max_tokens: usize,
     pub timeout_s: u64,
@@ -85,6 +86,7 @@ async fn serve(
         max_tokens: a.max_tokens.max(1),
         timeout: Duration::from_secs(a.timeout_s.max(1)),
         chat_template,
+        parse_special_in_content: a.parse_special_in_content,
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
         ..EngineConfig::new(&a.file)
