@@ -100,3 +100,60 @@ fn an_oversize_body_is_refused_from_its_headers_and_the_client_reads_413() {
     let r = client::get(server.port, "/health");
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// Sends `signal` (a `kill -s` name) to the server process.
+fn signal(server: &Server, name: &str) {
+    let pid = server.child.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args(["-s", name, &pid])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Waits for the server to exit; its status and how long that took.
+fn exit_within(server: &mut Server, limit: Duration) -> (std::process::ExitStatus, Duration) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return (status, t0.elapsed());
+        }
+        assert!(t0.elapsed() < limit, "still running after {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A request whose body never comes: it stays open (up to --read-timeout),
+/// which graceful shutdown waits for.
+fn hold_a_request(port: u16) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(&post_head(100, "")).unwrap();
+    // Give the server time to start on it.
+    std::thread::sleep(Duration::from_millis(300));
+    s
+}
+
+#[test]
+fn shutdown_gives_up_after_the_grace_and_a_second_signal_exits_at_once() {
+    // Past --shutdown-grace, the process exits non-zero although a request
+    // is still open (before this, it waited for the request however long).
+    let mut server = Server::start(&["--read-timeout", "60", "--shutdown-grace", "1"], &[]);
+    let _held = hold_a_request(server.port);
+    signal(&server, "TERM");
+    let (status, took) = exit_within(&mut server, Duration::from_secs(10));
+    assert!(!status.success() && status.code().is_some(), "{status:?}");
+    assert!(took >= Duration::from_millis(800), "{took:?}");
+
+    // A second signal exits at once, long before the grace is over.
+    let mut server = Server::start(&["--read-timeout", "60", "--shutdown-grace", "60"], &[]);
+    let _held = hold_a_request(server.port);
+    signal(&server, "TERM");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "the first signal waits"
+    );
+    signal(&server, "INT");
+    let (status, _) = exit_within(&mut server, Duration::from_secs(5));
+    assert_eq!(status.code(), Some(130), "{status:?}");
+}
