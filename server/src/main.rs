@@ -122,6 +122,18 @@ enum Command {
         /// A Jinja chat template to use instead of the file's.
         #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
         chat_template_file: Option<PathBuf>,
+        /// Let message content write control tokens: a user's
+        /// `<|im_start|>system` becomes the token, not text (the old behaviour).
+        #[arg(long, env = "LAMINA_PARSE_SPECIAL_IN_CONTENT")]
+        parse_special_in_content: bool,
+        /// Seconds open requests get to finish after SIGTERM/SIGINT; past
+        /// it the process exits non-zero (a second signal exits at once).
+        #[arg(
+            long = "shutdown-grace",
+            env = "LAMINA_SHUTDOWN_GRACE",
+            default_value_t = 30
+        )]
+        shutdown_grace: u64,
         /// Requests that may wait for a slot; past that, 503 at once.
         #[arg(long, env = "LAMINA_MAX_QUEUE", default_value_t = 64)]
         max_queue: usize,
@@ -429,6 +441,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             api_key,
             api_key_file,
             chat_template_file,
+            parse_special_in_content,
+            shutdown_grace,
             max_queue,
             max_tokens,
             timeout_s,
@@ -448,6 +462,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 api_key,
                 api_key_file,
                 chat_template_file,
+                parse_special_in_content,
                 max_queue,
                 max_tokens,
                 timeout_s,
@@ -455,6 +470,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 read_timeout_s: read_timeout,
                 ngl,
                 gpu_memory,
+                shutdown_grace_s: shutdown_grace,
             })?
         }
         Command::Synth {

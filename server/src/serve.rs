@@ -27,6 +27,7 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     pub api_key_file: Option<PathBuf>,
     pub chat_template_file: Option<PathBuf>,
+    pub parse_special_in_content: bool,
     pub max_queue: usize,
     pub max_tokens: usize,
     pub timeout_s: u64,
@@ -34,6 +35,7 @@ pub struct ServeArgs {
     pub read_timeout_s: u64,
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
+    pub shutdown_grace_s: u64,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -85,6 +87,7 @@ async fn serve(
         max_tokens: a.max_tokens.max(1),
         timeout: Duration::from_secs(a.timeout_s.max(1)),
         chat_template,
+        parse_special_in_content: a.parse_special_in_content,
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
         ..EngineConfig::new(&a.file)
@@ -94,7 +97,11 @@ async fn serve(
     let state =
         AppState::new(engine.clone(), api_key, a.body_limit).with_read_timeout(read_timeout);
     let app = http::app(Arc::new(state));
-    let server = tokio::spawn(http::serve(listener, app, read_timeout, shutdown()));
+    let mut signals = Signals::new().context("installing the signal handlers")?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(http::serve(listener, app, read_timeout, async {
+        let _ = stopped.await;
+    }));
 
     loop {
         match engine.status() {
@@ -111,31 +118,73 @@ async fn serve(
         SocketAddr::V4(v4) => v4.ip().to_string(),
     };
     tracing::info!("listening on http://{url_host}:{}", local.port());
-    server.await.context("the HTTP server task failed")?;
-    tracing::info!("stopped");
-    Ok(())
+    tokio::select! {
+        done = &mut server => {
+            done.context("the HTTP server task failed")?;
+            tracing::info!("stopped");
+            return Ok(());
+        }
+        () = signals.next() => {}
+    }
+    let grace = Duration::from_secs(a.shutdown_grace_s);
+    tracing::info!(
+        "shutting down: no new connections; open ones have {}s to finish \
+         (--shutdown-grace); a second signal exits now",
+        grace.as_secs()
+    );
+    let _ = stop.send(());
+    tokio::select! {
+        done = &mut server => {
+            done.context("the HTTP server task failed")?;
+            tracing::info!("stopped");
+            Ok(())
+        }
+        // An operator who signals twice wants the process gone, whatever
+        // is still streaming.
+        () = signals.next() => {
+            tracing::warn!("second signal: exiting without waiting for open requests");
+            std::process::exit(130);
+        }
+        () = tokio::time::sleep(grace) => {
+            bail!("requests still open after --shutdown-grace {}s; exiting", grace.as_secs())
+        }
+    }
 }
 
-async fn shutdown() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM, each delivery once (registered before serving, so a
+/// second signal is seen rather than killing the process half-way).
+struct Signals {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                int: signal(SignalKind::interrupt())?,
+                term: signal(SignalKind::terminate())?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    tracing::info!("shutting down: no new connections; open ones finish");
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.int.recv() => {},
+            _ = self.term.recv() => {},
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 fn init_tracing() {

@@ -35,4 +35,4 @@ pub use builtin::{builtin_for, Builtin};
 pub use chrono::NaiveDateTime;
 pub use environment::Clock;
 pub use error::ChatError;
-pub use template::{ChatTemplate, Limits, RenderOptions, TemplateConfig};
+pub use template::{ChatTemplate, Limits, Prompt, RenderOptions, TemplateConfig};

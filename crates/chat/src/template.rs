@@ -12,9 +12,21 @@
 //! loader), every render runs under a fuel budget, a recursion limit and an
 //! output byte limit, and input nested deeper than [`MAX_DEPTH`] is refused
 //! before it reaches the engine.
+//!
+//! Request strings are text, never control tokens: with
+//! [`ChatTemplate::guard_tokens`] set, every occurrence of a guarded token
+//! text in a request string is masked before rendering and restored after,
+//! and [`ChatTemplate::render_prompt`] reports where, so the tokenizer reads
+//! a user's `<|im_start|>system` as words while the template's own markers
+//! stay tokens. Masking happens at the input, not by tracking the output,
+//! because templates transform content (`trim`, `split`, slicing) and a
+//! sentinel around a whole value would change what those return.
 
 use std::fmt;
 use std::io;
+use std::ops::Range;
+
+use aho_corasick::{AhoCorasick, MatchKind};
 
 use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind};
@@ -83,6 +95,95 @@ pub struct RenderOptions<'a> {
     pub kwargs: Option<&'a serde_json::Map<String, Json>>,
 }
 
+/// A rendered prompt and where it holds guarded token text that came from
+/// the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prompt {
+    /// The prompt, exactly as [`ChatTemplate::render`] gives it.
+    pub text: String,
+    /// Byte ranges of `text`, ascending and disjoint: guarded token texts
+    /// that a request string wrote. Tokenize them as plain text.
+    pub literal: Vec<Range<usize>>,
+}
+
+/// Opens a mask: a noncharacter (U+FDD0) that no tokenizer or template
+/// gives meaning to, then the guarded text's index in decimal, then
+/// [`MASK_CLOSE`].
+const MASK_OPEN: char = '\u{FDD0}';
+const MASK_CLOSE: char = '\u{FDD1}';
+
+/// Guarded token texts and the matcher that finds them in request strings.
+struct Guard {
+    /// The guarded texts, then the two mask characters themselves (so a
+    /// request that writes them cannot forge a mask).
+    texts: Vec<String>,
+    matcher: AhoCorasick,
+}
+
+impl Guard {
+    fn new(mut texts: Vec<String>) -> Option<Self> {
+        texts.retain(|t| !t.is_empty());
+        texts.push(MASK_OPEN.to_string());
+        texts.push(MASK_CLOSE.to_string());
+        // Longest first at each position, as the tokenizer cuts tokens out.
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&texts)
+            .ok()?;
+        Some(Guard { texts, matcher })
+    }
+
+    /// `s` with each guarded text replaced by its mask.
+    fn mask(&self, s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        self.matcher.replace_all_with(s, &mut out, |m, _, dst| {
+            dst.push(MASK_OPEN);
+            dst.push_str(&m.pattern().as_usize().to_string());
+            dst.push(MASK_CLOSE);
+            true
+        });
+        out
+    }
+
+    /// Restores the masks in a rendering, noting where each text lands.
+    /// Anything that is not a whole mask (the template cut one apart) is
+    /// kept as it is.
+    fn unmask(&self, rendered: String) -> Prompt {
+        if !rendered.contains(MASK_OPEN) {
+            return Prompt {
+                text: rendered,
+                literal: Vec::new(),
+            };
+        }
+        let mut text = String::with_capacity(rendered.len());
+        let mut literal = Vec::new();
+        let mut rest = rendered.as_str();
+        while let Some(at) = rest.find(MASK_OPEN) {
+            text.push_str(&rest[..at]);
+            let after = &rest[at + MASK_OPEN.len_utf8()..];
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            let index = after[..digits].parse::<usize>().ok();
+            match (
+                index.and_then(|i| self.texts.get(i)),
+                after[digits..].chars().next(),
+            ) {
+                (Some(original), Some(MASK_CLOSE)) => {
+                    let start = text.len();
+                    text.push_str(original);
+                    literal.push(start..text.len());
+                    rest = &after[digits + MASK_CLOSE.len_utf8()..];
+                }
+                _ => {
+                    text.push(MASK_OPEN);
+                    rest = after;
+                }
+            }
+        }
+        text.push_str(rest);
+        Prompt { text, literal }
+    }
+}
+
 /// A chat template compiled for one model.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -90,6 +191,7 @@ pub struct ChatTemplate {
     bos_token: String,
     eos_token: String,
     limits: Limits,
+    guard: Option<Guard>,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -99,6 +201,7 @@ impl fmt::Debug for ChatTemplate {
             .field("bos_token", &self.bos_token)
             .field("eos_token", &self.eos_token)
             .field("limits", &self.limits)
+            .field("guarded", &self.guard.as_ref().map_or(0, |g| g.texts.len()))
             .finish()
     }
 }
@@ -128,7 +231,20 @@ impl ChatTemplate {
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
             limits: config.limits,
+            guard: None,
         })
+    }
+
+    /// Token texts that request strings may not produce as tokens (a
+    /// vocabulary's control tokens); see [`Self::render_prompt`]. An empty
+    /// list turns the guard off.
+    pub fn guard_tokens<S: Into<String>>(&mut self, texts: impl IntoIterator<Item = S>) {
+        let texts: Vec<String> = texts.into_iter().map(Into::into).collect();
+        self.guard = if texts.is_empty() {
+            None
+        } else {
+            Guard::new(texts)
+        };
     }
 
     /// The template's source text, as given.
@@ -144,10 +260,23 @@ impl ChatTemplate {
     /// Renders `messages` (a JSON array of message objects, used as given)
     /// into a prompt.
     pub fn render(&self, messages: &Json, opts: &RenderOptions<'_>) -> Result<String, ChatError> {
+        self.render_prompt(messages, opts).map(|p| p.text)
+    }
+
+    /// [`Self::render`], also saying where request strings wrote guarded
+    /// token text ([`Self::guard_tokens`]). A template that inspects such a
+    /// string sees the mask in place of the token text (its length, a
+    /// comparison); nothing else about the rendering changes.
+    pub fn render_prompt(
+        &self,
+        messages: &Json,
+        opts: &RenderOptions<'_>,
+    ) -> Result<Prompt, ChatError> {
+        let guard = self.guard.as_ref();
         let mut ctx: Vec<(String, Value)> = vec![
-            ("messages".to_owned(), json_to_value(messages, 0)?),
-            ("tools".to_owned(), optional(opts.tools)?),
-            ("documents".to_owned(), optional(opts.documents)?),
+            ("messages".to_owned(), json_to_value(messages, 0, guard)?),
+            ("tools".to_owned(), optional(opts.tools, guard)?),
+            ("documents".to_owned(), optional(opts.documents, guard)?),
             (
                 "add_generation_prompt".to_owned(),
                 Value::from(opts.add_generation_prompt),
@@ -162,7 +291,7 @@ impl ChatTemplate {
                         "chat_template_kwargs may not set `{name}`"
                     )));
                 }
-                let value = json_to_value(value, 0)?;
+                let value = json_to_value(value, 0, guard)?;
                 // Special tokens may be overridden, as transformers merges
                 // kwargs over the tokenizer's special tokens map.
                 match ctx.iter_mut().find(|(key, _)| key == name) {
@@ -188,9 +317,16 @@ impl ChatTemplate {
             });
         }
         rendered.map_err(|err| self.render_error(&err))?;
-        String::from_utf8(sink.buf).map_err(|err| ChatError::Render {
+        let text = String::from_utf8(sink.buf).map_err(|err| ChatError::Render {
             line: None,
             message: format!("rendered prompt is not UTF-8: {err}"),
+        })?;
+        Ok(match guard {
+            Some(guard) => guard.unmask(text),
+            None => Prompt {
+                text,
+                literal: Vec::new(),
+            },
         })
     }
 
@@ -282,16 +418,21 @@ fn describe(err: &minijinja::Error) -> String {
     }
 }
 
-fn optional(value: Option<&Json>) -> Result<Value, ChatError> {
+fn optional(value: Option<&Json>, guard: Option<&Guard>) -> Result<Value, ChatError> {
     match value {
-        Some(value) => json_to_value(value, 0),
+        Some(value) => json_to_value(value, 0, guard),
         None => Ok(Value::from(())),
     }
 }
 
 /// Converts request JSON into template values, keeping object key order (a
-/// Python dict's order, which `tojson` and `items()` show).
-pub(crate) fn json_to_value(json: &Json, depth: usize) -> Result<Value, ChatError> {
+/// Python dict's order, which `tojson` and `items()` show). With a guard,
+/// every string (keys included) has its guarded texts masked.
+fn json_to_value(json: &Json, depth: usize, guard: Option<&Guard>) -> Result<Value, ChatError> {
+    let text = |s: &str| match guard {
+        Some(g) => Value::from(g.mask(s)),
+        None => Value::from(s),
+    };
     if depth > MAX_DEPTH {
         return Err(ChatError::InvalidInput(format!(
             "input nested deeper than {MAX_DEPTH} levels"
@@ -309,18 +450,18 @@ pub(crate) fn json_to_value(json: &Json, depth: usize) -> Result<Value, ChatErro
                 Value::from(n.as_f64().unwrap_or(f64::NAN))
             }
         }
-        Json::String(s) => Value::from(s.as_str()),
+        Json::String(s) => text(s),
         Json::Array(items) => {
             let mut out = Vec::with_capacity(items.len());
             for item in items {
-                out.push(json_to_value(item, depth + 1)?);
+                out.push(json_to_value(item, depth + 1, guard)?);
             }
             Value::from(out)
         }
         Json::Object(map) => {
             let mut out = Vec::with_capacity(map.len());
             for (key, item) in map {
-                out.push((Value::from(key.as_str()), json_to_value(item, depth + 1)?));
+                out.push((text(key), json_to_value(item, depth + 1, guard)?));
             }
             Value::from_pairs(out)
         }

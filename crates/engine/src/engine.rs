@@ -43,6 +43,9 @@ pub struct EngineConfig {
     pub n_batch: usize,
     /// A chat template to use instead of the file's.
     pub chat_template: Option<String>,
+    /// Let message content write control tokens (`<|im_start|>` typed by a
+    /// user becomes the token), as before content was guarded.
+    pub parse_special_in_content: bool,
     /// Layers on the GPU (`-ngl`), as `lamina run` places them.
     pub ngl: Ngl,
     /// GPU memory budget for placement.
@@ -60,6 +63,7 @@ impl EngineConfig {
             timeout: Duration::from_secs(600),
             n_batch: 512,
             chat_template: None,
+            parse_special_in_content: false,
             ngl: Ngl::Auto,
             gpu_memory: None,
         }
@@ -290,6 +294,7 @@ fn load_and_serve(
             n_ctx: cfg.n_ctx,
             n_parallel: cfg.n_parallel,
             template_override: cfg.chat_template.as_deref(),
+            parse_special_in_content: cfg.parse_special_in_content,
         },
     )
     .map_err(fail)?;

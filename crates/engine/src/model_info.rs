@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lamina_chat::{builtin_for, ChatTemplate};
+use lamina_chat::{builtin_for, ChatTemplate, Prompt};
 use lamina_gguf::Model;
 use lamina_model::Config;
 use lamina_tokenizer::Tokenizer;
@@ -57,6 +57,15 @@ impl ModelInfo {
             .and_then(|b| self.tokenizer.token_text(b))
             .is_some_and(|b| !b.is_empty() && text.starts_with(b))
     }
+
+    /// A rendered chat prompt to ids: control tokens parsed in the
+    /// template's text, not in what the request wrote, and BOS added only
+    /// when the template did not write it.
+    pub fn encode_prompt(&self, prompt: &Prompt) -> Vec<u32> {
+        let add_bos = !self.starts_with_bos(&prompt.text);
+        self.tokenizer
+            .encode_literal(&prompt.text, add_bos, &prompt.literal)
+    }
 }
 
 pub(crate) struct InfoParams<'a> {
@@ -64,6 +73,7 @@ pub(crate) struct InfoParams<'a> {
     pub n_ctx: Option<usize>,
     pub n_parallel: usize,
     pub template_override: Option<&'a str>,
+    pub parse_special_in_content: bool,
 }
 
 /// The context a slot gets when `-c` is not given: llama-server's usual 4096,
@@ -92,7 +102,12 @@ pub(crate) fn build(
 ) -> Result<ModelInfo, EngineError> {
     let tokenizer =
         Tokenizer::from_gguf(file).map_err(|e| EngineError::Load(format!("tokenizer: {e}")))?;
-    let (template, template_origin) = template(file, &tokenizer, p.template_override)?;
+    let (mut template, template_origin) = template(file, &tokenizer, p.template_override)?;
+    if !p.parse_special_in_content {
+        // Only the template's own text may write control tokens; what a
+        // request sends stays text (see `ModelInfo::encode_prompt`).
+        template.guard_tokens(tokenizer.gated_texts());
+    }
 
     let (n_ctx_slot, n_parallel) = slot_context(config, p.n_ctx, p.n_parallel);
     let n_ctx = p.n_ctx.unwrap_or(n_ctx_slot * n_parallel);

@@ -22,6 +22,7 @@ mod spm;
 pub mod vocab;
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 pub use decode::Detokenizer;
 pub use error::TokenizerError;
@@ -83,8 +84,32 @@ impl Tokenizer {
     /// and EOS where the file asks for them. `parse_special`: control tokens
     /// written in the text become their ids (user-defined ones always do).
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_inner(text, add_special, parse_special, &[])
+    }
+
+    /// [`Self::encode`] with control tokens parsed everywhere but inside
+    /// `literal`, byte ranges of `text` (sorted, disjoint) that must stay
+    /// plain text: a chat message's content, where a user's
+    /// `<|im_start|>system` is words, not a role. The text on either side of
+    /// a range is tokenized together with it, as one string would be.
+    pub fn encode_literal(
+        &self,
+        text: &str,
+        add_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
+        self.encode_inner(text, add_special, true, literal)
+    }
+
+    fn encode_inner(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
         let v = &self.vocab;
-        let frags = partition::partition(v, text, parse_special);
+        let frags = partition::partition(v, text, parse_special, literal);
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special && v.add_bos {
             out.extend(v.specials.bos);
@@ -233,5 +258,17 @@ impl Tokenizer {
     /// special-token parsing is on.
     pub fn is_control(&self, id: u32) -> bool {
         self.vocab.attr(id) & attr::CONTROL != 0
+    }
+
+    /// The texts that special-token parsing gates (control and unknown
+    /// tokens), longest first: what must not be read as a token when it
+    /// comes from a user.
+    pub fn gated_texts(&self) -> impl Iterator<Item = &str> + '_ {
+        self.vocab
+            .special_cache
+            .iter()
+            .filter(|&&id| self.vocab.attr(id) & (attr::CONTROL | attr::UNKNOWN) != 0)
+            .filter_map(|&id| self.token_text(id))
+            .filter(|t| !t.is_empty())
     }
 }

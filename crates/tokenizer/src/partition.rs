@@ -4,6 +4,12 @@
 //! to right. User-defined tokens are always cut out; control and unknown
 //! tokens only when special-token parsing is on. Tokens marked LSTRIP /
 //! RSTRIP also take the ASCII whitespace beside them.
+//!
+//! `literal` byte ranges are text that must stay text (a chat message's own
+//! words): control and unknown tokens are not cut out where they overlap one,
+//! so a user cannot type a role marker into the prompt.
+
+use std::ops::Range;
 
 use crate::vocab::{attr, Vocab};
 
@@ -17,7 +23,12 @@ pub(crate) enum Fragment {
     Token(u32),
 }
 
-pub(crate) fn partition(vocab: &Vocab, text: &str, parse_special: bool) -> Vec<Fragment> {
+pub(crate) fn partition(
+    vocab: &Vocab,
+    text: &str,
+    parse_special: bool,
+    literal: &[Range<usize>],
+) -> Vec<Fragment> {
     let mut frags = Vec::new();
     if text.is_empty() {
         return frags;
@@ -45,9 +56,17 @@ pub(crate) fn partition(vocab: &Vocab, text: &str, parse_special: bool) -> Vec<F
                 continue;
             };
             let a = vocab.attr(id);
+            let gated = a & (attr::CONTROL | attr::UNKNOWN) != 0;
+            // `pos`: start of the text not yet emitted; `from`: where the
+            // next search starts (past occurrences that stay literal).
             let mut pos = start;
-            while let Some(found) = text.get(pos..end).and_then(|s| s.find(needle.as_str())) {
-                let at = pos + found;
+            let mut from = start;
+            while let Some(found) = text.get(from..end).and_then(|s| s.find(needle.as_str())) {
+                let at = from + found;
+                if gated && overlaps(literal, at, at + needle.len()) {
+                    from = at + needle.chars().next().map_or(1, char::len_utf8);
+                    continue;
+                }
                 let mut left_end = at;
                 if a & attr::LSTRIP != 0 {
                     while left_end > pos && is_c_space(text.as_bytes()[left_end - 1]) {
@@ -67,6 +86,7 @@ pub(crate) fn partition(vocab: &Vocab, text: &str, parse_special: bool) -> Vec<F
                         pos += 1;
                     }
                 }
+                from = pos;
             }
             if pos < end {
                 out.push(Fragment::Text { start: pos, end });
@@ -75,6 +95,12 @@ pub(crate) fn partition(vocab: &Vocab, text: &str, parse_special: bool) -> Vec<F
         frags = out;
     }
     frags
+}
+
+/// Whether `start..end` meets any of `literal` (sorted, disjoint ranges).
+fn overlaps(literal: &[Range<usize>], start: usize, end: usize) -> bool {
+    let i = literal.partition_point(|r| r.end <= start);
+    literal.get(i).is_some_and(|r| r.start < end)
 }
 
 /// C's `isspace` in the "C" locale, which llama.cpp's strip uses.

@@ -60,7 +60,7 @@ pub async fn chat(
     // Rendering and tokenizing are CPU work bounded by the body limit and
     // the template's fuel; keep them off the async workers.
     let prompt = blocking(move || {
-        let text = info2.template.render(
+        let prompt = info2.template.render_prompt(
             &messages,
             &RenderOptions {
                 tools: tools.as_ref(),
@@ -69,9 +69,7 @@ pub async fn chat(
                 ..RenderOptions::default()
             },
         )?;
-        // Templates usually write BOS themselves; never add a second one.
-        let add_bos = !info2.starts_with_bos(&text);
-        Ok(info2.tokenizer.encode(&text, add_bos, true))
+        Ok(info2.encode_prompt(&prompt))
     })
     .await?;
     run(&st, &info, prompt, s, "messages", Api::Chat).await

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
@@ -34,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::FutureExt as _;
+use http_body_util::BodyExt as _;
 use lamina_engine::{Engine, ModelInfo, Status};
 
 pub use error::ApiError;
@@ -165,29 +166,69 @@ async fn catch_panic(req: Request, next: Next) -> Response {
 /// Reads the whole body (at most `--body-limit` bytes) within
 /// `--read-timeout`, so a client that sends its headers and then trickles
 /// the body cannot hold a connection open: past the deadline it gets 408.
+/// A `Content-Length` past the limit is answered 413 from the headers alone.
 async fn read_body(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, st.body_limit);
-    match tokio::time::timeout(st.read_timeout, read).await {
-        Ok(Ok(bytes)) => {
+    let (parts, mut body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > st.body_limit as u64) {
+        drain(body);
+        return ApiError::too_large().into_response();
+    }
+    match tokio::time::timeout(st.read_timeout, collect(&mut body, st.body_limit)).await {
+        Ok(Ok(Some(bytes))) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Err(e)) if past_limit(&e) => ApiError::too_large().into_response(),
+        Ok(Ok(None)) => {
+            drain(body);
+            ApiError::too_large().into_response()
+        }
         Ok(Err(e)) => ApiError::bad_body(format!("reading the request body: {e}")).into_response(),
         Err(_) => ApiError::body_timeout(st.read_timeout).into_response(),
     }
 }
 
-fn past_limit(e: &axum::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
+/// The body's bytes, or `None` once it passes `limit` (the rest is left in
+/// `body` for [`drain`]).
+async fn collect(body: &mut Body, limit: usize) -> Result<Option<Bytes>, axum::Error> {
+    let mut buf = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            if buf.len().saturating_add(data.len()) > limit {
+                return Ok(None);
+            }
+            buf.extend_from_slice(&data);
         }
-        source = err.source();
     }
-    false
+    Ok(Some(Bytes::from(buf)))
+}
+
+/// Most bytes, and longest time, spent reading a refused body.
+const DRAIN_BYTES: usize = 8 * 1024 * 1024;
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// Reads and discards a refused request's body, up to [`DRAIN_BYTES`] or
+/// [`DRAIN_TIME`], while the refusal is written. Closing a socket that still
+/// holds unread bytes sends a reset, and a client still writing its body
+/// then sees EPIPE or "connection reset" instead of the 413 or 401; read
+/// for a bounded while, the client gets to read the status.
+fn drain(mut body: Body) {
+    tokio::spawn(async move {
+        let read = async {
+            let mut n = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                n += frame.data_ref().map_or(0, Bytes::len);
+                if n > DRAIN_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIME, read).await;
+    });
 }
 
 /// Every route but `/health` needs the key when one is set, given as
@@ -196,6 +237,7 @@ async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Resp
     if let Some(key) = &st.api_key {
         let public = matches!(req.uri().path(), "/health" | "/v1/health");
         if !public && !presented_key_matches(req.headers(), key) {
+            drain(req.into_body());
             return ApiError::unauthorized().into_response();
         }
     }
