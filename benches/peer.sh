@@ -62,6 +62,17 @@ fetch_source() {
   mkdir -p "$CACHE"
   local tarball="$CACHE/llama_cpp_python-$VERSION.tar.gz"
   if [ ! -f "$tarball" ]; then
+    # pip first: it goes through whatever index or mirror pip is configured
+    # for; PyPI's JSON API is the fallback where pip is missing.
+    if python3 -m pip --version >/dev/null 2>&1; then
+      log "downloading llama-cpp-python $VERSION (sdist) with pip"
+      python3 -m pip download -q --no-deps --no-binary :all: \
+        "llama-cpp-python==$VERSION" -d "$CACHE/pip" >/dev/null 2>&1 || true
+      [ -f "$CACHE/pip/llama_cpp_python-$VERSION.tar.gz" ] &&
+        mv "$CACHE/pip/llama_cpp_python-$VERSION.tar.gz" "$tarball"
+    fi
+  fi
+  if [ ! -f "$tarball" ]; then
     local api="https://pypi.org/pypi/llama-cpp-python/$VERSION/json"
     local url
     url=$(curl -fsSL "$api" | python3 -c '

@@ -1,6 +1,8 @@
 //! GPU buffers: f32/u32 activation tensors and quantized weights.
 //!
-//! A weight keeps its ggml blocks byte for byte. A weight larger than the
+//! A weight keeps its ggml blocks quantized: byte for byte, or for the
+//! small-block types with each row's fields regrouped so the quants are
+//! 16-byte aligned (`quant::split_fields`). A weight larger than the
 //! storage binding limit is split by rows into chunks, each its own buffer
 //! and binding; kernels run once per chunk over its row range. Every chunk
 //! is padded by [`WEIGHT_PAD`] bytes so kernels may read the word after the
@@ -85,6 +87,7 @@ impl Weight {
         self.cols
     }
 
+    /// Bytes between rows on the GPU (the split layout's, for its types).
     pub fn row_bytes(&self) -> u64 {
         self.row_bytes
     }
@@ -347,6 +350,11 @@ impl Gpu {
                 )));
             }
         }
+        // The stride of a row on the GPU: its ggml bytes, or the split
+        // layout's (quant::split_fields), which rewrites each row on the way.
+        let split = quant::split_fields(ty).is_some();
+        let ggml_row = row_bytes;
+        let row_bytes = quant::gpu_row_bytes(ty, (ggml_row / ty.type_size()) as usize) as u64;
         let limit = self.binding_limit().min(MAX_CHUNK) & !3;
         let rows_per_chunk = limit.saturating_sub(WEIGHT_PAD) / row_bytes;
         if rows_per_chunk == 0 {
@@ -368,6 +376,44 @@ impl Gpu {
                 size,
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             )?;
+            if split {
+                // Whole rows, rewritten into one bounded bounce buffer.
+                let mut bounce: Vec<u8> = Vec::with_capacity(UPLOAD_PIECE.min(len as usize));
+                let mut at = 0u64;
+                let flush = |bounce: &mut Vec<u8>, at: &mut u64| {
+                    let r = self.scoped("weight upload", bounce.len() as u64, || {
+                        self.queue.write_buffer(&buf, *at, bounce);
+                    });
+                    *at += bounce.len() as u64;
+                    bounce.clear();
+                    r
+                };
+                for bytes in rows_of(parts, ggml_row, first, n) {
+                    for row in bytes.chunks_exact(ggml_row as usize) {
+                        quant::split_row(ty, row, &mut bounce);
+                        if bounce.len() + row_bytes as usize > UPLOAD_PIECE {
+                            since_flush += bounce.len();
+                            flush(&mut bounce, &mut at)?;
+                            if since_flush >= UPLOAD_FLUSH {
+                                self.queue.submit([]);
+                                self.wait()?;
+                                since_flush = 0;
+                            }
+                        }
+                    }
+                }
+                if !bounce.is_empty() {
+                    since_flush += bounce.len();
+                    flush(&mut bounce, &mut at)?;
+                }
+                chunks.push(WeightChunk {
+                    buf,
+                    first_row: first as u32,
+                    rows: n as u32,
+                });
+                first += n;
+                continue;
+            }
             let mut at = 0u64;
             let mut carry: Vec<u8> = Vec::new();
             for bytes in rows_of(parts, row_bytes, first, n) {

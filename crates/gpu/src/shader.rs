@@ -41,6 +41,7 @@ sources!(
     "common/unit_x_off.wgsl",
     "common/walk_lanes.wgsl",
     "common/walk_groups.wgsl",
+    "common/split.wgsl",
     "quant/k4_scales.wgsl",
     "quant/f32.wgsl",
     "quant/f16.wgsl",
