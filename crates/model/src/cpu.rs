@@ -1,12 +1,14 @@
 //! The forward pass on the CPU, over the mapped quantized weights.
 //!
-//! One op list for every architecture: the [`Config`] flags decide biases,
-//! Q/K norms, post-norms, the activation, RoPE pairing and sliding windows.
+//! One op list for every architecture: the layer's optional weights decide
+//! biases, Q/K norms and post-norms, its [`Block`] the activation, RoPE and
+//! sliding window, as they do for the GPU recorder.
 //! A batch of tokens (a prompt, or one token while decoding) goes through each
 //! layer as one matrix product per weight, so a weight is read once per step.
 
 use rayon::prelude::*;
 
+use crate::block::Block;
 use crate::config::{Activation, Config};
 use crate::error::ModelError;
 use crate::ops;
@@ -233,6 +235,7 @@ impl<'a> CpuModel<'a> {
     ) -> Result<(), ModelError> {
         let l = &self.weights.layers[il];
         let c = &self.config;
+        let blk = Block::new(c, il);
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
         let n = x.len() / e;
         // Each row's sequence and position.
@@ -247,7 +250,7 @@ impl<'a> CpuModel<'a> {
 
         let mut h = x.to_vec();
         h.chunks_mut(e)
-            .for_each(|r| ops::rms_norm(r, &l.attn_norm, c.rms_eps));
+            .for_each(|r| ops::rms_norm(r, &l.attn_norm, blk.eps));
         let mut q = vec![0.0f32; n * qd];
         let mut k = vec![0.0f32; n * kvd];
         let mut v = vec![0.0f32; n * kvd];
@@ -264,15 +267,15 @@ impl<'a> CpuModel<'a> {
                     .for_each(|r| r.iter_mut().zip(b).for_each(|(a, b)| *a += b));
             }
         }
-        let base = c.rope_base_for(il);
+        let rope = blk.rope;
         for (buf, norm) in [(&mut q, &l.q_norm), (&mut k, &l.k_norm)] {
             let dim = buf.len() / n;
             for (t, row) in buf.chunks_mut(dim).enumerate() {
                 for head in row.chunks_mut(hd) {
                     if let Some(w) = norm {
-                        ops::rms_norm(head, w, c.rms_eps);
+                        ops::rms_norm(head, w, blk.eps);
                     }
-                    ops::rope(head, row_pos[t], base, c.rope_dim, c.rope_neox);
+                    ops::rope(head, row_pos[t], rope.base, rope.n_rot, rope.neox);
                 }
             }
         }
@@ -285,7 +288,6 @@ impl<'a> CpuModel<'a> {
 
         // Attention, one (token, head) pair per task.
         let group = c.n_head / c.n_head_kv;
-        let window = if c.is_swa(il) { c.sliding_window } else { None };
         let kv: Vec<(&[f32], &[f32])> = caches
             .iter()
             .map(|cache| (&cache.k[il][..], &cache.v[il][..]))
@@ -295,13 +297,13 @@ impl<'a> CpuModel<'a> {
             let (t, head) = (i / c.n_head, i % c.n_head);
             let (kc, vc) = kv[row_seg[t]];
             let p = row_pos[t];
-            let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
+            let lo = blk.window.first(p);
             let qh = &q[t * qd + head * hd..][..hd];
             let kvh = head / group;
             let mut scores: Vec<f32> = (lo..=p)
                 .map(|j| {
                     let kj = &kc[j * kvd + kvh * hd..][..hd];
-                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * c.attn_scale
+                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * blk.attn_scale
                 })
                 .collect();
             ops::softmax(&mut scores);
@@ -317,13 +319,13 @@ impl<'a> CpuModel<'a> {
 
         let mut h = x.to_vec();
         h.chunks_mut(e)
-            .for_each(|r| ops::rms_norm(r, &l.ffn_norm, c.rms_eps));
+            .for_each(|r| ops::rms_norm(r, &l.ffn_norm, blk.eps));
         let ff = c.n_ff;
         let mut g = vec![0.0f32; n * ff];
         let mut u = vec![0.0f32; n * ff];
         l.gate.matmul(&h, n, &mut g)?;
         l.up.matmul(&h, n, &mut u)?;
-        let act: fn(f32) -> f32 = match c.activation {
+        let act: fn(f32) -> f32 = match blk.activation {
             Activation::SwiGlu => ops::silu,
             Activation::GeGlu => ops::gelu_tanh,
         };

@@ -20,6 +20,7 @@ use lamina_gpu::{
     TokenTable, Weight,
 };
 
+use crate::block::Block;
 use crate::config::{Activation, Config};
 use crate::cpu::{CpuModel, KvCache, Logits};
 use crate::error::ModelError;
@@ -649,6 +650,7 @@ impl<'a> HybridModel<'a> {
         segments: &[Segment<'_>],
     ) -> Result<(), lamina_gpu::GpuError> {
         let c = &self.cpu.config;
+        let blk = Block::new(c, il);
         let (e, hd) = (c.n_embd, c.head_dim);
         let layout = QkvLayout {
             n_head: c.n_head,
@@ -666,7 +668,7 @@ impl<'a> HybridModel<'a> {
         let mut qk_src = v_src;
         if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
             let dst = if l.bqkv.is_some() { &s.qkv } else { &s.qkv2 };
-            b.head_norms(qk_src, qn, kn, dst, &layout, n, c.rms_eps)?;
+            b.head_norms(qk_src, qn, kn, dst, &layout, n, blk.eps)?;
             qk_src = dst;
         }
         // RoPE, the cache writes and attention once for each run of
@@ -679,17 +681,13 @@ impl<'a> HybridModel<'a> {
         };
         let rope = Rope {
             head_dim: hd,
-            n_rot: c.rope_dim,
+            n_rot: blk.rope.n_rot,
             n_heads: c.n_head,
             pos_offset: 0,
-            freq_base: c.rope_base_for(il),
-            neox: c.rope_neox,
+            freq_base: blk.rope.base,
+            neox: blk.rope.neox,
         };
-        let window = if c.is_swa(il) {
-            c.sliding_window.unwrap_or(0)
-        } else {
-            0
-        };
+        let window = blk.window.kernel_width();
         let mut at = 0;
         while let Some(seg) = segments.get(at) {
             let arena = &seg.cache.arena;
@@ -709,16 +707,16 @@ impl<'a> HybridModel<'a> {
                 head_dim: hd,
                 pos0: 0,
                 window,
-                scale: c.attn_scale,
+                scale: blk.attn_scale,
             };
             b.attention_rows(&s.q, kc, vc, &s.scores, &s.attn, &a, table, seg.first)?;
             at += run;
         }
         b.matmul(&l.wo, &s.attn, &s.o, n)?;
         let post = l.post_attn_norm.as_ref();
-        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, c.rms_eps)?;
+        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, blk.eps)?;
 
-        let gate = match c.activation {
+        let gate = match blk.activation {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
@@ -732,6 +730,6 @@ impl<'a> HybridModel<'a> {
         }
         b.matmul(&l.down, &s.a, &s.o, n)?;
         let post = l.post_ffn_norm.as_ref();
-        b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, c.rms_eps)
+        b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, blk.eps)
     }
 }

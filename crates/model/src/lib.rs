@@ -1,6 +1,7 @@
 //! Architectures as data ([`Config`]), their weights found and shape-checked
 //! in the file ([`Weights`]), and the forward pass ([`CpuModel`]).
 
+pub mod block;
 pub mod config;
 pub mod cpu;
 pub mod error;
@@ -10,6 +11,7 @@ pub mod placement;
 pub mod plan;
 pub mod weights;
 
+pub use block::{Block, RopeSpec, Window};
 pub use config::{Activation, Arch, Config};
 pub use cpu::{CpuModel, KvCache, Logits};
 pub use error::ModelError;

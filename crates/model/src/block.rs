@@ -1,0 +1,140 @@
+//! What one transformer block computes, decided once per layer from the
+//! [`Config`], for both executors: the CPU forward pass (`cpu.rs`) runs it op
+//! by op, the GPU recorder (`gpu.rs`) records it with its fusions.
+//!
+//! A block is: RMSNorm, the Q/K/V products (with biases where the layer has
+//! them), per-head Q/K norms (where it has them), RoPE, the cache writes,
+//! attention over a [`Window`], the output product, the residual add (after
+//! a post-norm where the layer has one), then the same for the gated
+//! feed-forward with its [`Activation`]. The optional weights are decided
+//! by the same `Config` flags when they are loaded (`Weights::load`), so an
+//! executor follows a layer's `Option`s; everything else that differs
+//! between architectures and layers is here, so a new architecture flag is
+//! decided in one place and each executor implements the op it names.
+
+use crate::config::{Activation, Config};
+
+/// Which cache positions a query sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// Every position up to its own.
+    Full,
+    /// Its own position and the `w - 1` before it (Gemma 3's local layers).
+    Last(usize),
+}
+
+impl Window {
+    /// The first cache position a query at `pos` attends to.
+    pub fn first(self, pos: usize) -> usize {
+        match self {
+            Window::Full => 0,
+            Window::Last(w) => (pos + 1).saturating_sub(w),
+        }
+    }
+
+    /// The width the GPU attention kernel takes, 0 meaning none.
+    pub fn kernel_width(self) -> usize {
+        match self {
+            Window::Full => 0,
+            Window::Last(w) => w,
+        }
+    }
+}
+
+/// RoPE of one layer: the first `n_rot` dimensions of each head rotate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub base: f32,
+    pub n_rot: usize,
+    /// NeoX pairs (x[i], x[i + d/2]) rather than adjacent ones.
+    pub neox: bool,
+}
+
+/// The architecture-dependent parts of layer `il`'s computation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Block {
+    pub il: usize,
+    pub rope: RopeSpec,
+    pub window: Window,
+    /// Multiplies Q·K before the softmax.
+    pub attn_scale: f32,
+    pub activation: Activation,
+    pub eps: f32,
+}
+
+impl Block {
+    pub fn new(c: &Config, il: usize) -> Self {
+        let window = match c.sliding_window {
+            Some(w) if c.is_swa(il) => Window::Last(w),
+            _ => Window::Full,
+        };
+        Block {
+            il,
+            rope: RopeSpec {
+                base: c.rope_base_for(il),
+                n_rot: c.rope_dim,
+                neox: c.rope_neox,
+            },
+            window,
+            attn_scale: c.attn_scale,
+            activation: c.activation,
+            eps: c.rms_eps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_start_where_they_should() {
+        assert_eq!(Window::Full.first(1000), 0);
+        assert_eq!(Window::Last(512).first(10), 0);
+        assert_eq!(Window::Last(512).first(511), 0);
+        assert_eq!(Window::Last(512).first(512), 1);
+        assert_eq!(Window::Last(4).first(9), 6);
+        assert_eq!(Window::Full.kernel_width(), 0);
+        assert_eq!(Window::Last(512).kernel_width(), 512);
+    }
+
+    #[test]
+    fn gemma3_layers_alternate_local_and_global() {
+        let c = Config {
+            arch: crate::Arch::Gemma3,
+            n_layer: 12,
+            n_embd: 64,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim: 16,
+            n_ff: 128,
+            n_vocab: 1000,
+            context_length: 2048,
+            rms_eps: 1e-6,
+            rope_dim: 16,
+            rope_base: 1e6,
+            rope_neox: true,
+            sliding_window: Some(512),
+            rope_base_swa: 1e4,
+            embed_scale: Some(8.0),
+            qk_norm: true,
+            post_norms: true,
+            qkv_bias: false,
+            activation: Activation::GeGlu,
+            attn_scale: 0.25,
+        };
+        let local = Block::new(&c, 4);
+        assert_eq!(local.window, Window::Last(512));
+        assert_eq!(local.rope.base, 1e4);
+        let global = Block::new(&c, 5);
+        assert_eq!(global.window, Window::Full);
+        assert_eq!(global.rope.base, 1e6);
+        assert!(global.rope.neox && global.activation == Activation::GeGlu);
+        let llama = Config {
+            sliding_window: None,
+            ..c
+        };
+        assert_eq!(Block::new(&llama, 4).window, Window::Full);
+        assert_eq!(Block::new(&llama, 4).rope.base, 1e6);
+    }
+}
