@@ -308,15 +308,7 @@ fn attention_matches_reference() {
             .collect();
         let k = rng.vec(kv_len * n_kv_head * head_dim);
         let v = rng.vec(kv_len * n_kv_head * head_dim);
-        let (qt, kt, vt) = (
-            gpu.upload_f32(&q).unwrap(),
-            gpu.upload_f32(&k).unwrap(),
-            gpu.upload_f32(&v).unwrap(),
-        );
-        let scores = common::poisoned(
-            gpu,
-            attention_scratch_len(n_tokens, n_head, head_dim, kv_len),
-        );
+        let [qt, kt, vt, scores] = attention_buffers(gpu, &a, &q, &k, &v);
         let got = run(gpu, q.len(), |b, y| {
             b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
         });
@@ -327,6 +319,21 @@ fn attention_matches_reference() {
             ATTN_REL_TOL,
         );
     }
+}
+
+/// The query, key and value tensors of `a` on the GPU, and its (poisoned)
+/// chunk partials.
+fn attention_buffers(gpu: &Gpu, a: &Attention, q: &[f32], k: &[f32], v: &[f32]) -> [Tensor; 4] {
+    let kv_len = a.pos0 + a.n_tokens;
+    [
+        gpu.upload_f32(q).unwrap(),
+        gpu.upload_f32(k).unwrap(),
+        gpu.upload_f32(v).unwrap(),
+        common::poisoned(
+            gpu,
+            attention_scratch_len(a.n_tokens, a.n_head, a.head_dim, kv_len),
+        ),
+    ]
 }
 
 /// A token's attention has the same bits whether its step holds one token
@@ -353,15 +360,7 @@ fn attention_is_the_same_for_a_token_alone_and_in_a_batch() {
             rng.vec(kv_len * n_kv_head * head_dim),
             rng.vec(kv_len * n_kv_head * head_dim),
         );
-        let (qt, kt, vt) = (
-            gpu.upload_f32(&q).unwrap(),
-            gpu.upload_f32(&k).unwrap(),
-            gpu.upload_f32(&v).unwrap(),
-        );
-        let scores = common::poisoned(
-            gpu,
-            attention_scratch_len(n_tokens, n_head, head_dim, kv_len),
-        );
+        let [qt, kt, vt, scores] = attention_buffers(gpu, &a, &q, &k, &v);
         let batch = run(gpu, q.len(), |b, y| {
             b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
         });
