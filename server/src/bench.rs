@@ -327,6 +327,13 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         }
     }
     let counters = || m.gpu().map_or((0, 0), lamina_gpu::Gpu::counters);
+    let host = || {
+        m.gpu()
+            .map(lamina_gpu::Gpu::host_counters)
+            .unwrap_or_default()
+    };
+    // Host seconds from recording to submission, and bind groups made, per token.
+    let mut host_per_token = (0.0, 0.0);
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let mut per_token = (0.0, 0.0);
     let mut block_per_token = 0.0;
@@ -345,6 +352,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             let t0 = Instant::now();
             let mut tok = 1u32;
             let (d0, s0) = counters();
+            let h0 = host();
             let blocks0 = m.block_dispatches();
             for _ in 0..a.n_gen {
                 let logits = m.forward(&[tok], &mut cache, Logits::Last)?;
@@ -354,6 +362,11 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
             let (d1, s1) = counters();
             let n = a.n_gen as f64;
             per_token = ((d1 - d0) as f64 / n, (s1 - s0) as f64 / n);
+            let h1 = host();
+            host_per_token = (
+                (h1.seconds - h0.seconds) / n,
+                (h1.bind_groups_made - h0.bind_groups_made) as f64 / n,
+            );
             block_per_token = (m.block_dispatches() - blocks0) as f64 / n;
         }
     }
@@ -403,7 +416,9 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
                    "tg": {"tokens": a.n_gen, "tokens_per_second": tgm, "sd": tgs,
                           "gpu_dispatches_per_token": per_token.0,
                           "gpu_dispatches_per_block": block_per_token / blocks,
-                          "gpu_submits_per_token": per_token.1},
+                          "gpu_submits_per_token": per_token.1,
+                          "gpu_host_seconds_per_token": host_per_token.0,
+                          "gpu_bind_groups_made_per_token": host_per_token.1},
                    "batched_tg": batched.iter().map(|(np, (m, sd))| json!({
                        "sequences": np, "tokens_per_second": m, "sd": sd})).collect::<Vec<_>>()})
         );
@@ -438,11 +453,14 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         if m.gpu().is_some() && a.n_gen > 0 {
             println!(
                 "\nGPU per generated token: {:.0} dispatches ({:.1} per offloaded block, \
-                 {:.0} outside them), {:.1} submits",
+                 {:.0} outside them), {:.1} submits; host {:.0} µs recording and submitting, \
+                 {:.1} bind groups made",
                 per_token.0,
                 block_per_token / blocks,
                 per_token.0 - block_per_token,
-                per_token.1
+                per_token.1,
+                host_per_token.0 * 1e6,
+                host_per_token.1
             );
         }
     }

@@ -211,6 +211,18 @@ pub struct Gpu {
     pub(crate) dispatched: std::sync::atomic::AtomicU64,
     pub(crate) submitted: std::sync::atomic::AtomicU64,
     pub(crate) pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    /// The parameter buffer and recent bind groups, shared by submissions.
+    pub(crate) binds: Mutex<crate::ops::BindCache>,
+}
+
+/// Host-side work of the submissions since the device was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostCounters {
+    /// Seconds from the start of each batch's recording to its submission.
+    pub seconds: f64,
+    /// Bind groups made, and reused from an earlier submission.
+    pub bind_groups_made: u64,
+    pub bind_groups_reused: u64,
 }
 
 impl fmt::Debug for Gpu {
@@ -326,6 +338,7 @@ impl Gpu {
             submitted: Default::default(),
             profile: std::env::var_os("LAMINA_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
+            binds: Default::default(),
         })
     }
 
@@ -334,6 +347,17 @@ impl Gpu {
     pub fn counters(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (self.dispatched.load(Relaxed), self.submitted.load(Relaxed))
+    }
+
+    /// The host's share of the submissions so far: `lamina bench model`
+    /// prints it per token.
+    pub fn host_counters(&self) -> HostCounters {
+        let c = lock(&self.binds);
+        HostCounters {
+            seconds: c.host_ns as f64 * 1e-9,
+            bind_groups_made: c.made,
+            bind_groups_reused: c.reused,
+        }
     }
 
     /// With `LAMINA_GPU_PROFILE` set, every dispatch is submitted alone and

@@ -38,7 +38,7 @@ pub mod quant;
 mod shader;
 
 pub use buffer::{row_bytes, Tensor, Weight, WEIGHT_PAD};
-pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions};
+pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{
     attention_scratch_len, Attention, Batch, Columns, Gate, MatmulKernel, MatvecShape, QkvLayout,

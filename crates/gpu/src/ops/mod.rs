@@ -54,6 +54,39 @@ struct Dispatch {
 pub struct Batch<'g> {
     gpu: &'g Gpu,
     dispatches: Vec<Dispatch>,
+    /// When recording began: [`Batch::submit`] adds the host time of the
+    /// whole batch to the device's counters.
+    started: std::time::Instant,
+}
+
+/// Submissions a bind group may go unused before [`BindCache`] drops it
+/// (and with it its hold on the buffers it binds).
+const BIND_GROUP_TTL: u64 = 4;
+
+/// What one dispatch binds: its pipeline, its buffer ranges and the range of
+/// the parameters in the uniform buffer.
+#[derive(PartialEq, Eq, Hash)]
+struct BindKey {
+    pipeline: usize,
+    bindings: Vec<(wgpu::Buffer, u64, Option<u64>)>,
+    params: (u64, u64),
+}
+
+/// The host side of submissions, kept across them: one uniform buffer for
+/// every batch's parameters (grown when a batch needs more) and the bind
+/// groups of recent submissions. A decode step records the same dispatches
+/// over the same buffers as the step before, with only the parameters'
+/// values changed, so in steady state it makes no bind group and no buffer:
+/// both cost host time per dispatch that a small model on a fast GPU would
+/// otherwise spend waiting on the host.
+#[derive(Default)]
+pub(crate) struct BindCache {
+    uniforms: Option<wgpu::Buffer>,
+    groups: std::collections::HashMap<BindKey, (wgpu::BindGroup, u64)>,
+    submission: u64,
+    pub(crate) made: u64,
+    pub(crate) reused: u64,
+    pub(crate) host_ns: u64,
 }
 
 pub(crate) fn shape(op: &'static str, message: String) -> GpuError {
@@ -70,6 +103,7 @@ impl Gpu {
         Batch {
             gpu: self,
             dispatches: Vec::new(),
+            started: std::time::Instant::now(),
         }
     }
 
@@ -178,17 +212,37 @@ impl<'g> Batch<'g> {
             offsets.push(at);
             blob.extend_from_slice(&d.params);
         }
-        let uniforms = gpu.scoped("kernel parameters", blob.len() as u64, || {
-            let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("params"),
-                size: blob.len() as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
+        // Held until the work is submitted: the uniform buffer is shared by
+        // every batch, and queue order keeps this write after the previous
+        // submission's reads and before this one's.
+        let mut cache = lock(&gpu.binds);
+        let need = blob.len() as u64;
+        if cache.uniforms.as_ref().is_none_or(|u| u.size() < need) {
+            let size = need.next_power_of_two().max(4096);
+            let buf = gpu.scoped("kernel parameters", size, || {
+                gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("params"),
+                    size,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })?;
+            // Every cached group binds the old buffer.
+            cache.groups.clear();
+            cache.uniforms = Some(buf);
+        }
+        let Some(uniforms) = cache.uniforms.clone() else {
+            return Err(GpuError::Validation {
+                what: "kernel parameters".into(),
+                message: "no parameter buffer".into(),
             });
-            gpu.queue.write_buffer(&buf, 0, &blob);
-            buf
-        })?;
-        gpu.scoped("kernel dispatch", 0, || {
+        };
+        gpu.queue.write_buffer(&uniforms, 0, &blob);
+        cache.submission += 1;
+        let now = cache.submission;
+        let cache = &mut *cache;
+        let started = self.started;
+        let result = gpu.scoped("kernel dispatch", 0, || {
             let mut enc = gpu
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -200,32 +254,28 @@ impl<'g> Batch<'g> {
                     timestamp_writes: None,
                 });
                 for (d, &offset) in self.dispatches.iter().zip(&offsets) {
-                    let mut entries: Vec<wgpu::BindGroupEntry> = d
-                        .bindings
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| wgpu::BindGroupEntry {
-                            binding: i as u32,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: &b.buf,
-                                offset: b.offset,
-                                size: b.size.and_then(wgpu::BufferSize::new),
-                            }),
-                        })
-                        .collect();
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: d.bindings.len() as u32,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &uniforms,
-                            offset,
-                            size: wgpu::BufferSize::new(d.params.len() as u64),
-                        }),
-                    });
-                    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: None,
-                        layout: &d.pipeline.layout,
-                        entries: &entries,
-                    });
+                    let key = BindKey {
+                        pipeline: Arc::as_ptr(&d.pipeline) as usize,
+                        bindings: d
+                            .bindings
+                            .iter()
+                            .map(|b| (b.buf.clone(), b.offset, b.size))
+                            .collect(),
+                        params: (offset, d.params.len() as u64),
+                    };
+                    let group = match cache.groups.get_mut(&key) {
+                        Some((group, used)) => {
+                            *used = now;
+                            cache.reused += 1;
+                            group.clone()
+                        }
+                        None => {
+                            let group = make_bind_group(gpu, d, &uniforms, offset);
+                            cache.made += 1;
+                            cache.groups.insert(key, (group.clone(), now));
+                            group
+                        }
+                    };
                     if let Some(profile) = &gpu.profile {
                         let mut one =
                             gpu.device
@@ -258,6 +308,47 @@ impl<'g> Batch<'g> {
                 }
             }
             gpu.queue.submit([enc.finish()]);
-        })
+        });
+        cache
+            .groups
+            .retain(|_, (_, used)| now - *used < BIND_GROUP_TTL);
+        cache.host_ns += started.elapsed().as_nanos() as u64;
+        result
     }
+}
+
+/// The bind group of dispatch `d`: its buffers, then its parameters at
+/// `offset` of `uniforms`.
+fn make_bind_group(
+    gpu: &Gpu,
+    d: &Dispatch,
+    uniforms: &wgpu::Buffer,
+    offset: u64,
+) -> wgpu::BindGroup {
+    let mut entries: Vec<wgpu::BindGroupEntry> = d
+        .bindings
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &b.buf,
+                offset: b.offset,
+                size: b.size.and_then(wgpu::BufferSize::new),
+            }),
+        })
+        .collect();
+    entries.push(wgpu::BindGroupEntry {
+        binding: d.bindings.len() as u32,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: uniforms,
+            offset,
+            size: wgpu::BufferSize::new(d.params.len() as u64),
+        }),
+    });
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &d.pipeline.layout,
+        entries: &entries,
+    })
 }
