@@ -105,7 +105,8 @@ async fn serve(
 
     loop {
         match engine.status() {
-            Status::Ready(_) => break,
+            // Broken only after it was ready: serve, and answer 503.
+            Status::Ready(_) | Status::Broken(_) => break,
             Status::Failed(e) => bail!("{e}"),
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }
