@@ -166,6 +166,10 @@ enum Command {
         /// GPU memory budget for placement, e.g. 6GiB.
         #[arg(long, env = "LAMINA_GPU_MEMORY", value_parser = parse_size)]
         gpu_memory: Option<u64>,
+        /// Read the model into memory instead of mapping it: it then takes
+        /// its size in RAM, and changes to the file cannot reach the server.
+        #[arg(long, env = "LAMINA_NO_MMAP")]
+        no_mmap: bool,
     },
     /// Print the token ids of TEXT (and their pieces), like llama-tokenize.
     Tokenize {
@@ -451,6 +455,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             threads,
             ngl,
             gpu_memory,
+            no_mmap,
         } => {
             thread_pool(threads)?;
             serve::run(serve::ServeArgs {
@@ -471,6 +476,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ngl,
                 gpu_memory,
                 shutdown_grace_s: shutdown_grace,
+                no_mmap,
             })?
         }
         Command::Synth {

@@ -105,6 +105,9 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
 
     let t1 = Instant::now();
     let mut logits = model.forward(&prompt, &mut cache, Logits::Last)?;
+    // After every forward pass, before its token is shown: a file changed
+    // under the map (truncated pages read as zeros) must not print garbage.
+    file.check_unchanged()?;
     let prompt_ms = ms(t1);
 
     let t2 = Instant::now();
@@ -125,6 +128,7 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
             break;
         }
         logits = model.forward(&[id], &mut cache, Logits::Last)?;
+        file.check_unchanged()?;
     }
     let rest = detok.finish();
     on_text(&rest);

@@ -87,6 +87,8 @@ pub fn score(file: &Path, ngl: Ngl, gpu_memory: Option<u64>) -> anyhow::Result<(
             logits = m.forward(&[forced], &mut cache, Logits::Last)?;
         }
     }
+    // A file truncated under the map reads zeros: print nothing computed so.
+    model.check_unchanged()?;
     println!("{}", json!({ "steps": steps, "ngl": m.plan.ngl }));
     Ok(())
 }

@@ -6,6 +6,12 @@
 //! SIGTERM stops accepting connections and lets open ones finish. A client
 //! has `--read-timeout` seconds to send a request's headers, and again its
 //! body; an idle keep-alive connection is closed after the same time.
+//!
+//! The model is mapped unless `--no-mmap`. A mapped file that changes under
+//! the server (copied over, re-downloaded into the same path) is detected by
+//! the engine, which then answers 503 to everything, `/health` included, and
+//! never computes from it; replacing the file by rename leaves the mapped
+//! one intact, and the server goes on serving it until restarted.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,6 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use lamina_engine::{Engine, EngineConfig, Status};
+use lamina_gguf::LoadMode;
 use tokio::net::TcpListener;
 
 use crate::http::{self, AppState};
@@ -36,6 +43,8 @@ pub struct ServeArgs {
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
     pub shutdown_grace_s: u64,
+    /// Read the model into memory rather than mapping it.
+    pub no_mmap: bool,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -90,6 +99,11 @@ async fn serve(
         parse_special_in_content: a.parse_special_in_content,
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
+        load_mode: if a.no_mmap {
+            LoadMode::Read
+        } else {
+            LoadMode::Mmap
+        },
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();
@@ -105,7 +119,8 @@ async fn serve(
 
     loop {
         match engine.status() {
-            Status::Ready(_) => break,
+            // Broken only after it was ready: serve, and answer 503.
+            Status::Ready(_) | Status::Broken(_) => break,
             Status::Failed(e) => bail!("{e}"),
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }

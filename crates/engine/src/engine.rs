@@ -6,6 +6,13 @@
 //! the scheduler. Handlers talk to it only through channels: a job goes in
 //! over a `std::sync::mpsc` channel, events come back over a tokio channel
 //! per request, so the HTTP side never blocks on a forward pass.
+//!
+//! A mapped model file can change under the server (a copy over it, a
+//! re-download into the same path). The scheduler checks the files around
+//! every step (`lamina_gguf::Model::check_unchanged`); once one changed, the
+//! engine fails what ran in that step, refuses every later request, and its
+//! status says [`Status::Broken`] so `/health` tells an orchestrator to
+//! restart the process.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,6 +57,9 @@ pub struct EngineConfig {
     pub ngl: Ngl,
     /// GPU memory budget for placement.
     pub gpu_memory: Option<u64>,
+    /// Map the file (the default) or read it into memory (`--no-mmap`), where
+    /// changes to the file cannot reach the server.
+    pub load_mode: LoadMode,
 }
 
 impl EngineConfig {
@@ -66,6 +76,7 @@ impl EngineConfig {
             parse_special_in_content: false,
             ngl: Ngl::Auto,
             gpu_memory: None,
+            load_mode: LoadMode::Mmap,
         }
     }
 }
@@ -76,10 +87,15 @@ pub enum Status {
     Loading,
     Ready(Arc<ModelInfo>),
     Failed(String),
+    /// Was ready, and can no longer compute (the model file changed under
+    /// it): every request fails with this error until the process restarts.
+    Broken(EngineError),
 }
 
 struct Shared {
     state: OnceLock<Result<Arc<ModelInfo>, String>>,
+    /// Set once by the engine thread when it stops computing for good.
+    broken: OnceLock<EngineError>,
     jobs: mpsc::Sender<Job>,
     metrics: Arc<Metrics>,
     /// Requests admitted and not yet finished: running plus waiting.
@@ -112,6 +128,7 @@ impl Engine {
         let n_parallel = cfg.n_parallel.max(1);
         let shared = Arc::new(Shared {
             state: OnceLock::new(),
+            broken: OnceLock::new(),
             jobs: tx,
             metrics: Arc::new(Metrics::default()),
             outstanding: Arc::new(AtomicUsize::new(0)),
@@ -130,9 +147,16 @@ impl Engine {
         std::thread::Builder::new()
             .name("lamina-engine".into())
             .spawn(move || {
-                let publish = |r: Result<Arc<ModelInfo>, String>| {
+                let publish = |p: Published| {
                     if let Some(s) = weak.upgrade() {
-                        let _ = s.state.set(r);
+                        match p {
+                            Published::Loaded(r) => {
+                                let _ = s.state.set(r);
+                            }
+                            Published::Broken(e) => {
+                                let _ = s.broken.set(e);
+                            }
+                        }
                     }
                 };
                 if let Err(e) = load_and_serve(&cfg, rx, metrics, outstanding, publish) {
@@ -144,6 +168,9 @@ impl Engine {
     }
 
     pub fn status(&self) -> Status {
+        if let Some(e) = self.shared.broken.get() {
+            return Status::Broken(e.clone());
+        }
         match self.shared.state.get() {
             None => Status::Loading,
             Some(Ok(info)) => Status::Ready(info.clone()),
@@ -151,7 +178,7 @@ impl Engine {
         }
     }
 
-    /// The model, once loaded.
+    /// The model, once loaded (still there when broken, for `/metrics`).
     pub fn info(&self) -> Option<Arc<ModelInfo>> {
         match self.shared.state.get() {
             Some(Ok(info)) => Some(info.clone()),
@@ -166,6 +193,7 @@ impl Engine {
             match self.status() {
                 Status::Ready(info) => return Ok(info),
                 Status::Failed(e) => return Err(EngineError::Load(e)),
+                Status::Broken(e) => return Err(e),
                 Status::Loading if end.is_some_and(|end| Instant::now() >= end) => {
                     return Err(EngineError::NotReady("still loading".into()))
                 }
@@ -198,6 +226,7 @@ impl Engine {
             Status::Ready(info) => info,
             Status::Loading => return Err(EngineError::NotReady("loading the model".into())),
             Status::Failed(e) => return Err(EngineError::NotReady(e)),
+            Status::Broken(e) => return Err(e),
         };
         check_fits(&info, &params)?;
         let s = &self.shared;
@@ -259,19 +288,25 @@ fn check_fits(info: &ModelInfo, p: &GenerateParams) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// What the engine thread tells the handles.
+enum Published {
+    Loaded(Result<Arc<ModelInfo>, String>),
+    Broken(EngineError),
+}
+
 fn load_and_serve(
     cfg: &EngineConfig,
     rx: mpsc::Receiver<Job>,
     metrics: Arc<Metrics>,
     outstanding: Arc<AtomicUsize>,
-    publish: impl Fn(Result<Arc<ModelInfo>, String>),
+    publish: impl Fn(Published),
 ) -> Result<(), EngineError> {
     let t0 = Instant::now();
     let fail = |e: EngineError| {
-        publish(Err(e.to_string()));
+        publish(Published::Loaded(Err(e.to_string())));
         e
     };
-    let file = Model::open(&cfg.model, LoadMode::Mmap)
+    let file = Model::open(&cfg.model, cfg.load_mode)
         .map_err(|e| fail(EngineError::Load(format!("{}: {e}", cfg.model.display()))))?;
     // Placement needs the context first: the per-slot size decides the KV
     // cache the plan accounts for.
@@ -301,6 +336,9 @@ fn load_and_serve(
     info.placement = table;
     let slots = scheduler::slots(&model, &info)
         .map_err(|e| fail(EngineError::Load(format!("allocating the KV cache: {e}"))))?;
+    // Loading read the weights (uploads, repacking): they must be the file's.
+    file.check_unchanged()
+        .map_err(|e| fail(EngineError::from(e)))?;
     let info = Arc::new(info);
     tracing::info!(
         "model {} loaded in {:.0} ms: {} with {} blocks, {} parameters, vocabulary {}",
@@ -318,8 +356,19 @@ fn load_and_serve(
         info.n_parallel,
         info.n_ctx_slot
     );
-    publish(Ok(info.clone()));
-    scheduler::run(
+    publish(Published::Loaded(Ok(info.clone())));
+    // Published before any request hears of it, so that a client told of
+    // the change and asking /health next is told the same.
+    let unchanged = || {
+        file.check_unchanged().map_err(|e| {
+            let e = EngineError::from(e);
+            // One line naming the file; the requests it fails say the same.
+            tracing::error!("{e}; every request is refused from now on and /health answers 503");
+            publish(Published::Broken(e.clone()));
+            e
+        })
+    };
+    let served = scheduler::run(
         &model,
         &info,
         slots,
@@ -328,9 +377,13 @@ fn load_and_serve(
             timeout: cfg.timeout,
             n_batch: cfg.n_batch.max(1),
         },
-        rx,
+        &rx,
         &metrics,
         &outstanding,
+        &unchanged,
     );
+    if let Err(e) = served {
+        scheduler::refuse(&rx, &e, &metrics, &outstanding);
+    }
     Ok(())
 }

@@ -1,6 +1,10 @@
 //! The engine's one error type. The server maps each kind to a status:
-//! `Overloaded` and `NotReady` are the client's cue to retry (503), `Invalid`
-//! is the request's fault (400), the rest are faults of the server (500).
+//! `Overloaded` and `NotReady` are the client's cue to retry (503), and so is
+//! `FileChanged` (the process must be restarted, which an orchestrator does
+//! on the 503 from `/health`), `Invalid` is the request's fault (400), the
+//! rest are faults of the server (500).
+
+use std::path::PathBuf;
 
 use thiserror::Error;
 
@@ -37,4 +41,24 @@ pub enum EngineError {
     /// The forward pass failed mid-request.
     #[error("model fault: {0}")]
     Model(String),
+
+    /// A mapped model file was truncated, resized or written in place while
+    /// being served: the weights under the map are no longer the ones
+    /// loaded, so nothing is computed from them any more.
+    #[error(
+        "the model file {} changed while the server was using it ({reason}); restart the server \
+         to load it again, and replace model files by rename (mv new.gguf model.gguf), \
+         which a running server does not see",
+        path.display()
+    )]
+    FileChanged { path: PathBuf, reason: String },
+}
+
+impl From<lamina_gguf::FileChanged> for EngineError {
+    fn from(e: lamina_gguf::FileChanged) -> Self {
+        EngineError::FileChanged {
+            path: e.path,
+            reason: e.change.to_string(),
+        }
+    }
 }

@@ -13,6 +13,13 @@
 //!
 //! Greedy outputs do not depend on what else runs: every sequence has its own
 //! cache and sampler, and the backend computes each independently.
+//!
+//! The model files are checked before and after every forward call (and
+//! every second while idle): the map shows whatever the file holds now, so a
+//! file changed during a step may have fed it other weights, or zeros where
+//! a truncation cut pages off. A step with a change on either side is never
+//! sampled from; every sequence and waiting request fails with the change,
+//! and [`run`] returns it for the engine to refuse everything after.
 
 use std::cell::OnceCell;
 use std::collections::VecDeque;
@@ -33,6 +40,13 @@ use crate::request::{
     Constraint, Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
 };
 use crate::stop::StopMatcher;
+
+/// How often an idle engine checks its model files, so that `/health`
+/// reports a changed file without waiting for a request.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// `Ok` while the model files are the ones loaded.
+pub(crate) type Unchanged<'a> = &'a dyn Fn() -> Result<(), EngineError>;
 
 /// A queued request.
 pub(crate) struct Job {
@@ -105,6 +119,8 @@ enum Exit {
     Finished(FinishReason),
     Dropped,
     Failed(EngineError),
+    /// The model file changed: logged once by the engine, not per sequence.
+    FileChanged(EngineError),
 }
 
 struct Ctx<'a> {
@@ -135,16 +151,20 @@ pub(crate) fn slots<B: Backend>(
         .collect())
 }
 
-/// Serves jobs until every sender is gone and nothing is running.
+/// Serves jobs until every sender is gone and nothing is running (`Ok`), or
+/// until the model files changed (`Err`, once every sequence and waiting
+/// request has failed with that error).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run<B: Backend>(
     backend: &B,
     info: &ModelInfo,
     mut slots: Vec<Slot<B::Cache>>,
     limits: Limits,
-    rx: mpsc::Receiver<Job>,
+    rx: &mpsc::Receiver<Job>,
     metrics: &Metrics,
     outstanding: &AtomicUsize,
-) {
+    unchanged: Unchanged<'_>,
+) -> Result<(), EngineError> {
     let ctx = Ctx {
         tok: &info.tokenizer,
         metrics,
@@ -161,12 +181,17 @@ pub(crate) fn run<B: Backend>(
         let busy = slots.iter().any(|s| s.seq.is_some());
         if !busy && waiting.is_empty() {
             if !open {
-                return;
+                return Ok(());
             }
-            // Idle: sleep until a request arrives.
-            match rx.recv() {
+            // Idle: sleep until a request arrives, looking at the files now
+            // and then.
+            match rx.recv_timeout(IDLE_CHECK) {
                 Ok(job) => waiting.push_back(job),
-                Err(_) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    unchanged()?;
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
             }
         }
         loop {
@@ -195,7 +220,12 @@ pub(crate) fn run<B: Backend>(
             metrics.queued.fetch_sub(1, Relaxed);
             admit(&mut slots[i], job, &ctx, i);
         }
-        step(backend, &mut slots, &ctx);
+        if let Err(e) = step(backend, &mut slots, &ctx, unchanged) {
+            fail_all(&mut slots, waiting, &e, &ctx);
+            metrics.kv_used.store(0, Relaxed);
+            metrics.active.store(0, Relaxed);
+            return Err(e);
+        }
         let used = slots.iter().map(|s| s.cache.len()).sum();
         metrics.kv_used.store(used, Relaxed);
         metrics
@@ -216,6 +246,44 @@ fn free_slot<C>(slots: &[Slot<C>], job: Option<&Job>) -> Option<usize> {
         // Longest prefix first; among equals, the lowest index.
         .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
         .map(|(_, i)| i)
+}
+
+/// Fails every running sequence and every waiting request with `e`.
+fn fail_all<C: Cache>(
+    slots: &mut [Slot<C>],
+    waiting: VecDeque<Job>,
+    e: &EngineError,
+    ctx: &Ctx<'_>,
+) {
+    for slot in slots.iter_mut() {
+        slot.cache.truncate(0);
+        slot.tokens.clear();
+        finish(slot, Exit::FileChanged(e.clone()), ctx);
+    }
+    for job in waiting {
+        ctx.metrics.queued.fetch_sub(1, Relaxed);
+        refuse_one(job, e, ctx.metrics, ctx.outstanding);
+    }
+}
+
+/// After [`run`] gave up: answers every job still sent with `e`, until the
+/// last sender is gone.
+pub(crate) fn refuse(
+    rx: &mpsc::Receiver<Job>,
+    e: &EngineError,
+    metrics: &Metrics,
+    outstanding: &AtomicUsize,
+) {
+    while let Ok(job) = rx.recv() {
+        metrics.queued.fetch_sub(1, Relaxed);
+        refuse_one(job, e, metrics, outstanding);
+    }
+}
+
+fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &AtomicUsize) {
+    metrics.failed();
+    outstanding.fetch_sub(1, Relaxed);
+    let _ = job.events.send(Event::Error(e.clone()));
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -278,8 +346,14 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
 }
 
 /// One forward call for every active sequence, then sampling for those that
-/// have their next logits.
-fn step<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], ctx: &Ctx<'_>) {
+/// have their next logits. `Err` (nothing sampled) when the model files
+/// changed before or during the call.
+fn step<B: Backend>(
+    backend: &B,
+    slots: &mut [Slot<B::Cache>],
+    ctx: &Ctx<'_>,
+    unchanged: Unchanged<'_>,
+) -> Result<(), EngineError> {
     let now = Instant::now();
     // Leave before spending a forward call on them.
     for slot in slots.iter_mut() {
@@ -305,8 +379,9 @@ fn step<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], ctx: &Ctx<'_>) {
         inputs.push((i, input));
     }
     if inputs.is_empty() {
-        return;
+        return Ok(());
     }
+    unchanged()?;
     let results = {
         let mut caches: Vec<Option<&mut B::Cache>> =
             slots.iter_mut().map(|s| Some(&mut s.cache)).collect();
@@ -318,6 +393,9 @@ fn step<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], ctx: &Ctx<'_>) {
         }
         backend.forward_batch(&mut work)
     };
+    // A change during the call may have fed it other bytes, or zeros where
+    // a truncation cut pages off (see lamina_gguf::mapping): discard it all.
+    unchanged()?;
 
     for ((i, input), result) in inputs.into_iter().zip(results) {
         let slot = &mut slots[i];
@@ -356,6 +434,7 @@ fn step<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], ctx: &Ctx<'_>) {
             finish(slot, exit, ctx);
         }
     }
+    Ok(())
 }
 
 /// Samples, streams and checks the end conditions for one sequence.
@@ -490,6 +569,12 @@ fn finish<C: Cache>(slot: &mut Slot<C>, exit: Exit, ctx: &Ctx<'_>) {
             ctx.metrics.account(&timings, false);
             ctx.metrics.failed();
             tracing::error!("sequence failed: {e}");
+            let _ = seq.events.send(Event::Error(e));
+        }
+        Exit::FileChanged(e) => {
+            ctx.metrics.account(&timings, false);
+            ctx.metrics.failed();
+            tracing::debug!(generated = timings.predicted_n, "sequence failed: {e}");
             let _ = seq.events.send(Event::Error(e));
         }
     }

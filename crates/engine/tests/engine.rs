@@ -223,3 +223,53 @@ fn logprobs_are_normalised_and_include_the_chosen_token() {
     }
     assert_eq!(seen, 2);
 }
+
+/// A model file written in place while the engine is idle: the idle check
+/// sees it, the status turns broken, and every submission after fails with
+/// the change; `load_mode: Read` is immune.
+#[test]
+fn a_file_changed_while_idle_breaks_the_engine_unless_it_was_read() {
+    let dir = std::env::temp_dir().join(format!("lamina-engine-change-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.gguf");
+    let prompt = tokenize("The capital of France is");
+    for mode in [LoadMode::Mmap, LoadMode::Read] {
+        std::fs::copy(model_path(), &path).unwrap();
+        let mut cfg = EngineConfig::new(&path);
+        cfg.n_parallel = 1;
+        cfg.n_ctx = Some(512);
+        cfg.load_mode = mode;
+        let engine = Engine::start(cfg).unwrap();
+        engine.wait_ready(Duration::from_secs(60)).unwrap();
+        let want = collect(engine.submit(params(prompt.clone(), 4)).unwrap()).0;
+        // Same length, other bytes (and a later modification time).
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_len(0).unwrap();
+        f.set_len(std::fs::metadata(model_path()).unwrap().len())
+            .unwrap();
+        drop(f);
+        std::thread::sleep(Duration::from_millis(1500));
+        match mode {
+            LoadMode::Mmap => {
+                assert!(
+                    matches!(engine.status(), lamina_engine::Status::Broken(_)),
+                    "{:?}",
+                    engine.status()
+                );
+                let err = engine.submit(params(prompt.clone(), 4)).unwrap_err();
+                assert!(
+                    matches!(&err, EngineError::FileChanged { path: p, .. } if p == &path),
+                    "{err}"
+                );
+                assert!(err.to_string().contains("restart the server"), "{err}");
+            }
+            LoadMode::Read => {
+                assert_eq!(
+                    collect(engine.submit(params(prompt.clone(), 4)).unwrap()).0,
+                    want
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

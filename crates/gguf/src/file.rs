@@ -1,29 +1,41 @@
 //! One GGUF file, memory-mapped (or read) and validated, with zero-copy
-//! views of its tensor data.
+//! views of its tensor data. A mapped file keeps its handle, so that
+//! [`File::check_unchanged`] can tell when the file changed under the map.
 
 use std::fs;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
 use crate::error::{GgufError, Result};
+use crate::mapping::Map;
 use crate::read::{parse, Layout, TensorInfo};
 use crate::value::Value;
+use crate::watch::{FileChanged, Identity, Watch};
 
 /// How the bytes of a file are brought into memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LoadMode {
     /// Map the file: tensor data is paged in on first touch and never copied.
+    /// The map shows the file as it is now: if it is written in place, or
+    /// truncated (whose lost pages then read as zeros, not SIGBUS; see
+    /// [`crate::mapping`]), [`File::check_unchanged`] says so, and whoever
+    /// computes from the bytes must ask it afterwards.
     #[default]
     Mmap,
     /// Read the whole file into memory (`--no-mmap`): for filesystems where
-    /// mapping is slow or unavailable. Same API.
+    /// mapping is slow or unavailable, and where later changes to the file
+    /// must not reach the reader. Same API.
     Read,
 }
 
 /// The bytes behind a file.
 #[derive(Debug)]
 pub enum Storage {
-    Mapped(memmap2::Mmap),
+    /// A map, with the handle it was made from and the file's identity then.
+    Mapped {
+        map: Map,
+        watch: Watch,
+    },
     Owned(Vec<u8>),
 }
 
@@ -31,7 +43,7 @@ impl Deref for Storage {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Storage::Mapped(m) => m,
+            Storage::Mapped { map, .. } => map,
             Storage::Owned(v) => v,
         }
     }
@@ -55,13 +67,14 @@ impl File {
         let storage = match mode {
             LoadMode::Mmap => {
                 let f = fs::File::open(&path).map_err(io)?;
-                // SAFETY: the map is read-only. Another process truncating or
-                // rewriting the file while it is mapped would be undefined
-                // behaviour; like every mmap-based model loader (llama.cpp
-                // included) we accept that model files are not edited in place
-                // while they are being served.
-                let map = unsafe { memmap2::Mmap::map(&f) }.map_err(io)?;
-                Storage::Mapped(map)
+                // The identity first, and a map of exactly the size it
+                // records: a change after this point is one `check` sees.
+                let at_open = Identity::of(&f.metadata().map_err(io)?);
+                let map = Map::new(&f, at_open.size).map_err(io)?;
+                Storage::Mapped {
+                    map,
+                    watch: Watch::new(f, at_open),
+                }
             }
             LoadMode::Read => Storage::Owned(fs::read(&path).map_err(io)?),
         };
@@ -96,7 +109,18 @@ impl File {
     }
 
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mapped(_))
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+
+    /// `Ok` while the bytes are still those of the file as it was opened.
+    /// A read file always is; a mapped one is not once the file was
+    /// truncated (its map then reads zeros), resized or written in place.
+    /// One `fstat`: cheap enough to run around every use of the weights.
+    pub fn check_unchanged(&self) -> Result<(), FileChanged> {
+        match &self.storage {
+            Storage::Mapped { map, watch } => watch.check(&self.path, map.lost()),
+            Storage::Owned(_) => Ok(()),
+        }
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {

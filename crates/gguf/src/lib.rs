@@ -4,6 +4,9 @@
 //!   data offset) and the offset checks.
 //! - [`File`]: one file, memory-mapped or read, with zero-copy tensor views.
 //! - [`Model`]: a file or the shards of a split file, opened as one.
+//! - [`mapping`]: file maps that survive truncation (SIGBUS becomes zeros).
+//! - [`watch`]: whether a mapped file is still the one opened
+//!   ([`Model::check_unchanged`]).
 //! - [`Writer`]: valid files for tests and synthetic models.
 //! - [`GgmlType`]: the complete ggml type table.
 //!
@@ -12,10 +15,12 @@
 
 pub mod error;
 pub mod file;
+pub mod mapping;
 pub mod read;
 pub mod split;
 pub mod types;
 pub mod value;
+pub mod watch;
 pub mod write;
 
 pub use error::{GgufError, Result};
@@ -26,4 +31,5 @@ pub use read::{
 pub use split::{Model, Tensor};
 pub use types::{GgmlType, TypeIdError};
 pub use value::{Array, Value, ValueType};
+pub use watch::{Change, FileChanged};
 pub use write::Writer;

@@ -13,6 +13,7 @@ use crate::error::{GgufError, Result};
 use crate::file::{File, LoadMode};
 use crate::read::TensorInfo;
 use crate::value::Value;
+use crate::watch::FileChanged;
 
 pub const KEY_SPLIT_NO: &str = "split.no";
 pub const KEY_SPLIT_COUNT: &str = "split.count";
@@ -148,6 +149,12 @@ impl Model {
             order,
             by_name,
         })
+    }
+
+    /// `Ok` while every shard is still the file that was opened (see
+    /// [`File::check_unchanged`]); the error names the first that is not.
+    pub fn check_unchanged(&self) -> Result<(), FileChanged> {
+        self.shards.iter().try_for_each(File::check_unchanged)
     }
 
     pub fn shards(&self) -> &[File] {

@@ -1,7 +1,8 @@
 //! Every error a handler returns, and the one place that turns it into a
 //! response: OpenAI's `{"error": {"message", "type", "param", "code"}}` with
 //! the status that fits (400 the request is wrong, 401 no key, 404, 408 body too
-//! slow, 413 too large, 503 busy or loading, 500 only for faults of the
+//! slow, 413 too large, 503 busy, loading or the model file changed under the
+//! server (restart it), 500 only for faults of the
 //! server, a handler's panic included).
 
 use axum::extract::rejection::BytesRejection;
@@ -152,6 +153,10 @@ impl From<EngineError> for ApiError {
                 ApiError::unavailable(e.to_string(), "server_overloaded")
             }
             EngineError::NotReady(_) => ApiError::unavailable(e.to_string(), "model_loading"),
+            // 503: this process cannot serve again, but a restarted one can.
+            EngineError::FileChanged { .. } => {
+                ApiError::unavailable(e.to_string(), "model_file_changed")
+            }
             EngineError::Invalid { param, message } => {
                 let mut err = ApiError::invalid(param, message);
                 if param == "prompt" {

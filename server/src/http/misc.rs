@@ -20,8 +20,9 @@ use super::generate::token_ids;
 use super::params::{self, Body};
 use super::AppState;
 
-/// 200 once the model is loaded; 503 while loading (and if loading failed),
-/// so a load balancer holds traffic back.
+/// 200 once the model is loaded; 503 while loading, if loading failed, and
+/// once the model file changed under the server, so a load balancer holds
+/// traffic back and an orchestrator restarts the process.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     match st.engine.status() {
         Status::Ready(_) => Json(json!({"status": "ok"})).into_response(),
@@ -30,6 +31,7 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
             ApiError::unavailable(format!("the model failed to load: {e}"), "model_failed")
                 .into_response()
         }
+        Status::Broken(e) => ApiError::from(e).into_response(),
     }
 }
 

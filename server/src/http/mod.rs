@@ -73,7 +73,7 @@ impl AppState {
         self
     }
 
-    /// The model, or 503 while it loads.
+    /// The model, or 503 while it loads (or once it cannot compute).
     pub fn ready(&self) -> Result<Arc<ModelInfo>, ApiError> {
         match self.engine.status() {
             Status::Ready(info) => Ok(info),
@@ -82,6 +82,7 @@ impl AppState {
                 format!("the model failed to load: {e}"),
                 "model_failed",
             )),
+            Status::Broken(e) => Err(e.into()),
         }
     }
 }

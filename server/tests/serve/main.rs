@@ -6,12 +6,13 @@
 mod bench;
 mod client;
 mod hardening;
+mod model_file;
 mod openai;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -37,12 +38,19 @@ struct Server {
     port: u16,
     /// The API key the server was started with, for `/metrics`.
     key: Option<String>,
+    /// Everything it logged so far.
+    log: Arc<Mutex<String>>,
 }
 
 impl Server {
     fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Self::start_with(&model(), args, env)
+    }
+
+    /// Serves the model file at `model`.
+    fn start_with(model: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lamina"));
-        cmd.args(["serve", "-m", &model(), "--port", "0"])
+        cmd.args(["serve", "-m", model, "--port", "0"])
             .args(args)
             .env_remove("LAMINA_API_KEY")
             .env("RUST_LOG", "info")
@@ -54,10 +62,16 @@ impl Server {
         let mut child = cmd.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
+        let log = Arc::new(Mutex::new(String::new()));
+        let log2 = log.clone();
         // Keep draining the log so the server never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                if let Ok(mut l) = log2.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
                 if let Some(at) = line.find("listening on http://") {
                     let addr = &line[at + "listening on http://".len()..];
                     let port = addr
@@ -80,7 +94,21 @@ impl Server {
             .iter()
             .find(|(k, _)| *k == "LAMINA_API_KEY")
             .map(|(_, v)| format!("Bearer {v}"));
-        Server { child, port, key }
+        Server {
+            child,
+            port,
+            key,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Still running (it did not die of a signal, for one).
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     fn chat(&self, body: Value) -> client::Response {
