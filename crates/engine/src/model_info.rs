@@ -91,7 +91,7 @@ pub(crate) fn slot_context(
     let train = config.context_length.max(1);
     let n_ctx = n_ctx
         .filter(|&c| c > 0)
-        .unwrap_or(n_parallel * DEFAULT_SLOT_CTX.min(train));
+        .unwrap_or(n_parallel.saturating_mul(DEFAULT_SLOT_CTX.min(train)));
     ((n_ctx / n_parallel).min(train), n_parallel)
 }
 

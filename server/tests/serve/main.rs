@@ -6,6 +6,7 @@
 mod bench;
 mod client;
 mod hardening;
+mod memory;
 mod openai;
 
 use std::io::{BufRead, BufReader};
