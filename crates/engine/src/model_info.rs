@@ -111,6 +111,14 @@ pub(crate) fn build(
 
     let (n_ctx_slot, n_parallel) = slot_context(config, p.n_ctx, p.n_parallel);
     let n_ctx = p.n_ctx.unwrap_or(n_ctx_slot * n_parallel);
+    if n_ctx / n_parallel > n_ctx_slot {
+        tracing::warn!(
+            "-c {n_ctx} over {n_parallel} slots is {} tokens a slot, past the training \
+             context of {}; each slot gets {n_ctx_slot}",
+            n_ctx / n_parallel,
+            config.context_length
+        );
+    }
     if n_ctx_slot < 2 {
         return Err(EngineError::Load(format!(
             "a context of {n_ctx} split over {n_parallel} slots leaves {n_ctx_slot} tokens per slot"
