@@ -132,7 +132,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             .iter()
             .map(|p| {
                 json!({"ngl": p.ngl, "gpu_bytes": p.gpu_total(), "cpu_bytes": p.cpu_total(),
-                       "kv_bytes": p.gpu_kv + p.cpu_kv, "gpu_weight_bytes": p.gpu_weights,
+                       "kv_bytes": p.gpu_kv.saturating_add(p.cpu_kv), "gpu_weight_bytes": p.gpu_weights,
                        "gpu_kv_bytes": p.gpu_kv, "gpu_scratch_bytes": p.gpu_scratch,
                        "predicted_tokens_per_second": predicted(p)})
             })

@@ -55,8 +55,11 @@ enum Command {
         /// Tokens to generate at most.
         #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
         n_predict: usize,
-        #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
-        ctx: usize,
+        /// Positions of the KV cache: 4096 when not given (or the training
+        /// context, if smaller); 0 is the training context. A value past the
+        /// training context is used, with a warning, as llama.cpp does.
+        #[arg(short = 'c', long = "ctx-size")]
+        ctx: Option<usize>,
         /// 0 is greedy.
         #[arg(long = "temp", default_value_t = 0.8)]
         temperature: f32,

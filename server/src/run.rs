@@ -18,7 +18,8 @@ pub struct RunArgs {
     pub file: PathBuf,
     pub prompt: String,
     pub n_predict: usize,
-    pub n_ctx: usize,
+    /// `-c`: `None` for the default, `Some(0)` for the training context.
+    pub n_ctx: Option<usize>,
     pub temperature: f32,
     pub top_k: usize,
     pub top_p: f32,
@@ -54,10 +55,14 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         LoadMode::Mmap
     };
     let file = Model::open(&a.file, mode)?;
+    let n_ctx = context_size(
+        a.n_ctx,
+        lamina_model::Config::from_gguf(&file)?.context_length,
+    );
     let load_args = lamina_model::placement::LoadArgs {
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
-        n_ctx: a.n_ctx,
+        n_ctx,
         n_parallel: 1,
     };
     let (model, table) = lamina_model::placement::load_with_progress(
@@ -86,10 +91,7 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
     if prompt.is_empty() {
         anyhow::bail!("the prompt is empty after tokenization");
     }
-    let n_ctx = a
-        .n_ctx
-        .min(model.config().context_length)
-        .max(prompt.len() + 1);
+    let n_ctx = n_ctx.max(prompt.len() + 1);
     let budget = a.n_predict.min(n_ctx - prompt.len());
     let mut cache = model.new_cache(n_ctx)?;
     let mut sampler = Sampler::new(SamplerConfig {
@@ -143,6 +145,30 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         memory_after_load,
         ngl: model.plan.ngl,
     })
+}
+
+/// The cache's positions for `-c`: 4096 by default, or the training
+/// context if smaller; 0 is the training context. An explicit value past the
+/// training context is used, with a warning, as llama.cpp does (its
+/// "n_ctx_per_seq > n_ctx_train -- possible training context overflow"):
+/// silently capping it hid what the user asked for, and a request too
+/// large for the machine is refused by the cache's memory check instead.
+fn context_size(requested: Option<usize>, train: usize) -> usize {
+    const DEFAULT: usize = 4096;
+    let train = train.max(1);
+    match requested {
+        None => DEFAULT.min(train),
+        Some(0) => train,
+        Some(c) => {
+            if c > train {
+                eprintln!(
+                    "lamina: warning: -c {c} is past the model's training context of {train}; \
+                     using it as asked (output past {train} positions may degrade)"
+                );
+            }
+            c
+        }
+    }
 }
 
 /// The file's chat template, or the built-in one its architecture and

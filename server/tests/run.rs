@@ -215,3 +215,50 @@ fn cpu_layers_use_the_map_in_place() {
     let read = anon(&["--no-mmap"]);
     assert!(read > size, "--no-mmap holds the file: {read} of {size}");
 }
+
+/// `-c` past what the machine can hold: past the training context it is
+/// used as asked (with a warning, as llama.cpp does), so the cache's memory
+/// check refuses it with the bytes needed and available; a count past
+/// `u64` is refused as too large. Neither aborts.
+#[test]
+fn a_context_larger_than_memory_fails_with_the_bytes() {
+    use lamina_gguf::{LoadMode, Model};
+    use lamina_model::{memory, Config};
+
+    let m = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let c = Config::from_gguf(&Model::open(&m, LoadMode::Mmap).unwrap()).unwrap();
+    let free = memory::available().expect("MemAvailable").bytes;
+    let per_position = memory::kv_host_bytes(&c, 1, c.n_layer, 1).unwrap();
+    let ctx = (free.saturating_mul(2) / per_position + 1) as usize;
+    let want = memory::kv_host_bytes(&c, 1, c.n_layer, ctx).unwrap();
+    assert!(ctx > c.context_length && want > free);
+    let run = |ctx: &str| {
+        let t0 = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["run", "-m", m.to_str().unwrap(), "-p", "Hi", "-n", "1"])
+            .args(["--ngl", "0", "-c", ctx])
+            .env_remove(memory::SKIP_CHECK_ENV)
+            .output()
+            .unwrap();
+        assert!(t0.elapsed().as_secs() < 60, "took {:?}", t0.elapsed());
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{:?}\n{err}", out.status);
+        err
+    };
+    let err = run(&ctx.to_string());
+    assert!(err.contains("past the model's training context"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains(&format!("needs {want} bytes")))
+        .unwrap_or_else(|| panic!("no line with the {want} bytes needed:\n{err}"));
+    let available: u64 = line
+        .split("but ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no available bytes in {line}"));
+    assert!(available < want && line.contains("-c/--ctx-size"), "{line}");
+
+    let err = run(&usize::MAX.to_string());
+    assert!(err.contains("too large to count"), "{err}");
+}

@@ -75,7 +75,7 @@ impl Backend for CpuModel<'_> {
     }
 
     fn new_cache(&self, n_ctx: usize) -> Result<KvCache, ModelError> {
-        Ok(KvCache::new(&self.config, n_ctx))
+        KvCache::new(&self.config, n_ctx)
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {

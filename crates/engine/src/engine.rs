@@ -159,8 +159,11 @@ impl Engine {
                         }
                     }
                 };
+                // A failure is published as the status, and whoever started
+                // the engine reports it (`serve` as its one error line):
+                // logging it here too would print it twice.
                 if let Err(e) = load_and_serve(&cfg, rx, metrics, outstanding, publish) {
-                    tracing::error!("{e}");
+                    tracing::debug!("{e}");
                 }
             })
             .map_err(|e| EngineError::Load(format!("starting the engine thread: {e}")))?;
@@ -316,7 +319,7 @@ fn load_and_serve(
     let load = LoadArgs {
         ngl: cfg.ngl,
         gpu_memory: cfg.gpu_memory,
-        n_ctx: n_ctx_slot * cfg.n_parallel.max(1),
+        n_ctx: n_ctx_slot.saturating_mul(cfg.n_parallel.max(1)),
         n_parallel: cfg.n_parallel.max(1),
     };
     let (model, table) =

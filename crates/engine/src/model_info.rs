@@ -91,7 +91,7 @@ pub(crate) fn slot_context(
     let train = config.context_length.max(1);
     let n_ctx = n_ctx
         .filter(|&c| c > 0)
-        .unwrap_or(n_parallel * DEFAULT_SLOT_CTX.min(train));
+        .unwrap_or(n_parallel.saturating_mul(DEFAULT_SLOT_CTX.min(train)));
     ((n_ctx / n_parallel).min(train), n_parallel)
 }
 
@@ -111,6 +111,14 @@ pub(crate) fn build(
 
     let (n_ctx_slot, n_parallel) = slot_context(config, p.n_ctx, p.n_parallel);
     let n_ctx = p.n_ctx.unwrap_or(n_ctx_slot * n_parallel);
+    if n_ctx / n_parallel > n_ctx_slot {
+        tracing::warn!(
+            "-c {n_ctx} over {n_parallel} slots is {} tokens a slot, past the training \
+             context of {}; each slot gets {n_ctx_slot}",
+            n_ctx / n_parallel,
+            config.context_length
+        );
+    }
     if n_ctx_slot < 2 {
         return Err(EngineError::Load(format!(
             "a context of {n_ctx} split over {n_parallel} slots leaves {n_ctx_slot} tokens per slot"

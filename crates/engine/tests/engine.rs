@@ -74,7 +74,7 @@ fn plain_greedy(prompt: &[u32], n: usize) -> Vec<u32> {
     let file = Model::open(model_path(), LoadMode::Mmap).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let model = CpuModel::load(&file).unwrap();
-    let mut cache = KvCache::new(&model.config, 512);
+    let mut cache = KvCache::new(&model.config, 512).unwrap();
     let mut logits = model.forward(prompt, &mut cache, Logits::Last).unwrap();
     let mut out = Vec::new();
     while out.len() < n {

@@ -23,20 +23,48 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(c: &Config, n_ctx: usize) -> Self {
+    /// A cache of `n_ctx` positions for every layer. Fails, rather than
+    /// aborting, when the allocator refuses the memory.
+    pub fn new(c: &Config, n_ctx: usize) -> Result<Self, ModelError> {
         Self::for_layers(c, n_ctx, c.n_layer)
     }
 
     /// A cache for the first `n_layers` layers only (the ones on the CPU when
     /// the rest are offloaded: placement always offloads a suffix).
-    pub fn for_layers(c: &Config, n_ctx: usize, n_layers: usize) -> Self {
-        let kv_dim = c.kv_dim();
-        Self {
+    ///
+    /// Every byte is counted with checked arithmetic and every allocation is
+    /// fallible (`n_ctx` comes from the command line): a request too large
+    /// for the machine is an error, never an abort. The values are written
+    /// at once (not left to the kernel's lazy zero pages), so memory that
+    /// overcommit promised but cannot deliver shows at startup rather than
+    /// as the OOM killer mid-request; [`crate::memory::check_host`] is what
+    /// keeps it from coming to that.
+    pub fn for_layers(c: &Config, n_ctx: usize, n_layers: usize) -> Result<Self, ModelError> {
+        crate::memory::kv_host_bytes(c, 1, n_layers, n_ctx)?;
+        let per_layer = n_ctx
+            .checked_mul(c.kv_dim())
+            .ok_or(ModelError::KvOverflow {
+                count: 1,
+                n_ctx,
+                n_layers,
+            })?;
+        let layers = || -> Result<Vec<Vec<f32>>, ModelError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n_layers)
+                .map_err(|_| ModelError::Alloc {
+                    bytes: (n_layers as u64).saturating_mul(std::mem::size_of::<Vec<f32>>() as u64),
+                })?;
+            for _ in 0..n_layers {
+                v.push(crate::memory::try_zeroed(per_layer)?);
+            }
+            Ok(v)
+        };
+        Ok(Self {
             n_ctx,
-            k: vec![vec![0.0; n_ctx * kv_dim]; n_layers],
-            v: vec![vec![0.0; n_ctx * kv_dim]; n_layers],
+            k: layers()?,
+            v: layers()?,
             len: 0,
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -87,13 +115,21 @@ impl Logits {
 pub struct CpuModel<'a> {
     pub config: Config,
     pub weights: Weights<'a>,
+    /// The weights are read in place from a map (not `--no-mmap`): their
+    /// pages are page cache, which the cache's memory check keeps free.
+    pub(crate) mapped: bool,
 }
 
 impl<'a> CpuModel<'a> {
     pub fn load(model: &'a lamina_gguf::Model) -> Result<Self, ModelError> {
         let config = Config::from_gguf(model)?;
         let weights = Weights::load(model, &config)?;
-        Ok(Self { config, weights })
+        let mapped = model.shards().iter().all(|f| f.is_mapped());
+        Ok(Self {
+            config,
+            weights,
+            mapped,
+        })
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their keys and

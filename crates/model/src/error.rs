@@ -1,5 +1,7 @@
 use lamina_gguf::GgmlType;
 
+use crate::plan::human_size;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("missing metadata key {key}")]
@@ -26,6 +28,35 @@ pub enum ModelError {
     EmptyBatch,
     #[error("{0}")]
     Placement(String),
+    #[error(
+        "a KV cache of {count} x {n_ctx} positions over {n_layers} layers is too large to count \
+         in bytes; lower -c/--ctx-size or -np/--parallel"
+    )]
+    KvOverflow {
+        count: usize,
+        n_ctx: usize,
+        n_layers: usize,
+    },
+    #[error(
+        "the KV cache needs {needed} bytes ({}) of host memory, but {available} bytes ({}) are \
+         available ({measure}) and {reserve} bytes ({}) stay reserved for the weights and each step; \
+         lower -c/--ctx-size or -np/--parallel (or set {} to try anyway)",
+        human_size(*.needed),
+        human_size(*.available),
+        human_size(*.reserve),
+        crate::memory::SKIP_CHECK_ENV
+    )]
+    HostMemory {
+        needed: u64,
+        available: u64,
+        reserve: u64,
+        measure: &'static str,
+    },
+    #[error(
+        "allocating {bytes} bytes ({}) of KV cache failed; lower -c/--ctx-size or -np/--parallel",
+        human_size(*.bytes)
+    )]
+    Alloc { bytes: u64 },
     #[error("GPU: {0}")]
     Gpu(String),
     #[error(transparent)]

@@ -325,9 +325,17 @@ impl<'a> HybridModel<'a> {
     /// attention once per layer instead of once per sequence.
     pub fn new_caches(&self, count: usize, n_ctx: usize) -> Result<Vec<HybridCache>, ModelError> {
         let c = &self.cpu.config;
+        // Every host byte of every cache, counted before the first is made
+        // and compared with what the machine can give.
+        let host = crate::memory::kv_host_bytes(c, count, self.first_gpu, n_ctx)?;
+        crate::memory::check_host(host, self.host_reserve(count))?;
         let slot_values = n_ctx
             .checked_mul(c.kv_dim())
-            .ok_or_else(|| ModelError::Gpu(format!("a cache of {n_ctx} positions is too large")))?;
+            .ok_or(ModelError::KvOverflow {
+                count,
+                n_ctx,
+                n_layers: c.n_layer,
+            })?;
         // Element indices are u32 in the shaders, and a buffer is one binding.
         let per_arena = match self.gpu.as_deref() {
             Some(g) if self.first_gpu < c.n_layer => {
@@ -338,7 +346,13 @@ impl<'a> HybridModel<'a> {
             }
             _ => count.max(1),
         };
-        let mut out = Vec::with_capacity(count);
+        let mut out = Vec::new();
+        // `count` is the user's `-np`: even with every layer on the GPU (no
+        // host cache bytes) a huge one is an error, not an abort.
+        out.try_reserve_exact(count)
+            .map_err(|_| ModelError::Alloc {
+                bytes: (count as u64).saturating_mul(std::mem::size_of::<HybridCache>() as u64),
+            })?;
         while out.len() < count {
             let slots = per_arena.min(count - out.len());
             let mut arena = KvArena {
@@ -347,19 +361,22 @@ impl<'a> HybridModel<'a> {
                 n_ctx,
             };
             if let Some(g) = self.gpu.as_deref() {
+                let values = slots
+                    .checked_mul(slot_values)
+                    .ok_or(ModelError::KvOverflow {
+                        count,
+                        n_ctx,
+                        n_layers: c.n_layer,
+                    })?;
                 for _ in self.first_gpu..c.n_layer {
-                    arena
-                        .k
-                        .push(g.tensor(slots * slot_values).map_err(gpu_err)?);
-                    arena
-                        .v
-                        .push(g.tensor(slots * slot_values).map_err(gpu_err)?);
+                    arena.k.push(g.tensor(values).map_err(gpu_err)?);
+                    arena.v.push(g.tensor(values).map_err(gpu_err)?);
                 }
             }
             let arena = Arc::new(arena);
             for slot in 0..slots {
                 out.push(HybridCache {
-                    cpu: KvCache::for_layers(c, n_ctx, self.first_gpu),
+                    cpu: KvCache::for_layers(c, n_ctx, self.first_gpu)?,
                     arena: arena.clone(),
                     slot,
                     len: 0,
@@ -367,6 +384,31 @@ impl<'a> HybridModel<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// Host bytes kept free beside `count` caches. The CPU weights, when
+    /// they are used in place from the map: their pages are page cache,
+    /// which `MemAvailable` counts as free, and a cache that took them would
+    /// have every step read the file again (with `--no-mmap` they are
+    /// already anonymous memory, outside `MemAvailable`). Then one step's
+    /// activations over a 512-token batch and each sequence's logits, and
+    /// [`crate::memory::RUNTIME_RESERVE`] for threads, the allocator and
+    /// the rest of the process.
+    fn host_reserve(&self, count: usize) -> u64 {
+        let c = &self.cpu.config;
+        let weights = if self.cpu.mapped {
+            self.plan.cpu_weights
+        } else {
+            0
+        };
+        let per_token = (4 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.n_ff) as u64;
+        let f = std::mem::size_of::<f32>() as u64;
+        let acts = 512 * per_token * f;
+        let logits = (count as u64).saturating_mul(c.n_vocab as u64 * f);
+        weights
+            .saturating_add(acts)
+            .saturating_add(logits)
+            .saturating_add(crate::memory::RUNTIME_RESERVE)
     }
 
     /// Runs `tokens` at positions `cache.len()..` and returns the logits

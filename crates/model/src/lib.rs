@@ -6,6 +6,7 @@ pub mod config;
 pub mod cpu;
 pub mod error;
 pub mod gpu;
+pub mod memory;
 pub mod ops;
 pub mod placement;
 pub mod plan;

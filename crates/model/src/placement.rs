@@ -140,13 +140,13 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
     while i < p.slots.len() {
         let s = &p.slots[i];
         let mut j = i;
-        let (mut w, mut kv) = (0, 0);
+        let (mut w, mut kv) = (0u64, 0u64);
         while j < p.slots.len()
             && p.slots[j].device == s.device
             && (p.slots[j].name == "output") == (s.name == "output")
         {
             w += p.slots[j].weight_bytes;
-            kv += p.slots[j].kv_bytes;
+            kv = kv.saturating_add(p.slots[j].kv_bytes);
             j += 1;
         }
         let name = if j - i == 1 {

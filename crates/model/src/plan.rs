@@ -72,11 +72,13 @@ pub struct Plan {
 
 impl Plan {
     pub fn gpu_total(&self) -> u64 {
-        self.gpu_weights + self.gpu_kv + self.gpu_scratch
+        self.gpu_weights
+            .saturating_add(self.gpu_kv)
+            .saturating_add(self.gpu_scratch)
     }
 
     pub fn cpu_total(&self) -> u64 {
-        self.cpu_weights + self.cpu_kv
+        self.cpu_weights.saturating_add(self.cpu_kv)
     }
 }
 
@@ -130,7 +132,13 @@ fn plan_from_bytes(
     let n_layer = c.n_layer;
     let ngl = ngl.min(n_layer + 1);
     let first_gpu = n_layer + 1 - ngl;
-    let kv_per_layer = 2 * (p.n_ctx * c.kv_dim() * p.kv_elem_bytes) as u64;
+    // Saturating: `-c` and `-np` come from the user, and a plan for an
+    // absurd context must say "too much", not wrap (the cache itself is
+    // counted with checked arithmetic before it is allocated).
+    let kv_per_layer = (p.n_ctx as u64)
+        .saturating_mul(c.kv_dim() as u64)
+        .saturating_mul(p.kv_elem_bytes as u64)
+        .saturating_mul(2);
     let mut plan = Plan {
         ngl,
         n_layer,
@@ -158,11 +166,11 @@ fn plan_from_bytes(
         match device {
             Device::Gpu => {
                 plan.gpu_weights += w;
-                plan.gpu_kv += kv;
+                plan.gpu_kv = plan.gpu_kv.saturating_add(kv);
             }
             Device::Cpu => {
                 plan.cpu_weights += w;
-                plan.cpu_kv += kv;
+                plan.cpu_kv = plan.cpu_kv.saturating_add(kv);
             }
         }
         plan.slots.push(Slot {
@@ -189,14 +197,16 @@ fn plan_from_bytes(
 fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
     let f = 4u64;
     let b = p.n_batch as u64;
-    let logits = c.n_vocab as u64 * p.n_parallel.max(1) as u64 * f;
+    let logits = (c.n_vocab as u64 * f).saturating_mul(p.n_parallel.max(1) as u64);
     if !blocks {
-        return logits + b * c.n_embd as u64 * f;
+        return logits.saturating_add(b * c.n_embd as u64 * f);
     }
     let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) as u64;
     // The attention partials: head_dim + 4 values per head and chunk.
     let scores = lamina_gpu::attention_scratch_len(1, c.n_head, c.head_dim, p.n_ctx) as u64;
-    b * (acts + scores) * f + logits
+    (b * f)
+        .saturating_mul(acts.saturating_add(scores))
+        .saturating_add(logits)
 }
 
 /// The safety margin kept free of a budget: wgpu reports no free memory, and

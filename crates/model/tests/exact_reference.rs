@@ -28,7 +28,7 @@ fn check_cpu(model_file: &str, reference_file: &str) {
     let m = CpuModel::load(&file).unwrap();
     let (mut worst, mut agree, mut steps) = (0.0f64, 0, 0);
     for case in cases(reference_file) {
-        let mut cache = KvCache::new(&m.config, case.input.len());
+        let mut cache = KvCache::new(&m.config, case.input.len()).unwrap();
         let logits = m
             .forward(
                 &case.input,

@@ -187,7 +187,7 @@ const PROMPT: [u32; 5] = [3, 14, 15, 92, 65];
 
 /// Prompt as one batch, then two decode steps; logits of every step.
 fn cpu_logits(m: &CpuModel<'_>) -> Vec<f32> {
-    let mut cache = KvCache::new(&m.config, 16);
+    let mut cache = KvCache::new(&m.config, 16).unwrap();
     let mut out = m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap();
     for t in [7, 8] {
         out.extend(m.forward(&[t], &mut cache, Logits::Last).unwrap());
@@ -320,7 +320,7 @@ fn a_multi_sequence_step_equals_separate_steps_bit_for_bit() {
     for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         let file = open(&Spec::new(arch));
         let m = CpuModel::load(&file).unwrap();
-        let new = || KvCache::new(&m.config, 32);
+        let new = || KvCache::new(&m.config, 32).unwrap();
         let (mut a1, mut b1, mut c1) = (new(), new(), new());
         let (mut a2, mut b2, mut c2) = (new(), new(), new());
         // Histories of different lengths.

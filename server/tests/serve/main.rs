@@ -6,6 +6,7 @@
 mod bench;
 mod client;
 mod hardening;
+mod memory;
 mod model_file;
 mod openai;
 
