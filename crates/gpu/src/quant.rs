@@ -3,7 +3,7 @@
 use lamina_gguf::GgmlType;
 
 /// Every type with a mat-vec, mat-mul and row-lookup kernel.
-pub const SUPPORTED: [GgmlType; 15] = [
+pub const SUPPORTED: [GgmlType; 16] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -19,6 +19,7 @@ pub const SUPPORTED: [GgmlType; 15] = [
     GgmlType::Q6K,
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
+    GgmlType::TQ2_0,
 ];
 
 /// True if weights of this type can be placed on the GPU.
@@ -45,6 +46,7 @@ pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
         Q6K => "q6_k",
         IQ4NL => "iq4_nl",
         IQ4XS => "iq4_xs",
+        TQ2_0 => "tq2_0",
         _ => return None,
     })
 }

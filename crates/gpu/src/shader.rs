@@ -58,6 +58,7 @@ sources!(
     "quant/q6_k.wgsl",
     "quant/iq4_nl.wgsl",
     "quant/iq4_xs.wgsl",
+    "quant/tq2_0.wgsl",
     "matvec.wgsl",
     "matvec_rows.wgsl",
     "matmul_tiled.wgsl",
