@@ -3,7 +3,7 @@
 use lamina_gguf::GgmlType;
 
 /// Every type with a mat-vec, mat-mul and row-lookup kernel.
-pub const SUPPORTED: [GgmlType; 16] = [
+pub const SUPPORTED: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -20,6 +20,7 @@ pub const SUPPORTED: [GgmlType; 16] = [
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
     GgmlType::TQ2_0,
+    GgmlType::TQ1_0,
 ];
 
 /// True if weights of this type can be placed on the GPU.
@@ -47,6 +48,7 @@ pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
         IQ4NL => "iq4_nl",
         IQ4XS => "iq4_xs",
         TQ2_0 => "tq2_0",
+        TQ1_0 => "tq1_0",
         _ => return None,
     })
 }
