@@ -60,6 +60,7 @@ sources!(
     "quant/iq4_xs.wgsl",
     "quant/tq2_0.wgsl",
     "quant/tq1_0.wgsl",
+    "quant/mxfp4.wgsl",
     "matvec.wgsl",
     "matvec_rows.wgsl",
     "matmul_tiled.wgsl",
