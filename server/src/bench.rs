@@ -20,7 +20,7 @@ use lamina_model::placement::{LoadArgs, Ngl};
 
 /// The types with GPU kernels; the CPU rows cover the same ones so the two
 /// tables line up.
-const TYPES: [GgmlType; 15] = lamina_gpu::SUPPORTED;
+const TYPES: [GgmlType; lamina_gpu::SUPPORTED.len()] = lamina_gpu::SUPPORTED;
 
 pub struct KernelArgs {
     pub rows: usize,

@@ -205,7 +205,7 @@ impl GgmlType {
     /// has one) in one block of a type that has them: what a generator of
     /// random valid blocks must keep finite (synthetic models, kernel tests).
     /// Empty for float types and for types whose scales are not f16 fields
-    /// this table knows (the IQ1–IQ3 and ternary grids, MXFP4).
+    /// this table knows (the IQ1–IQ3 grids, MXFP4).
     pub fn f16_scale_offsets(self) -> &'static [usize] {
         use GgmlType::*;
         match self {
@@ -214,6 +214,8 @@ impl GgmlType {
             Q2K => &[80, 82],
             Q3K => &[108],
             Q6K => &[208],
+            TQ1_0 => &[52],
+            TQ2_0 => &[64],
             _ => &[],
         }
     }

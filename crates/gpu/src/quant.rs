@@ -3,7 +3,7 @@
 use lamina_gguf::GgmlType;
 
 /// Every type with a mat-vec, mat-mul and row-lookup kernel.
-pub const SUPPORTED: [GgmlType; 15] = [
+pub const SUPPORTED: [GgmlType; 18] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -19,6 +19,9 @@ pub const SUPPORTED: [GgmlType; 15] = [
     GgmlType::Q6K,
     GgmlType::IQ4NL,
     GgmlType::IQ4XS,
+    GgmlType::TQ2_0,
+    GgmlType::TQ1_0,
+    GgmlType::MXFP4,
 ];
 
 /// True if weights of this type can be placed on the GPU.
@@ -45,6 +48,9 @@ pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
         Q6K => "q6_k",
         IQ4NL => "iq4_nl",
         IQ4XS => "iq4_xs",
+        TQ2_0 => "tq2_0",
+        TQ1_0 => "tq1_0",
+        MXFP4 => "mxfp4",
         _ => return None,
     })
 }
@@ -86,9 +92,10 @@ pub(crate) struct Field {
 /// first, so each run starts aligned to its field), zero-padded to a
 /// multiple of 16 bytes. The fields here are in that order, quants first.
 ///
-/// The 18-, 20-, 22-, 24- and 34-byte ggml blocks put their quants off any
-/// 16-byte boundary, so a decoder reading them in place gathers words one by
-/// one and funnel-shifts unaligned ones; split, each unit's quants are one
+/// The 17-, 18-, 20-, 22-, 24- and 34-byte ggml blocks put their quants off
+/// any 16-byte boundary, so a decoder reading them in place gathers words one
+/// by one and funnel-shifts unaligned ones (MXFP4's odd offsets are beyond
+/// the byte helpers altogether); split, each unit's quants are one
 /// or two aligned vec4 loads, and lanes reading adjacent units read adjacent
 /// 16-byte pieces. The values decoded are the same, so every kernel keeps
 /// its bits. Measured on lavapipe, Q8_0 at Gemma 3's 262144×640 head: 1.0 →
@@ -115,6 +122,9 @@ pub(crate) fn split_fields(ty: GgmlType) -> Option<&'static [Field]> {
         ],
         // d, qs[32]
         Q8_0 => &[Field { at: 2, len: 32 }, Field { at: 0, len: 2 }],
+        // e, qs[16]: the 17-byte blocks leave most fields at odd offsets,
+        // which the kernels' byte helpers do not read in place.
+        MXFP4 => &[Field { at: 1, len: 16 }, Field { at: 0, len: 1 }],
         _ => return None,
     })
 }
@@ -214,9 +224,15 @@ mod tests {
             assert_eq!(has_kernel(ty), SUPPORTED.contains(&ty), "{ty}");
         }
         for ty in SUPPORTED {
-            // Kernels rely on 16 | block size (or plain elements) and 2 | bytes per block.
+            // Kernels rely on 32 | block size (or plain elements) and, for
+            // blocks read in place, 2 | bytes per block (even row starts for
+            // the 16-bit reads). A split type's rows are rewritten into
+            // 16-byte-aligned runs, so its block size may be odd (MXFP4).
             assert!(ty.block_size() == 1 || ty.block_size() % 32 == 0, "{ty}");
-            assert!(ty.block_size() == 1 || ty.type_size() % 2 == 0, "{ty}");
+            assert!(
+                ty.block_size() == 1 || ty.type_size() % 2 == 0 || split_fields(ty).is_some(),
+                "{ty}"
+            );
         }
     }
 }

@@ -65,8 +65,9 @@ impl Rng {
 }
 
 /// Random valid data for a `rows × cols` weight of `ty`: random bytes with
-/// every f16 scale overwritten by a sane value; float types get values in
-/// [-1, 1) (kept clear of f16 subnormals, which a GPU may flush).
+/// every f16 scale (and MXFP4's exponent) overwritten by a sane value; float
+/// types get values in [-1, 1) (kept clear of f16 subnormals, which a GPU
+/// may flush).
 pub fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     let value = |rng: &mut Rng| {
@@ -93,6 +94,11 @@ pub fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> V
                 for &at in ty.f16_scale_offsets() {
                     let h = half::f16::from_f32(rng.scale()).to_le_bytes();
                     block[at..at + 2].copy_from_slice(&h);
+                }
+                if ty == GgmlType::MXFP4 {
+                    // The E8M0 exponent: scales 2^-11 .. 2^-1, clear of the
+                    // subnormals (e < 2, which a GPU may flush) and of Inf.
+                    block[0] = 117 + (rng.next_u64() % 11) as u8;
                 }
             }
             data

@@ -56,8 +56,8 @@ fn types_without_kernels_are_named() {
     for ty in [
         GgmlType::IQ2XXS,
         GgmlType::IQ1S,
-        GgmlType::TQ1_0,
-        GgmlType::MXFP4,
+        GgmlType::IQ3S,
+        GgmlType::NVFP4,
     ] {
         let bytes = vec![0u8; ty.type_size() as usize];
         let err = gpu
