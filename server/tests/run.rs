@@ -251,12 +251,7 @@ fn a_context_larger_than_memory_fails_with_the_bytes() {
         .lines()
         .find(|l| l.contains(&format!("needs {want} bytes")))
         .unwrap_or_else(|| panic!("no line with the {want} bytes needed:\n{err}"));
-    let available: u64 = line
-        .split("but ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no available bytes in {line}"));
+    let available = common::available_bytes(line);
     assert!(available < want && line.contains("-c/--ctx-size"), "{line}");
 
     let err = run(&usize::MAX.to_string());

@@ -5,27 +5,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use lamina_gguf::{Change, GgmlType, LoadMode, Model, Value, Writer};
 
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("lamina-changes-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 /// A file with one tensor `t` of `n` F32 ones: several pages of data.
 fn gguf(kv: &[(&str, Value)], n: usize) -> Vec<u8> {
@@ -67,7 +54,7 @@ fn sum(data: &[u8]) -> u64 {
 
 #[test]
 fn a_same_size_overwrite_in_place_is_a_change() {
-    let d = TempDir::new("overwrite");
+    let d = TempDir::new("changes", "overwrite");
     let p = d.0.join("m.gguf");
     write_old(&p, &gguf(&[], 4096));
     let m = Model::open(&p, LoadMode::Mmap).unwrap();
@@ -85,7 +72,7 @@ fn a_same_size_overwrite_in_place_is_a_change() {
 
 #[test]
 fn a_truncated_map_reads_zeros_instead_of_raising_sigbus_and_is_reported() {
-    let d = TempDir::new("truncate");
+    let d = TempDir::new("changes", "truncate");
     let p = d.0.join("m.gguf");
     let n = 64 * 1024; // 256 KiB of tensor data: many pages past any header
     write_old(&p, &gguf(&[], n));
@@ -115,7 +102,7 @@ fn a_truncated_map_reads_zeros_instead_of_raising_sigbus_and_is_reported() {
 
 #[test]
 fn a_resize_without_touching_the_map_is_a_change() {
-    let d = TempDir::new("resize");
+    let d = TempDir::new("changes", "resize");
     let p = d.0.join("m.gguf");
     write_old(&p, &gguf(&[], 4096));
     let m = Model::open(&p, LoadMode::Mmap).unwrap();
@@ -135,7 +122,7 @@ fn a_resize_without_touching_the_map_is_a_change() {
 
 #[test]
 fn a_changed_shard_of_a_split_model_is_named() {
-    let d = TempDir::new("split");
+    let d = TempDir::new("changes", "split");
     let split = |no: u16| {
         [
             ("split.no", Value::U16(no)),
@@ -160,7 +147,7 @@ fn a_changed_shard_of_a_split_model_is_named() {
 
 #[test]
 fn a_rename_over_the_path_leaves_the_open_file_intact() {
-    let d = TempDir::new("rename");
+    let d = TempDir::new("changes", "rename");
     let p = d.0.join("m.gguf");
     write_old(&p, &gguf(&[], 4096));
     let m = Model::open(&p, LoadMode::Mmap).unwrap();
@@ -174,7 +161,7 @@ fn a_rename_over_the_path_leaves_the_open_file_intact() {
 
 #[test]
 fn a_file_read_into_memory_is_never_changed() {
-    let d = TempDir::new("read");
+    let d = TempDir::new("changes", "read");
     let p = d.0.join("m.gguf");
     write_old(&p, &gguf(&[], 4096));
     let m = Model::open(&p, LoadMode::Read).unwrap();

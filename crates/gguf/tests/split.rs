@@ -5,22 +5,9 @@ use std::path::{Path, PathBuf};
 
 use lamina_gguf::{GgmlType, LoadMode, Model, Value, Writer};
 
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("lamina-split-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 fn shard(no: u16, count: u16, total: i32, names: &[&str]) -> Vec<u8> {
     let mut w = Writer::new()
@@ -46,7 +33,7 @@ fn write_shards(dir: &Path, shards: &[Vec<u8>]) -> PathBuf {
 
 #[test]
 fn three_shards_open_as_one_model() {
-    let d = TempDir::new("ok");
+    let d = TempDir::new("split", "ok");
     let first = write_shards(
         &d.0,
         &[
@@ -74,7 +61,7 @@ fn three_shards_open_as_one_model() {
 
 #[test]
 fn missing_shard_is_named() {
-    let d = TempDir::new("missing");
+    let d = TempDir::new("split", "missing");
     let first = write_shards(
         &d.0,
         &[shard(0, 3, 3, &["a"]), shard(1, 3, 3, &["b"]), vec![]],
@@ -86,7 +73,7 @@ fn missing_shard_is_named() {
 
 #[test]
 fn mismatched_shard_index_is_an_error() {
-    let d = TempDir::new("mismatch");
+    let d = TempDir::new("split", "mismatch");
     let first = write_shards(&d.0, &[shard(0, 2, 2, &["a"]), shard(0, 2, 2, &["b"])]);
     let err = Model::open(&first, LoadMode::Mmap).unwrap_err().to_string();
     assert!(err.contains("split.no is 0, expected 1"), "{err}");
@@ -94,7 +81,7 @@ fn mismatched_shard_index_is_an_error() {
 
 #[test]
 fn opening_a_later_shard_is_an_error() {
-    let d = TempDir::new("later");
+    let d = TempDir::new("split", "later");
     write_shards(&d.0, &[shard(0, 2, 2, &["a"]), shard(1, 2, 2, &["b"])]);
     let err = Model::open(d.0.join("m-00002-of-00002.gguf"), LoadMode::Mmap)
         .unwrap_err()
@@ -104,12 +91,12 @@ fn opening_a_later_shard_is_an_error() {
 
 #[test]
 fn tensor_total_and_duplicates_are_checked() {
-    let d = TempDir::new("total");
+    let d = TempDir::new("split", "total");
     let first = write_shards(&d.0, &[shard(0, 2, 5, &["a"]), shard(1, 2, 5, &["b"])]);
     let err = Model::open(&first, LoadMode::Mmap).unwrap_err().to_string();
     assert!(err.contains("5 tensors expected"), "{err}");
 
-    let d = TempDir::new("dup");
+    let d = TempDir::new("split", "dup");
     let first = write_shards(&d.0, &[shard(0, 2, 2, &["a"]), shard(1, 2, 2, &["a"])]);
     let err = Model::open(&first, LoadMode::Mmap).unwrap_err().to_string();
     assert!(err.contains("\"a\" is duplicated"), "{err}");

@@ -1,4 +1,5 @@
-//! Shared by the binary's test files: where the real models are.
+//! Shared by the binary's test files: where the real models are, and how
+//! their error lines are read.
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::path::PathBuf;
@@ -18,4 +19,14 @@ pub fn model_path(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// The bytes available in a memory error line ("… needs N bytes … but M
+/// bytes are available …").
+pub fn available_bytes(line: &str) -> u64 {
+    line.split("but ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no available bytes in {line}"))
 }

@@ -5,6 +5,8 @@
 
 mod bench;
 mod client;
+#[path = "../common/mod.rs"]
+mod common;
 mod hardening;
 mod memory;
 mod model_file;
@@ -19,18 +21,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 fn model() -> String {
-    let dir = std::env::var_os("LAMINA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
-        });
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-models.sh",
-        p.display()
-    );
-    p.to_str().unwrap().to_owned()
+    common::model_path("SmolLM2-135M-Instruct.Q4_1.gguf")
+        .to_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// A running `lamina serve`; killed when dropped.
@@ -147,6 +141,19 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A streamed request for a long story, read up to its first content
+/// delta: the server is decoding it when this returns.
+fn stream_story(
+    port: u16,
+    max_tokens: u32,
+    headers: &[(&str, &str)],
+) -> BufReader<std::net::TcpStream> {
+    let mut body = user("Tell me a long story about a dragon.", max_tokens);
+    body["stream"] = json!(true);
+    let s = client::open(port, "POST", "/v1/chat/completions", Some(&body), headers);
+    client::read_until(s, "\"content\":\"")
 }
 
 fn user(text: &str, max_tokens: u32) -> Value {
@@ -295,16 +302,7 @@ fn four_concurrent_clients_all_complete_with_their_solo_output() {
 #[test]
 fn a_client_that_hangs_up_mid_stream_frees_its_slot() {
     let server = Server::start(&["--parallel", "1"], &[]);
-    let mut body = user("Tell me a long story about a dragon.", 200);
-    body["stream"] = json!(true);
-    let s = client::open(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body),
-        &[],
-    );
-    let reader = client::read_until(s, "\"content\":\"");
+    let reader = stream_story(server.port, 200, &[]);
     drop(reader);
     server.wait_metric("lamina_sequences_dropped_total", 1.0);
     server.wait_metric("lamina_active_sequences", 0.0);
@@ -326,16 +324,7 @@ fn full_queue_is_503_at_once_and_the_key_comes_from_the_environment() {
     assert_eq!(denied.json()["error"]["type"], "authentication_error");
     assert_eq!(client::get(server.port, "/health").status, 200);
 
-    let mut body = user("Tell me a long story about a dragon.", 200);
-    body["stream"] = json!(true);
-    let s = client::open(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body),
-        &auth,
-    );
-    let busy = client::read_until(s, "\"content\":\"");
+    let busy = stream_story(server.port, 200, &auth);
     let t = Instant::now();
     let r = client::request(
         server.port,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lamina_gguf::{LoadMode, Model};
 use lamina_model::{memory, Config};
 
-use super::model;
+use super::{common, model};
 
 /// Runs `cmd` to its end, failing the test if it takes over `limit`.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
@@ -83,12 +83,7 @@ fn slots_larger_than_memory_are_refused_with_the_bytes() {
         .unwrap_or_else(|| panic!("no error line:\n{err}"));
     assert!(line.contains(&format!("needs {want} bytes")), "{line}");
     assert!(line.contains("-c/--ctx-size") && line.contains("-np/--parallel"));
-    let available: u64 = line
-        .split("but ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no available bytes in {line}"));
+    let available = common::available_bytes(line);
     assert!(available < want, "{line}");
     assert!(!err.contains("listening on"), "{err}");
     let said = err

@@ -10,9 +10,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::{client, content, model, user, Server};
+use super::{client, content, model, stream_story, user, Server};
 
 /// A copy of the model in its own directory, removed when dropped.
 struct TempModel {
@@ -117,17 +117,8 @@ fn a_file_truncated_mid_stream_ends_the_stream_with_an_error_and_the_server_answ
     let original = m.bytes();
     let mut server = Server::start_with(m.arg(), &["--parallel", "1"], &[]);
 
-    let mut body = user("Tell me a long story about a dragon.", 1000);
-    body["stream"] = json!(true);
-    let s = client::open(
-        server.port,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body),
-        &[],
-    );
     // Decoding: every step reads the weights from the map.
-    let mut reader = client::read_until(s, "\"content\":\"");
+    let mut reader = stream_story(server.port, 1000, &[]);
     truncate_and_half_rewrite(&m.path, &original);
     let mut rest = String::new();
     reader.read_to_string(&mut rest).unwrap();
@@ -205,11 +196,7 @@ fn a_file_replaced_by_rename_goes_on_serving_the_old_model() {
     // Past an idle check of the files.
     std::thread::sleep(Duration::from_millis(1500));
 
-    let after = server.chat(body);
-    assert_eq!(after.status, 200, "{}", after.body);
-    assert_eq!(content(&after.json()), content(&before.json()));
-    let health = client::get(server.port, "/health");
-    assert_eq!(health.status, 200, "{}", health.body);
+    assert_serves_as_before(&server, body, &before);
 }
 
 #[test]
@@ -224,6 +211,11 @@ fn a_model_read_into_memory_ignores_a_truncated_file() {
     truncate_and_half_rewrite(&m.path, &original);
     std::thread::sleep(Duration::from_millis(1500));
 
+    assert_serves_as_before(&server, body, &before);
+}
+
+/// `body` still gets the answer it got `before`, and `/health` is 200.
+fn assert_serves_as_before(server: &Server, body: Value, before: &client::Response) {
     let after = server.chat(body);
     assert_eq!(after.status, 200, "{}", after.body);
     assert_eq!(content(&after.json()), content(&before.json()));
