@@ -376,80 +376,11 @@ impl Gpu {
                 size,
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             )?;
+            let rows_here = rows_of(parts, ggml_row, first, n);
             if split {
-                // Whole rows, rewritten into one bounded bounce buffer.
-                let mut bounce: Vec<u8> = Vec::with_capacity(UPLOAD_PIECE.min(len as usize));
-                let mut at = 0u64;
-                let flush = |bounce: &mut Vec<u8>, at: &mut u64| {
-                    let r = self.scoped("weight upload", bounce.len() as u64, || {
-                        self.queue.write_buffer(&buf, *at, bounce);
-                    });
-                    *at += bounce.len() as u64;
-                    bounce.clear();
-                    r
-                };
-                for bytes in rows_of(parts, ggml_row, first, n) {
-                    for row in bytes.chunks_exact(ggml_row as usize) {
-                        quant::split_row(ty, row, &mut bounce);
-                        if bounce.len() + row_bytes as usize > UPLOAD_PIECE {
-                            since_flush += bounce.len();
-                            flush(&mut bounce, &mut at)?;
-                            if since_flush >= UPLOAD_FLUSH {
-                                self.queue.submit([]);
-                                self.wait()?;
-                                since_flush = 0;
-                            }
-                        }
-                    }
-                }
-                if !bounce.is_empty() {
-                    since_flush += bounce.len();
-                    flush(&mut bounce, &mut at)?;
-                }
-                chunks.push(WeightChunk {
-                    buf,
-                    first_row: first as u32,
-                    rows: n as u32,
-                });
-                first += n;
-                continue;
-            }
-            let mut at = 0u64;
-            let mut carry: Vec<u8> = Vec::new();
-            for bytes in rows_of(parts, row_bytes, first, n) {
-                for piece in bytes.chunks(UPLOAD_PIECE) {
-                    // write_buffer needs 4-byte offsets and sizes: a piece
-                    // that starts or ends unaligned goes through `carry`.
-                    if carry.is_empty() && at % 4 == 0 && piece.len() % 4 == 0 {
-                        self.scoped("weight upload", piece.len() as u64, || {
-                            self.queue.write_buffer(&buf, at, piece);
-                        })?;
-                    } else {
-                        carry.extend_from_slice(piece);
-                        let whole = carry.len() / 4 * 4;
-                        let start = at - (carry.len() - piece.len()) as u64;
-                        if whole > 0 && start % 4 == 0 {
-                            self.scoped("weight upload", whole as u64, || {
-                                self.queue.write_buffer(&buf, start, &carry[..whole]);
-                            })?;
-                            carry.drain(..whole);
-                        }
-                    }
-                    at += piece.len() as u64;
-                    since_flush += piece.len();
-                    if since_flush >= UPLOAD_FLUSH {
-                        self.queue.submit([]);
-                        self.wait()?;
-                        since_flush = 0;
-                    }
-                }
-            }
-            if !carry.is_empty() {
-                let start = at - carry.len() as u64;
-                carry.resize(carry.len().div_ceil(4) * 4, 0);
-                self.scoped("weight upload", carry.len() as u64, || {
-                    self.queue.write_buffer(&buf, start, &carry);
-                })?;
+                self.write_split(&buf, ty, rows_here, ggml_row, row_bytes, &mut since_flush)?;
+            } else {
+                self.write_raw(&buf, rows_here, &mut since_flush)?;
             }
             chunks.push(WeightChunk {
                 buf,
@@ -466,6 +397,97 @@ impl Gpu {
             row_bytes,
             chunks,
         })
+    }
+
+    /// Lets the queue drain once `since_flush` bytes have been staged, which
+    /// bounds the staging memory an upload holds at once.
+    fn pace(&self, since_flush: &mut usize, written: usize) -> Result<(), GpuError> {
+        *since_flush += written;
+        if *since_flush >= UPLOAD_FLUSH {
+            self.queue.submit([]);
+            self.wait()?;
+            *since_flush = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes `slices` (whole rows, byte for byte) to `buf` from offset 0.
+    fn write_raw<'a>(
+        &self,
+        buf: &wgpu::Buffer,
+        slices: impl Iterator<Item = &'a [u8]>,
+        since_flush: &mut usize,
+    ) -> Result<(), GpuError> {
+        let mut at = 0u64;
+        let mut carry: Vec<u8> = Vec::new();
+        for bytes in slices {
+            for piece in bytes.chunks(UPLOAD_PIECE) {
+                // write_buffer needs 4-byte offsets and sizes: a piece
+                // that starts or ends unaligned goes through `carry`.
+                if carry.is_empty() && at % 4 == 0 && piece.len() % 4 == 0 {
+                    self.scoped("weight upload", piece.len() as u64, || {
+                        self.queue.write_buffer(buf, at, piece);
+                    })?;
+                } else {
+                    carry.extend_from_slice(piece);
+                    let whole = carry.len() / 4 * 4;
+                    let start = at - (carry.len() - piece.len()) as u64;
+                    if whole > 0 && start % 4 == 0 {
+                        self.scoped("weight upload", whole as u64, || {
+                            self.queue.write_buffer(buf, start, &carry[..whole]);
+                        })?;
+                        carry.drain(..whole);
+                    }
+                }
+                at += piece.len() as u64;
+                self.pace(since_flush, piece.len())?;
+            }
+        }
+        if !carry.is_empty() {
+            let start = at - carry.len() as u64;
+            carry.resize(carry.len().div_ceil(4) * 4, 0);
+            self.scoped("weight upload", carry.len() as u64, || {
+                self.queue.write_buffer(buf, start, &carry);
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Writes the rows in `slices` (`ggml_row` bytes each) to `buf` in the
+    /// split layout of `ty` (`gpu_row` bytes each), through one bounded
+    /// bounce buffer of whole rows.
+    fn write_split<'a>(
+        &self,
+        buf: &wgpu::Buffer,
+        ty: GgmlType,
+        slices: impl Iterator<Item = &'a [u8]>,
+        ggml_row: u64,
+        gpu_row: u64,
+        since_flush: &mut usize,
+    ) -> Result<(), GpuError> {
+        let mut bounce: Vec<u8> = Vec::new();
+        let mut at = 0u64;
+        let mut flush = |bounce: &mut Vec<u8>| -> Result<(), GpuError> {
+            self.scoped("weight upload", bounce.len() as u64, || {
+                self.queue.write_buffer(buf, at, bounce);
+            })?;
+            at += bounce.len() as u64;
+            let written = bounce.len();
+            bounce.clear();
+            self.pace(since_flush, written)
+        };
+        for bytes in slices {
+            for row in bytes.chunks_exact(ggml_row as usize) {
+                quant::split_row(ty, row, &mut bounce);
+                if bounce.len() + gpu_row as usize > UPLOAD_PIECE {
+                    flush(&mut bounce)?;
+                }
+            }
+        }
+        if !bounce.is_empty() {
+            flush(&mut bounce)?;
+        }
+        Ok(())
     }
 }
 
