@@ -29,11 +29,18 @@ pub enum ChatError {
     },
 
     /// Rendering used up its fuel budget: the template (or the conversation
-    /// it was given) needs more work than a prompt may take.
-    #[error("chat template ran out of fuel (budget {fuel} units)")]
+    /// it was given) needs more work or memory than a prompt may take.
+    #[error("chat template exceeded its work limit: ran out of fuel (budget {fuel} units, ~64 bytes or one instruction each)")]
     OutOfFuel {
         /// The budget that was exhausted.
         fuel: u64,
+    },
+
+    /// Rendering took longer than its wall-clock limit.
+    #[error("chat template exceeded its time limit of {} ms", limit.as_millis())]
+    TimeLimit {
+        /// The limit.
+        limit: std::time::Duration,
     },
 
     /// The rendered prompt grew past the byte limit.
@@ -67,6 +74,17 @@ impl ChatError {
     /// input, so a render-time failure is attributed to the conversation.
     pub fn is_request_error(&self) -> bool {
         !matches!(self, ChatError::Syntax { .. })
+    }
+
+    /// True when the render passed one of its [`crate::Limits`] (fuel, time,
+    /// output size), rather than failing on its own terms.
+    pub fn is_limit(&self) -> bool {
+        matches!(
+            self,
+            ChatError::OutOfFuel { .. }
+                | ChatError::TimeLimit { .. }
+                | ChatError::OutputTooLarge { .. }
+        )
     }
 }
 

@@ -9,8 +9,9 @@
 //! Files without a template get one of the [`Builtin`] formats, chosen by
 //! [`builtin_for`].
 //!
-//! Rendering is sandboxed: no file access, a fuel budget, a recursion limit
-//! and an output limit ([`Limits`]); every failure is a [`ChatError`].
+//! Rendering is sandboxed: no file access, a fuel budget that grows with the
+//! request up to a ceiling, a wall-clock limit, a recursion limit and an
+//! output limit ([`Limits`]); every failure is a [`ChatError`].
 //!
 //! ```
 //! use lamina_chat::{ChatTemplate, RenderOptions};
@@ -25,6 +26,7 @@
 //! # Ok::<(), lamina_chat::ChatError>(())
 //! ```
 
+mod budget;
 mod builtin;
 mod environment;
 mod error;

@@ -6,14 +6,18 @@
 //! so the environment's formatter, its `string` filter and its `tojson`
 //! filter all go through this module.
 //!
-//! Invariant: every walk over a value is bounded by [`MAX_DEPTH`]; a template
+//! Invariants: every walk over a value is bounded by [`MAX_DEPTH`]; a template
 //! can build a cyclic value (a namespace holding itself) and must get an
-//! error, not a stack overflow.
+//! error, not a stack overflow. Every serialiser takes a byte limit and stops
+//! once its output passes it (a value can hold one string a million times,
+//! so its printed size is not bounded by its own).
 
 use std::fmt::Write as _;
 
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Error, ErrorKind};
+
+use crate::budget::unaffordable;
 
 /// Deepest nesting of lists and maps that is printed or serialised.
 pub(crate) const MAX_DEPTH: usize = 128;
@@ -25,24 +29,35 @@ fn too_deep() -> Error {
     )
 }
 
-/// Python's `str(value)`, with Jinja's `str(Undefined) == ""`.
-pub(crate) fn py_str(value: &Value) -> Result<String, Error> {
+/// Python's `str(value)`, with Jinja's `str(Undefined) == ""`; fails once
+/// the text passes `limit` bytes.
+pub(crate) fn py_str(value: &Value, limit: usize) -> Result<String, Error> {
     match value.kind() {
         ValueKind::String => Ok(value.as_str().unwrap_or_default().to_owned()),
         ValueKind::Undefined => Ok(String::new()),
         _ => {
             let mut out = String::new();
-            write_repr(&mut out, value, 0)?;
+            write_repr(&mut out, value, 0, limit)?;
+            within(&out, limit, "a printed value")?;
             Ok(out)
         }
     }
 }
 
+fn within(out: &str, limit: usize, what: &str) -> Result<(), Error> {
+    if out.len() > limit {
+        Err(unaffordable(what))
+    } else {
+        Ok(())
+    }
+}
+
 /// Python's `repr(value)`.
-fn write_repr(out: &mut String, value: &Value, depth: usize) -> Result<(), Error> {
+fn write_repr(out: &mut String, value: &Value, depth: usize, limit: usize) -> Result<(), Error> {
     if depth > MAX_DEPTH {
         return Err(too_deep());
     }
+    within(out, limit, "a printed value")?;
     match value.kind() {
         ValueKind::Undefined => {}
         ValueKind::None => out.push_str("None"),
@@ -75,9 +90,9 @@ fn write_repr(out: &mut String, value: &Value, depth: usize) -> Result<(), Error
                     out.push_str(", ");
                 }
                 let item = value.get_item(&key)?;
-                write_repr(out, &key, depth + 1)?;
+                write_repr(out, &key, depth + 1, limit)?;
                 out.push_str(": ");
-                write_repr(out, &item, depth + 1)?;
+                write_repr(out, &item, depth + 1, limit)?;
             }
             out.push('}');
         }
@@ -94,7 +109,7 @@ fn write_repr(out: &mut String, value: &Value, depth: usize) -> Result<(), Error
                 if i > 0 {
                     out.push_str(", ");
                 }
-                write_repr(out, &item, depth + 1)?;
+                write_repr(out, &item, depth + 1, limit)?;
                 count += 1;
             }
             if value.is_tuple() && count == 1 {
@@ -255,10 +270,12 @@ impl JsonStyle {
     }
 }
 
-/// Python's `json.dumps(value, **style)`.
-pub(crate) fn json_dumps(value: &Value, style: &JsonStyle) -> Result<String, Error> {
+/// Python's `json.dumps(value, **style)`; fails once the text passes
+/// `limit` bytes.
+pub(crate) fn json_dumps(value: &Value, style: &JsonStyle, limit: usize) -> Result<String, Error> {
     let mut out = String::new();
-    write_json(&mut out, value, style, 0)?;
+    write_json(&mut out, value, style, 0, limit)?;
+    within(&out, limit, "tojson's output")?;
     Ok(out)
 }
 
@@ -276,10 +293,12 @@ fn write_json(
     value: &Value,
     style: &JsonStyle,
     depth: usize,
+    limit: usize,
 ) -> Result<(), Error> {
     if depth > MAX_DEPTH {
         return Err(too_deep());
     }
+    within(out, limit, "tojson's output")?;
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -297,7 +316,7 @@ fn write_json(
                     out.push_str(&style.item_separator);
                 }
                 newline_indent(out, style, depth + 1);
-                write_json(out, item, style, depth + 1)?;
+                write_json(out, item, style, depth + 1, limit)?;
             }
             newline_indent(out, style, depth);
             out.push(']');
@@ -323,7 +342,7 @@ fn write_json(
                 newline_indent(out, style, depth + 1);
                 write_json_string(out, key, style);
                 out.push_str(&style.key_separator);
-                write_json(out, item, style, depth + 1)?;
+                write_json(out, item, style, depth + 1, limit)?;
             }
             newline_indent(out, style, depth);
             out.push('}');
@@ -416,9 +435,12 @@ mod tests {
             ("b", Value::from(())),
             ("c", Value::from("it's")),
         ]);
-        assert_eq!(py_str(&v)?, "{'a': True, 'b': None, 'c': \"it's\"}");
+        assert_eq!(
+            py_str(&v, usize::MAX)?,
+            "{'a': True, 'b': None, 'c': \"it's\"}"
+        );
         let list = Value::from(vec![Value::from(1), Value::from("x\ny")]);
-        assert_eq!(py_str(&list)?, "[1, 'x\\ny']");
+        assert_eq!(py_str(&list, usize::MAX)?, "[1, 'x\\ny']");
         Ok(())
     }
 
@@ -431,12 +453,12 @@ mod tests {
         ]);
         let style = JsonStyle::new(None);
         assert_eq!(
-            json_dumps(&v, &style)?,
+            json_dumps(&v, &style, usize::MAX)?,
             r#"{"name": "Zürich <b>&", "n": [1, 2.0], "e": {}}"#
         );
         let pretty = JsonStyle::new(Some("  ".to_owned()));
         assert_eq!(
-            json_dumps(&v, &pretty)?,
+            json_dumps(&v, &pretty, usize::MAX)?,
             "{\n  \"name\": \"Zürich <b>&\",\n  \"n\": [\n    1,\n    2.0\n  ],\n  \"e\": {}\n}"
         );
         let ascii = JsonStyle {
@@ -444,7 +466,7 @@ mod tests {
             ..JsonStyle::new(None)
         };
         assert_eq!(
-            json_dumps(&Value::from("é😀"), &ascii)?,
+            json_dumps(&Value::from("é😀"), &ascii, usize::MAX)?,
             r#""\u00e9\ud83d\ude00""#
         );
         Ok(())

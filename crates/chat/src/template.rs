@@ -9,9 +9,9 @@
 //! `chat_template_kwargs` entry as a variable of its own.
 //!
 //! Invariants: the template never reads files (the environment has no
-//! loader), every render runs under a fuel budget, a recursion limit and an
-//! output byte limit, and input nested deeper than [`MAX_DEPTH`] is refused
-//! before it reaches the engine.
+//! loader), every render runs under a fuel budget, a wall-clock limit, a
+//! recursion limit and an output byte limit ([`Limits`]), and input nested
+//! deeper than [`MAX_DEPTH`] is refused before it reaches the engine.
 //!
 //! Request strings are text, never control tokens: with
 //! [`ChatTemplate::guard_tokens`] set, every occurrence of a guarded token
@@ -25,6 +25,7 @@
 use std::fmt;
 use std::io;
 use std::ops::Range;
+use std::time::Duration;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
@@ -32,6 +33,7 @@ use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind};
 use serde_json::Value as Json;
 
+use crate::budget::{self, TimeExceeded, Watch};
 use crate::environment::{build_environment, Clock};
 use crate::error::{find_source, ChatError, RaisedByTemplate};
 use crate::python::MAX_DEPTH;
@@ -45,11 +47,25 @@ const TEMPLATE_NAME: &str = "chat_template";
 const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
 /// Bounds on one render.
+///
+/// Fuel is minijinja's count of work: one unit per instruction executed and
+/// one per 64 bytes created, written or visited (Lamina's serialisers pay
+/// one per 4 bytes, as minijinja's own `tojson` does). So a render's fuel
+/// bounds both its CPU and what it can allocate: 64 bytes per unit. A render
+/// gets [`Limits::fuel`], plus one unit per byte of its input's weight (the
+/// bytes of every request string, plus 16 per value: roughly its JSON size),
+/// up to [`Limits::max_fuel`]: a template's work grows with the
+/// conversation it renders, and a template in a downloaded file cannot make
+/// a small request expensive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// minijinja fuel: roughly one unit per instruction executed and one per
-    /// 64 bytes allocated or written.
+    /// The fuel every render gets, whatever its input.
     pub fuel: u64,
+    /// The most fuel one render gets, however large its input.
+    pub max_fuel: u64,
+    /// Wall-clock time one render may take, read wherever the template
+    /// calls back into this crate (see the `budget` module).
+    pub time: Duration,
     /// Deepest nesting of macro calls (and other recursion) allowed.
     pub recursion: usize,
     /// Largest rendered prompt in bytes.
@@ -58,17 +74,32 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        // One unit of fuel is about one instruction or 64 bytes allocated.
-        // Every rendering of the golden corpus (tool schemas through
-        // recursive macros included) takes under 1,000; 5 million leaves
-        // room for conversations thousands of times longer, yet stops a
-        // runaway loop within a second and caps what a template can
-        // allocate at a few hundred MiB.
+        // Measured on the development machine (2 cores), a fuel-bound loop
+        // runs ~20 M units/s, and every rendering of the golden corpus
+        // (tool schemas and recursive macros included) takes under 1,000.
+        // 64 Ki units is then ~3 ms and at most 4 MiB allocated for any
+        // request up to a few KiB; a long conversation gets more, up to
+        // 1 Mi units (~50 ms, 64 MiB), reached near a 1 MiB request, the
+        // default body limit. The clock stops a render at 50 ms whatever
+        // its fuel: a render of an ordinary conversation takes well under
+        // a millisecond, so only a template that does work fuel prices
+        // cheaply, or a starved machine, meets it.
         Limits {
-            fuel: 5_000_000,
+            fuel: 64 * 1024,
+            max_fuel: 1024 * 1024,
+            time: Duration::from_millis(50),
             recursion: 100,
             max_output_bytes: 16 * 1024 * 1024,
         }
+    }
+}
+
+impl Limits {
+    /// The fuel a render of input of `weight` gets.
+    pub fn fuel_for(&self, weight: u64) -> u64 {
+        self.fuel
+            .saturating_add(weight)
+            .min(self.max_fuel.max(self.fuel))
     }
 }
 
@@ -273,10 +304,20 @@ impl ChatTemplate {
         opts: &RenderOptions<'_>,
     ) -> Result<Prompt, ChatError> {
         let guard = self.guard.as_ref();
+        let mut weight = 0u64;
         let mut ctx: Vec<(String, Value)> = vec![
-            ("messages".to_owned(), json_to_value(messages, 0, guard)?),
-            ("tools".to_owned(), optional(opts.tools, guard)?),
-            ("documents".to_owned(), optional(opts.documents, guard)?),
+            (
+                "messages".to_owned(),
+                json_to_value(messages, 0, guard, &mut weight)?,
+            ),
+            (
+                "tools".to_owned(),
+                optional(opts.tools, guard, &mut weight)?,
+            ),
+            (
+                "documents".to_owned(),
+                optional(opts.documents, guard, &mut weight)?,
+            ),
             (
                 "add_generation_prompt".to_owned(),
                 Value::from(opts.add_generation_prompt),
@@ -291,7 +332,7 @@ impl ChatTemplate {
                         "chat_template_kwargs may not set `{name}`"
                     )));
                 }
-                let value = json_to_value(value, 0, guard)?;
+                let value = json_to_value(value, 0, guard, &mut weight)?;
                 // Special tokens may be overridden, as transformers merges
                 // kwargs over the tokenizer's special tokens map.
                 match ctx.iter_mut().find(|(key, _)| key == name) {
@@ -301,14 +342,20 @@ impl ChatTemplate {
             }
         }
 
-        let template = self
-            .env
+        // The fuel is the environment's; a clone shares the compiled
+        // template and costs a few pointer copies.
+        let fuel = self.limits.fuel_for(weight);
+        let mut env = self.env.clone();
+        env.set_fuel(Some(fuel));
+        let watch = Watch::start(self.limits.time);
+        let template = env
             .get_template(TEMPLATE_NAME)
-            .map_err(|err| self.render_error(&err))?;
+            .map_err(|err| self.render_error(&err, fuel, &watch))?;
         let mut sink = BoundedSink {
             buf: Vec::new(),
             limit: self.limits.max_output_bytes,
             overflowed: false,
+            writes: 0,
         };
         let rendered = template.render_captured_to(Value::from_pairs(ctx), &mut sink);
         if sink.overflowed {
@@ -316,7 +363,18 @@ impl ChatTemplate {
                 limit: self.limits.max_output_bytes,
             });
         }
-        rendered.map_err(|err| self.render_error(&err))?;
+        if let Err(err) = rendered {
+            return Err(self.render_error(&err, fuel, &watch));
+        }
+        // Hooks past the deadline fail, but a template whose loops merely
+        // stopped early (ranges end at the deadline) may finish: its
+        // output is cut short, so it is not a prompt.
+        if watch.expired() {
+            return Err(ChatError::TimeLimit {
+                limit: self.limits.time,
+            });
+        }
+        drop(watch);
         let text = String::from_utf8(sink.buf).map_err(|err| ChatError::Render {
             line: None,
             message: format!("rendered prompt is not UTF-8: {err}"),
@@ -330,16 +388,21 @@ impl ChatTemplate {
         })
     }
 
-    fn render_error(&self, err: &minijinja::Error) -> ChatError {
+    fn render_error(&self, err: &minijinja::Error, fuel: u64, watch: &Watch) -> ChatError {
+        // Past the deadline every hook fails and the fuel is drained, so
+        // whatever error the engine reports, the clock is the cause.
+        if watch.expired() || find_source::<TimeExceeded>(err).is_some() {
+            return ChatError::TimeLimit {
+                limit: self.limits.time,
+            };
+        }
         if let Some(raised) = find_source::<RaisedByTemplate>(err) {
             return ChatError::Raised {
                 message: raised.0.clone(),
             };
         }
         match err.kind() {
-            ErrorKind::OutOfFuel => ChatError::OutOfFuel {
-                fuel: self.limits.fuel,
-            },
+            ErrorKind::OutOfFuel => ChatError::OutOfFuel { fuel },
             _ => ChatError::Render {
                 line: err.line(),
                 message: describe(err),
@@ -418,20 +481,39 @@ fn describe(err: &minijinja::Error) -> String {
     }
 }
 
-fn optional(value: Option<&Json>, guard: Option<&Guard>) -> Result<Value, ChatError> {
+fn optional(
+    value: Option<&Json>,
+    guard: Option<&Guard>,
+    weight: &mut u64,
+) -> Result<Value, ChatError> {
     match value {
-        Some(value) => json_to_value(value, 0, guard),
+        Some(value) => json_to_value(value, 0, guard, weight),
         None => Ok(Value::from(())),
     }
 }
 
+/// What one value adds to an input's weight besides its strings' bytes
+/// (about what it takes in JSON, and enough fuel for the instructions a
+/// template spends on each field of each message).
+const WEIGHT_PER_VALUE: u64 = 16;
+
 /// Converts request JSON into template values, keeping object key order (a
-/// Python dict's order, which `tojson` and `items()` show). With a guard,
-/// every string (keys included) has its guarded texts masked.
-fn json_to_value(json: &Json, depth: usize, guard: Option<&Guard>) -> Result<Value, ChatError> {
-    let text = |s: &str| match guard {
-        Some(g) => Value::from(g.mask(s)),
-        None => Value::from(s),
+/// Python dict's order, which `tojson` and `items()` show), and adds its
+/// weight (see [`Limits`]) to `weight`. With a guard, every string (keys
+/// included) has its guarded texts masked.
+fn json_to_value(
+    json: &Json,
+    depth: usize,
+    guard: Option<&Guard>,
+    weight: &mut u64,
+) -> Result<Value, ChatError> {
+    *weight = weight.saturating_add(WEIGHT_PER_VALUE);
+    let text = |s: &str, weight: &mut u64| {
+        *weight = weight.saturating_add(s.len() as u64);
+        match guard {
+            Some(g) => Value::from(g.mask(s)),
+            None => Value::from(s),
+        }
     };
     if depth > MAX_DEPTH {
         return Err(ChatError::InvalidInput(format!(
@@ -450,18 +532,19 @@ fn json_to_value(json: &Json, depth: usize, guard: Option<&Guard>) -> Result<Val
                 Value::from(n.as_f64().unwrap_or(f64::NAN))
             }
         }
-        Json::String(s) => text(s),
+        Json::String(s) => text(s, weight),
         Json::Array(items) => {
             let mut out = Vec::with_capacity(items.len());
             for item in items {
-                out.push(json_to_value(item, depth + 1, guard)?);
+                out.push(json_to_value(item, depth + 1, guard, weight)?);
             }
             Value::from(out)
         }
         Json::Object(map) => {
             let mut out = Vec::with_capacity(map.len());
             for (key, item) in map {
-                out.push((text(key), json_to_value(item, depth + 1, guard)?));
+                let key = text(key, weight);
+                out.push((key, json_to_value(item, depth + 1, guard, weight)?));
             }
             Value::from_pairs(out)
         }
@@ -469,16 +552,25 @@ fn json_to_value(json: &Json, depth: usize, guard: Option<&Guard>) -> Result<Val
 }
 
 /// Collects the rendered prompt and refuses writes past the limit, so a
-/// template cannot fill memory with output.
+/// template cannot fill memory with output, and past the render's deadline.
 struct BoundedSink {
     buf: Vec<u8>,
     limit: usize,
     /// Set when a write was refused; the engine only sees an I/O error.
     overflowed: bool,
+    writes: u32,
 }
+
+/// The sink reads the clock once per this many writes (a write is often a
+/// few bytes; the clock costs ~25 ns).
+const WRITES_PER_CHECK: u32 = 16;
 
 impl io::Write for BoundedSink {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.writes = self.writes.wrapping_add(1);
+        if self.writes % WRITES_PER_CHECK == 0 && !budget::in_time() {
+            return Err(io::Error::other("the render's time limit passed"));
+        }
         if self.buf.len().saturating_add(data.len()) > self.limit {
             self.overflowed = true;
             return Err(io::Error::other("rendered prompt exceeds the output limit"));
