@@ -3,7 +3,10 @@
 //! Binds first (so `/health` answers 503 while the model loads), starts the
 //! engine thread, logs the model and its placement, then
 //! `listening on http://HOST:PORT` once requests can be served. Ctrl-C or
-//! SIGTERM stops accepting connections and lets open ones finish. A client
+//! SIGTERM stops accepting connections and lets open ones finish for
+//! `--shutdown-grace` seconds; then every request still open is ended (a
+//! stream with a final error event) and the process exits non-zero. A
+//! second signal exits at once. A client
 //! has `--read-timeout` seconds to send a request's headers, and again its
 //! body; an idle keep-alive connection is closed after the same time.
 //!
@@ -108,8 +111,14 @@ async fn serve(
     })?;
     let keyed = api_key.is_some();
     let read_timeout = Duration::from_secs(a.read_timeout_s.max(1));
-    let state =
-        AppState::new(engine.clone(), api_key, a.body_limit).with_read_timeout(read_timeout);
+    let (cutoff, cut_signal) = http::shutdown::channel();
+    let state = AppState::new(engine.clone(), api_key, a.body_limit)
+        .with_read_timeout(read_timeout)
+        .with_prepare(
+            http::default_prepare_slots(),
+            Duration::from_secs(a.timeout_s.max(1)),
+        )
+        .with_cutoff(cut_signal);
     let app = http::app(Arc::new(state));
     let mut signals = Signals::new().context("installing the signal handlers")?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -152,7 +161,7 @@ async fn serve(
         done = &mut server => {
             done.context("the HTTP server task failed")?;
             tracing::info!("stopped");
-            Ok(())
+            return Ok(());
         }
         // An operator who signals twice wants the process gone, whatever
         // is still streaming.
@@ -160,11 +169,26 @@ async fn serve(
             tracing::warn!("second signal: exiting without waiting for open requests");
             std::process::exit(130);
         }
-        () = tokio::time::sleep(grace) => {
-            bail!("requests still open after --shutdown-grace {}s; exiting", grace.as_secs())
-        }
+        () = tokio::time::sleep(grace) => {}
     }
+    // The grace is over: end what is still open, give the final events
+    // a moment to reach their clients, and exit non-zero either way.
+    cutoff.cut();
+    tokio::select! {
+        _ = &mut server => {}
+        () = tokio::time::sleep(CUT_FLUSH) => {}
+        () = signals.next() => std::process::exit(130),
+    }
+    bail!(
+        "requests still open after --shutdown-grace {}s; ended {} of them with an error; exiting",
+        grace.as_secs(),
+        cutoff.cut_count()
+    )
 }
+
+/// How long the requests cut at the end of the grace get to send their
+/// final event before the process exits.
+const CUT_FLUSH: Duration = Duration::from_secs(2);
 
 /// SIGINT and SIGTERM, each delivery once (registered before serving, so a
 /// second signal is seen rather than killing the process half-way).

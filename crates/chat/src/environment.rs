@@ -176,11 +176,7 @@ fn check_format_widths(format: &str, args: &[Value]) -> Result<(), Error> {
         };
         dynamic |= spec.contains('{');
         for digits in spec.split(|c: char| !c.is_ascii_digit()) {
-            if !digits.is_empty()
-                && !digits
-                    .parse::<usize>()
-                    .is_ok_and(|n| n <= MAX_FORMAT_WIDTH)
-            {
+            if !digits.is_empty() && !digits.parse::<usize>().is_ok_and(|n| n <= MAX_FORMAT_WIDTH) {
                 return Err(too_wide(digits));
             }
         }

@@ -1,7 +1,8 @@
 //! Every error a handler returns, and the one place that turns it into a
 //! response: OpenAI's `{"error": {"message", "type", "param", "code"}}` with
 //! the status that fits (400 the request is wrong, 401 no key, 404, 408 body too
-//! slow, 413 too large, 503 busy, loading or the model file changed under the
+//! slow, 413 too large, 422 the chat template passed one of its limits on
+//! this conversation, 503 busy, loading or the model file changed under the
 //! server (restart it), 500 only for faults of the
 //! server, a handler's panic included).
 
@@ -173,7 +174,14 @@ impl From<EngineError> for ApiError {
 
 impl From<ChatError> for ApiError {
     fn from(e: ChatError) -> Self {
-        if e.is_request_error() {
+        if e.is_limit() {
+            // 422: retrying the same conversation cannot succeed (OpenAI's
+            // SDKs do not retry a 4xx), and the message names the limit.
+            let mut err = ApiError::invalid("messages", format!("chat template: {e}"));
+            err.status = StatusCode::UNPROCESSABLE_ENTITY;
+            err.code = Some("chat_template_limit");
+            err
+        } else if e.is_request_error() {
             ApiError::invalid("messages", format!("chat template: {e}"))
         } else {
             ApiError::internal(format!("chat template: {e}"))

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::params::{self, Api, Body, Sampling};
+use super::shutdown::{self, CutSignal};
 use super::stream;
 use super::AppState;
 
@@ -58,20 +59,22 @@ pub async fn chat(
     let kwargs = params::template_kwargs(&b)?.cloned();
     let info2 = info.clone();
     // Rendering and tokenizing are CPU work bounded by the body limit and
-    // the template's fuel; keep them off the async workers.
-    let prompt = blocking(move || {
-        let prompt = info2.template.render_prompt(
-            &messages,
-            &RenderOptions {
-                tools: tools.as_ref(),
-                add_generation_prompt: true,
-                kwargs: kwargs.as_ref(),
-                ..RenderOptions::default()
-            },
-        )?;
-        Ok(info2.encode_prompt(&prompt))
-    })
-    .await?;
+    // the template's limits; they run in the bounded pool.
+    let prompt = st
+        .prepare
+        .run(move || {
+            let prompt = info2.template.render_prompt(
+                &messages,
+                &RenderOptions {
+                    tools: tools.as_ref(),
+                    add_generation_prompt: true,
+                    kwargs: kwargs.as_ref(),
+                    ..RenderOptions::default()
+                },
+            )?;
+            Ok(info2.encode_prompt(&prompt))
+        })
+        .await?;
     run(&st, &info, prompt, s, "messages", Api::Chat).await
 }
 
@@ -86,12 +89,16 @@ pub async fn completion(
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
         Some(Value::String(text)) => {
             let (info2, text) = (info.clone(), text.clone());
-            blocking(move || Ok(info2.tokenizer.encode(&text, true, true))).await?
+            st.prepare
+                .run(move || Ok(info2.tokenizer.encode(&text, true, true)))
+                .await?
         }
         // A single-element array holding a string is how the SDKs send one prompt.
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
             let (info2, text) = (info.clone(), a[0].as_str().unwrap_or_default().to_owned());
-            blocking(move || Ok(info2.tokenizer.encode(&text, true, true))).await?
+            st.prepare
+                .run(move || Ok(info2.tokenizer.encode(&text, true, true)))
+                .await?
         }
         Some(Value::Array(a)) => token_ids(a, info.config.n_vocab, "prompt")?,
         Some(_) => {
@@ -119,14 +126,6 @@ pub fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, A
                 })
         })
         .collect()
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::internal(format!("preparing the prompt: {e}")))?
 }
 
 async fn run(
@@ -180,9 +179,9 @@ async fn run(
     })?;
     let meta = Meta::new(info, api);
     if s.stream {
-        return Ok(stream::sse(rx, meta, s.include_usage).into_response());
+        return Ok(stream::sse(rx, meta, s.include_usage, st.cutoff.clone()).into_response());
     }
-    let done = collect(rx).await?;
+    let done = collect(rx, st.cutoff.clone()).await?;
     Ok(Json(response(&meta, &done, s.logprobs.is_some())).into_response())
 }
 
@@ -193,9 +192,17 @@ pub struct Collected {
     pub summary: Summary,
 }
 
-async fn collect(mut rx: lamina_engine::Events) -> Result<Collected, ApiError> {
+async fn collect(
+    mut rx: lamina_engine::Events,
+    mut cutoff: CutSignal,
+) -> Result<Collected, ApiError> {
     let (mut text, mut logprobs) = (String::new(), Vec::new());
-    while let Some(ev) = rx.recv().await {
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            () = cutoff.cut() => return Err(shutdown::error()),
+        };
+        let Some(ev) = ev else { break };
         match ev {
             Event::Token { logprob, .. } => logprobs.extend(logprob),
             Event::Text(t) => text.push_str(&t),

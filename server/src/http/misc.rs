@@ -102,11 +102,10 @@ pub async fn tokenize(
     let parse_special = b.bool("parse_special")?.unwrap_or(true);
     let with_pieces = b.bool("with_pieces")?.unwrap_or(false);
     let info2 = info.clone();
-    let ids = tokio::task::spawn_blocking(move || {
-        info2.tokenizer.encode(&content, add_special, parse_special)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    let ids = st
+        .prepare
+        .run(move || Ok(info2.tokenizer.encode(&content, add_special, parse_special)))
+        .await?;
     let tokens: Vec<Value> = if with_pieces {
         ids.iter()
             .map(|&id| {
@@ -153,19 +152,20 @@ pub async fn apply_template(
     let tools = params::tools(&b)?.cloned();
     let kwargs = params::template_kwargs(&b)?.cloned();
     let add_generation_prompt = b.bool("add_generation_prompt")?.unwrap_or(true);
-    let prompt = tokio::task::spawn_blocking(move || {
-        info.template.render(
-            &messages,
-            &RenderOptions {
-                tools: tools.as_ref(),
-                add_generation_prompt,
-                kwargs: kwargs.as_ref(),
-                ..RenderOptions::default()
-            },
-        )
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("rendering: {e}")))??;
+    let prompt = st
+        .prepare
+        .run(move || {
+            Ok(info.template.render(
+                &messages,
+                &RenderOptions {
+                    tools: tools.as_ref(),
+                    add_generation_prompt,
+                    kwargs: kwargs.as_ref(),
+                    ..RenderOptions::default()
+                },
+            )?)
+        })
+        .await?;
     Ok(Json(json!({"prompt": prompt})).into_response())
 }
 

@@ -5,6 +5,10 @@
 //! model: they validate, render and tokenize, then hand the engine a job and
 //! read its events. Every error leaves through `ApiError` (`error.rs`).
 //!
+//! Templates are rendered and prompts tokenized in a bounded pool
+//! (`prepare.rs`); open requests end with an error when the shutdown grace
+//! runs out (`shutdown.rs`).
+//!
 //! Layers, outermost first: status counting for `/metrics`, a handler's
 //! panic turned into a 500, the API key (every route but `/health`), the body
 //! limit, and (on routes) the body read under `--read-timeout`. [`serve`]
@@ -15,6 +19,8 @@ mod generate;
 mod listen;
 mod misc;
 mod params;
+mod prepare;
+pub mod shutdown;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -39,9 +45,14 @@ use lamina_engine::{Engine, ModelInfo, Status};
 
 pub use error::ApiError;
 pub use listen::serve;
+pub use prepare::default_slots as default_prepare_slots;
 
 /// How long a client has to send a request's headers, and again its body.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a request waits for a prompt slot unless told (`--timeout`'s
+/// default).
+const DEFAULT_PREPARE_WAIT: Duration = Duration::from_secs(600);
 
 /// What every handler shares.
 pub struct AppState {
@@ -54,6 +65,10 @@ pub struct AppState {
     pub read_timeout: Duration,
     pub started_unix: u64,
     pub http: StatusCounts,
+    /// Where templates are rendered and prompts tokenized: a bounded pool.
+    pub prepare: prepare::Prepare,
+    /// Fires when the shutdown grace runs out and open requests must end.
+    pub cutoff: shutdown::CutSignal,
 }
 
 impl AppState {
@@ -65,11 +80,26 @@ impl AppState {
             read_timeout: DEFAULT_READ_TIMEOUT,
             started_unix: unix_time(),
             http: StatusCounts::default(),
+            prepare: prepare::Prepare::new(prepare::default_slots(), DEFAULT_PREPARE_WAIT),
+            cutoff: shutdown::CutSignal::never(),
         }
     }
 
     pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
         self.read_timeout = timeout;
+        self
+    }
+
+    /// `slots` preparations at once, each waiting at most `wait` for a slot
+    /// (the server's request timeout).
+    pub fn with_prepare(mut self, slots: usize, wait: Duration) -> Self {
+        self.prepare = prepare::Prepare::new(slots, wait);
+        self
+    }
+
+    /// Open requests end when `cutoff`'s [`shutdown::Cutoff`] cuts them.
+    pub fn with_cutoff(mut self, cutoff: shutdown::CutSignal) -> Self {
+        self.cutoff = cutoff;
         self
     }
 

@@ -7,7 +7,8 @@
 //!
 //! The stream owns the request's event receiver: when the client goes away,
 //! axum drops the stream, the receiver closes, and the engine frees the
-//! slot at its next step.
+//! slot at its next step. When the shutdown grace runs out, the stream ends
+//! with a final error event (code `server_shutting_down`) and `[DONE]`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::generate::{chat_logprobs, completion_logprobs, timings, usage, Meta};
 use super::params::Api;
+use super::shutdown::{self, CutSignal};
 
 /// How often an idle stream gets a comment line.
 const PING: Duration = Duration::from_secs(10);
@@ -35,15 +37,18 @@ struct State {
     out: VecDeque<SseEvent>,
     started: bool,
     ended: bool,
+    cutoff: CutSignal,
 }
 
 pub fn sse(
     rx: Events,
     meta: Meta,
     include_usage: bool,
+    cutoff: CutSignal,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let st = State {
         rx,
+        cutoff,
         meta,
         include_usage,
         logprobs: Vec::new(),
@@ -68,7 +73,15 @@ pub fn sse(
                 }
                 continue;
             }
-            match st.rx.recv().await {
+            let ev = tokio::select! {
+                ev = st.rx.recv() => ev,
+                () = st.cutoff.cut() => {
+                    st.push(shutdown::error().body());
+                    st.finish();
+                    continue;
+                }
+            };
+            match ev {
                 Some(Event::Token { logprob, .. }) => {
                     if let Some(lp) = logprob {
                         st.want_logprobs = true;

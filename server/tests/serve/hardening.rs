@@ -157,3 +157,39 @@ fn shutdown_gives_up_after_the_grace_and_a_second_signal_exits_at_once() {
     let (status, _) = exit_within(&mut server, Duration::from_secs(5));
     assert_eq!(status.code(), Some(130), "{status:?}");
 }
+
+#[test]
+fn streams_cut_by_the_shutdown_grace_get_a_final_error_event() {
+    // A long stream outlives a 1 s grace: it must end with an error event,
+    // not a dropped connection, and the exit status says requests were cut
+    // (before this, the process exited under the open stream).
+    let mut server = Server::start(&["--shutdown-grace", "1", "--parallel", "1"], &[]);
+    let mut reader = super::stream_story(server.port, 2000, &[]);
+    signal(&server, "TERM");
+    let mut rest = String::new();
+    // Reads to the end of the stream (the server closes the connection).
+    let _ = reader.read_to_string(&mut rest);
+    let (status, _) = exit_within(&mut server, Duration::from_secs(10));
+    let data: Vec<&str> = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{rest}");
+    let last: serde_json::Value = serde_json::from_str(data[data.len() - 2]).unwrap();
+    assert_eq!(last["error"]["code"], "server_shutting_down", "{rest}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--shutdown-grace"),
+        "{last}"
+    );
+    // Content kept coming during the grace.
+    assert!(data.len() > 3, "{rest}");
+    assert_eq!(status.code(), Some(1), "{status:?}");
+    assert!(
+        server.log().contains("ended 1 of them with an error"),
+        "{}",
+        server.log()
+    );
+}

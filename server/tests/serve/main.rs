@@ -11,6 +11,7 @@ mod hardening;
 mod memory;
 mod model_file;
 mod openai;
+mod templates;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
