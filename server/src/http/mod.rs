@@ -5,15 +5,18 @@
 //! model: they validate, render and tokenize, then hand the engine a job and
 //! read its events. Every error leaves through `ApiError` (`error.rs`).
 //!
-//! Layers, outermost first: status counting for `/metrics`, a handler's
+//! Layers, outermost first: status counting for `/metrics`, CORS (which
+//! answers preflights itself, before the key is asked for), a handler's
 //! panic turned into a 500, the API key (every route but `/health`), the body
 //! limit, and (on routes) the body read under `--read-timeout`. [`serve`]
 //! runs the router on a listener with the same timeout on headers.
 
+mod cors;
 mod error;
 mod generate;
 mod listen;
 mod misc;
+mod native;
 mod params;
 mod stream;
 #[cfg(test)]
@@ -36,12 +39,41 @@ use axum::Router;
 use futures_util::FutureExt as _;
 use http_body_util::BodyExt as _;
 use lamina_engine::{Engine, ModelInfo, Status};
+use lamina_sampling::SamplerConfig;
 
+pub use cors::Cors;
 pub use error::ApiError;
 pub use listen::serve;
 
 /// How long a client has to send a request's headers, and again its body.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the command line sets for the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `-a/--alias`: the model's name in responses, instead of the file's.
+    pub alias: Option<String>,
+    /// The sampling a request gets for every field it leaves out
+    /// (`--temp`, `--top-k`, `--seed` …).
+    pub sampler: SamplerConfig,
+    /// `-n/--n-predict`: tokens to generate when a request names no limit.
+    pub n_predict: Option<usize>,
+    /// Serve `/metrics` (else 501, as llama-server without `--metrics`).
+    pub metrics: bool,
+    pub cors: Cors,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            alias: None,
+            sampler: SamplerConfig::default(),
+            n_predict: None,
+            metrics: true,
+            cors: Cors::default(),
+        }
+    }
+}
 
 /// What every handler shares.
 pub struct AppState {
@@ -54,6 +86,7 @@ pub struct AppState {
     pub read_timeout: Duration,
     pub started_unix: u64,
     pub http: StatusCounts,
+    pub options: Options,
 }
 
 impl AppState {
@@ -65,7 +98,28 @@ impl AppState {
             read_timeout: DEFAULT_READ_TIMEOUT,
             started_unix: unix_time(),
             http: StatusCounts::default(),
+            options: Options::default(),
         }
+    }
+
+    pub fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The model's name in responses: `--alias`, or the file's.
+    pub fn model_id(&self, info: &ModelInfo) -> String {
+        self.options
+            .alias
+            .clone()
+            .unwrap_or_else(|| info.id.clone())
+    }
+
+    /// Tokens to generate for a request that names no limit: `-n` when
+    /// given, never past the room left in a slot or the server's cap.
+    pub fn default_max_tokens(&self, info: &ModelInfo, prompt_len: usize) -> usize {
+        let room = self.engine.default_max_tokens(info, prompt_len);
+        self.options.n_predict.map_or(room, |n| n.min(room))
     }
 
     pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
@@ -116,12 +170,20 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
-        .route("/completions", post(generate::completion))
+        // llama-server's native API; `/completions` is its alias there too
+        // (only `/v1/completions` is OpenAI's).
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .route("/apply-template", post(misc::apply_template))
         .route("/props", get(misc::props))
-        .route("/metrics", get(misc::metrics));
+        .route("/metrics", get(misc::metrics))
+        // llama-server without --slots answers 501; Lamina has no slots API.
+        .route(
+            "/slots",
+            get(|| async { ApiError::not_implemented("this server has no /slots endpoint") }),
+        );
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));
@@ -132,6 +194,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(catch_panic))
+        .layer(middleware::from_fn_with_state(state.clone(), cors::layer))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
 }
