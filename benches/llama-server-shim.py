@@ -32,7 +32,7 @@ MODEL_FLAGS = {"--hf-repo", "-hf", "-hfr", "--hf-file", "-hff", "--model-url", "
 # Lamina's "llama-server's --x is not implemented".
 REFUSED = [
     re.compile(r"unexpected argument '(-[^' ]+)"),
-    re.compile(r"llama-server's (-[\w-]+) is not implemented"),
+    re.compile(r"llama-server's (-[\w-]+)(?: \([^)]*\))? is not implemented"),
     re.compile(r"invalid value '[^']*' for '(-[^' <]+)"),
 ]
 

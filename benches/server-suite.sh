@@ -33,8 +33,11 @@ log() { echo "server-suite: $*" >&2; }
 
 [ -f "$MODEL" ] || { log "$MODEL is missing: run scripts/fetch-models.sh"; exit 1; }
 
-tests="$CACHE/tests"
-if [ ! -f "$tests/utils.py" ]; then
+# The suite and the chat templates its tests name by relative path
+# (../../../models/templates), in llama.cpp's own layout.
+tree="$CACHE/llama.cpp"
+tests="$tree/tools/server/tests"
+if [ ! -f "$tests/utils.py" ] || [ ! -d "$tree/models/templates" ]; then
   mkdir -p "$CACHE"
   tarball="$CACHE/llama_cpp_python-$VERSION.tar.gz"
   if [ ! -f "$tarball" ]; then
@@ -48,10 +51,11 @@ if [ ! -f "$tests/utils.py" ]; then
   fi
   echo "$SHA256  $tarball" | sha256sum -c --quiet -
   tmp="$CACHE/extract"
-  rm -rf "$tmp"
+  rm -rf "$tmp" "$tree"
   mkdir -p "$tmp"
-  tar xzf "$tarball" -C "$tmp" "llama_cpp_python-$VERSION/vendor/llama.cpp/tools/server/tests"
-  mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp/tools/server/tests" "$tests"
+  top="llama_cpp_python-$VERSION/vendor/llama.cpp"
+  tar xzf "$tarball" -C "$tmp" "$top/tools/server/tests" "$top/models/templates"
+  mv "$tmp/$top" "$tree"
   rm -rf "$tmp"
 fi
 
