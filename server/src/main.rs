@@ -5,14 +5,17 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use cli::{parse_size, Placement, SamplingArgs, ServeCli};
 use lamina_gguf::{LoadMode, Model};
 
 mod bench;
 mod bench_serve;
+mod cli;
 mod devices;
 mod fit;
 mod http;
 mod inspect;
+mod llama_flags;
 mod progress;
 mod run;
 mod score;
@@ -52,29 +55,13 @@ enum Command {
         file: PathBuf,
         #[arg(short = 'p', long)]
         prompt: String,
-        /// Tokens to generate at most.
-        #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
-        n_predict: usize,
         /// Positions of the KV cache: 4096 when not given (or the training
         /// context, if smaller); 0 is the training context. A value past the
         /// training context is used, with a warning, as llama.cpp does.
         #[arg(short = 'c', long = "ctx-size")]
         ctx: Option<usize>,
-        /// 0 is greedy.
-        #[arg(long = "temp", default_value_t = 0.8)]
-        temperature: f32,
-        /// 0 disables.
-        #[arg(long, default_value_t = 40)]
-        top_k: usize,
-        #[arg(long, default_value_t = 0.95)]
-        top_p: f32,
-        #[arg(long, default_value_t = 0.05)]
-        min_p: f32,
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// 1 is off.
-        #[arg(long, default_value_t = 1.0)]
-        repeat_penalty: f32,
+        #[command(flatten)]
+        sampling: SamplingArgs,
         /// Wrap the prompt in the model's chat template as one user turn.
         #[arg(long)]
         chat: bool,
@@ -89,91 +76,8 @@ enum Command {
         #[command(flatten)]
         placement: Placement,
     },
-    /// Serve the model over an OpenAI-compatible HTTP API.
-    Serve {
-        #[arg(short = 'm', long = "model", env = "LAMINA_MODEL")]
-        file: PathBuf,
-        /// Address to bind; the default keeps the server on this machine.
-        #[arg(long, env = "LAMINA_HOST", default_value = "127.0.0.1")]
-        host: String,
-        /// 0 picks a free port (the log says which).
-        #[arg(long, env = "LAMINA_PORT", default_value_t = 8080)]
-        port: u16,
-        /// Total context, split evenly over the slots (default: 4096 per slot,
-        /// or the model's training context if smaller).
-        #[arg(short = 'c', long = "ctx-size", env = "LAMINA_CTX_SIZE")]
-        ctx: Option<usize>,
-        /// Requests decoded at once, each in its own slot.
-        #[arg(
-            long,
-            visible_alias = "np",
-            env = "LAMINA_PARALLEL",
-            default_value_t = 4
-        )]
-        parallel: usize,
-        /// Require this key (`Authorization: Bearer KEY`) on every route but /health.
-        #[arg(
-            long,
-            env = "LAMINA_API_KEY",
-            conflicts_with = "api_key_file",
-            hide_env_values = true
-        )]
-        api_key: Option<String>,
-        /// Read the API key from a file.
-        #[arg(long, env = "LAMINA_API_KEY_FILE")]
-        api_key_file: Option<PathBuf>,
-        /// A Jinja chat template to use instead of the file's.
-        #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
-        chat_template_file: Option<PathBuf>,
-        /// Let message content write control tokens: a user's
-        /// `<|im_start|>system` becomes the token, not text (the old behaviour).
-        #[arg(long, env = "LAMINA_PARSE_SPECIAL_IN_CONTENT")]
-        parse_special_in_content: bool,
-        /// Seconds open requests get to finish after SIGTERM/SIGINT; past
-        /// it the process exits non-zero (a second signal exits at once).
-        #[arg(
-            long = "shutdown-grace",
-            env = "LAMINA_SHUTDOWN_GRACE",
-            default_value_t = 30
-        )]
-        shutdown_grace: u64,
-        /// Requests that may wait for a slot; past that, 503 at once.
-        #[arg(long, env = "LAMINA_MAX_QUEUE", default_value_t = 64)]
-        max_queue: usize,
-        /// Upper bound on max_tokens, and the default when a request gives none.
-        #[arg(long, env = "LAMINA_MAX_TOKENS", default_value_t = 4096)]
-        max_tokens: usize,
-        /// Seconds a request may run before it ends with finish_reason "length".
-        #[arg(long = "timeout", env = "LAMINA_TIMEOUT", default_value_t = 600)]
-        timeout_s: u64,
-        /// Largest request body accepted, e.g. 1MiB.
-        #[arg(long, env = "LAMINA_BODY_LIMIT", value_parser = parse_size, default_value = "1MiB")]
-        body_limit: u64,
-        /// Seconds a client has to send a request's headers, and again its
-        /// body; idle keep-alive connections close after it too.
-        #[arg(long, env = "LAMINA_READ_TIMEOUT", default_value_t = 30)]
-        read_timeout: u64,
-        /// CPU threads (default: all cores).
-        #[arg(short = 't', long, env = "LAMINA_THREADS")]
-        threads: Option<usize>,
-        /// Slots on the GPU (blocks plus the output layer, which goes first),
-        /// `all`, or `auto` to fit --gpu-memory on a hardware GPU.
-        #[arg(
-            long = "n-gpu-layers",
-            visible_alias = "ngl",
-            short = 'g',
-            env = "LAMINA_N_GPU_LAYERS",
-            default_value = "auto"
-        )]
-        ngl: lamina_model::placement::Ngl,
-        /// GPU memory budget for placement, e.g. 6GiB.
-        #[arg(long, env = "LAMINA_GPU_MEMORY", value_parser = parse_size)]
-        gpu_memory: Option<u64>,
-        /// Read the model into memory instead of mapping it: it then takes
-        /// its size in RAM, and changes to the file cannot reach the server.
-        #[arg(long, env = "LAMINA_NO_MMAP")]
-        no_mmap: bool,
-    },
+    /// Serve the model over an OpenAI-compatible HTTP API (also llama-server's native one).
+    Serve(Box<ServeCli>),
     /// Print the token ids of TEXT (and their pieces), like llama-tokenize.
     Tokenize {
         #[arg(short = 'm', long = "model")]
@@ -252,24 +156,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-/// Where layers run, for the commands that load a model once.
-#[derive(clap::Args)]
-struct Placement {
-    /// Slots on the GPU: blocks plus the output layer, which goes first
-    /// (llama.cpp's rule); `all`, or `auto` to fit --gpu-memory (hardware
-    /// GPUs only).
-    #[arg(
-        long = "n-gpu-layers",
-        visible_alias = "ngl",
-        short = 'g',
-        default_value = "auto"
-    )]
-    ngl: lamina_model::placement::Ngl,
-    /// GPU memory budget for placement, e.g. 6GiB.
-    #[arg(long, value_parser = parse_size)]
-    gpu_memory: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -406,14 +292,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run {
             file,
             prompt,
-            n_predict,
             ctx,
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            seed,
-            repeat_penalty,
+            sampling,
             chat,
             threads,
             json,
@@ -421,17 +301,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement,
         } => {
             thread_pool(threads)?;
+            let sampler = sampling.sampler()?;
             run::run(run::RunArgs {
                 file,
                 prompt,
-                n_predict,
+                // llama-cli's -1: until the context is full.
+                n_predict: match sampling.n_predict {
+                    None => 64,
+                    Some(_) => sampling.n_predict().unwrap_or(usize::MAX),
+                },
                 n_ctx: ctx,
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                seed,
-                repeat_penalty,
+                temperature: sampler.temperature,
+                top_k: sampler.top_k,
+                top_p: sampler.top_p,
+                min_p: sampler.min_p,
+                seed: sampler.seed.unwrap_or(0),
+                repeat_penalty: sampler.repeat_penalty,
                 chat,
                 json,
                 no_mmap,
@@ -439,48 +324,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu_memory: placement.gpu_memory,
             })?
         }
-        Command::Serve {
-            file,
-            host,
-            port,
-            ctx,
-            parallel,
-            api_key,
-            api_key_file,
-            chat_template_file,
-            parse_special_in_content,
-            shutdown_grace,
-            max_queue,
-            max_tokens,
-            timeout_s,
-            body_limit,
-            read_timeout,
-            threads,
-            ngl,
-            gpu_memory,
-            no_mmap,
-        } => {
-            thread_pool(threads)?;
-            serve::run(serve::ServeArgs {
-                file,
-                host,
-                port,
-                n_ctx: ctx,
-                parallel,
-                api_key,
-                api_key_file,
-                chat_template_file,
-                parse_special_in_content,
-                max_queue,
-                max_tokens,
-                timeout_s,
-                body_limit: usize::try_from(body_limit).unwrap_or(usize::MAX),
-                read_timeout_s: read_timeout,
-                ngl,
-                gpu_memory,
-                shutdown_grace_s: shutdown_grace,
-                no_mmap,
-            })?
+        Command::Serve(a) => {
+            thread_pool(a.threads)?;
+            serve::run(serve_args(*a)?)?
         }
         Command::Synth {
             shape,
@@ -609,32 +455,62 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    lamina_model::plan::parse_size(s)
-        .ok_or_else(|| format!("{s:?} is not a size like 8GiB or 512MiB"))
-}
-
-/// llama.cpp's single-dash long flags, as its users type them, in the
-/// spelling clap parses (clap would read `-ngl` as `-n gl`).
-fn llama_cpp_spellings(args: impl Iterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    const SPELLINGS: [(&str, &str); 2] = [("-ngl", "--n-gpu-layers"), ("-np", "--parallel")];
-    args.map(|a| {
-        let Some(s) = a.to_str() else { return a };
-        for (short, long) in SPELLINGS {
-            if s == short {
-                return long.into();
-            }
-            if let Some(v) = s.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
-                return format!("{long}={v}").into();
-            }
-        }
-        a
+/// `lamina serve`'s flags as the server takes them.
+fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
+    if a.host.contains(',') {
+        anyhow::bail!(
+            "--host {}: several addresses are not implemented; give one",
+            a.host
+        );
+    }
+    let sampler = a.sampling.sampler()?;
+    Ok(serve::ServeArgs {
+        n_batch: a.llama.prefill_chunk()?,
+        http: http::Options {
+            alias: a.llama.alias.clone(),
+            sampler,
+            n_predict: a.sampling.n_predict(),
+            metrics: !a.llama.no_metrics,
+            cors: http::Cors {
+                origins: a.llama.cors_origins.clone(),
+                methods: a.llama.cors_methods.clone(),
+                headers: a.llama.cors_headers.clone(),
+                credentials: !a.llama.no_cors_credentials,
+            },
+        },
+        file: a.file,
+        host: a.host,
+        port: a.port,
+        n_ctx: a.ctx,
+        parallel: a.parallel,
+        api_key: a.api_key,
+        api_key_file: a.api_key_file,
+        chat_template_file: a.chat_template_file,
+        parse_special_in_content: a.parse_special_in_content,
+        max_queue: a.max_queue,
+        max_tokens: a.max_tokens,
+        timeout_s: a.timeout_s,
+        body_limit: usize::try_from(a.body_limit).unwrap_or(usize::MAX),
+        read_timeout_s: a.read_timeout,
+        ngl: a.placement.ngl,
+        gpu_memory: a.placement.gpu_memory,
+        shutdown_grace_s: a.shutdown_grace,
+        no_mmap: a.no_mmap,
     })
-    .collect()
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(llama_cpp_spellings(std::env::args_os()));
+    let cli = match Cli::try_parse_from(llama_flags::rewrite(std::env::args_os())) {
+        Ok(cli) => cli,
+        Err(e) => match llama_flags::explain(&e) {
+            Some(line) => {
+                eprintln!("lamina: {line}");
+                // clap's status for a usage error.
+                return ExitCode::from(2);
+            }
+            None => e.exit(),
+        },
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -642,41 +518,5 @@ fn main() -> ExitCode {
             eprintln!("lamina: {e:#}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod spelling_tests {
-    use super::llama_cpp_spellings;
-
-    fn args(v: &[&str]) -> Vec<String> {
-        llama_cpp_spellings(v.iter().map(|s| s.into()))
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect()
-    }
-
-    #[test]
-    fn llama_cpp_flags_are_read_as_lamina_spells_them() {
-        assert_eq!(
-            args(&["lamina", "serve", "-ngl", "99", "-np=8", "-n", "16"]),
-            [
-                "lamina",
-                "serve",
-                "--n-gpu-layers",
-                "99",
-                "--parallel=8",
-                "-n",
-                "16"
-            ]
-        );
-        // A value that merely starts like a flag is left alone.
-        assert_eq!(args(&["-p", "-nglx"]), ["-p", "-nglx"]);
-        let cli = <super::Cli as clap::Parser>::try_parse_from(llama_cpp_spellings(
-            ["lamina", "run", "-m", "f.gguf", "-p", "hi", "-ngl", "99"]
-                .iter()
-                .map(|s| s.into()),
-        ));
-        assert!(cli.is_ok(), "{:?}", cli.err());
     }
 }

@@ -48,6 +48,10 @@ pub struct ServeArgs {
     pub shutdown_grace_s: u64,
     /// Read the model into memory rather than mapping it.
     pub no_mmap: bool,
+    /// Prompt tokens per step (`-b`/`-ub`); `None`: the engine's default.
+    pub n_batch: Option<usize>,
+    /// What the HTTP layer takes from the command line.
+    pub http: http::Options,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -91,6 +95,8 @@ async fn serve(
         .with_context(|| format!("binding {}:{}", a.host, a.port))?;
     let local: SocketAddr = listener.local_addr()?;
 
+    // The update stays for fields added to EngineConfig later.
+    #[allow(clippy::needless_update)]
     let engine = Engine::start(EngineConfig {
         model: a.file.clone(),
         n_ctx: a.n_ctx,
@@ -107,6 +113,7 @@ async fn serve(
         } else {
             LoadMode::Mmap
         },
+        n_batch: a.n_batch.unwrap_or(EngineConfig::new(&a.file).n_batch),
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();
@@ -118,7 +125,8 @@ async fn serve(
             http::default_prepare_slots(),
             Duration::from_secs(a.timeout_s.max(1)),
         )
-        .with_cutoff(cut_signal);
+        .with_cutoff(cut_signal)
+        .with_options(a.http);
     let app = http::app(Arc::new(state));
     let mut signals = Signals::new().context("installing the signal handlers")?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -77,6 +77,18 @@ impl ApiError {
         }
     }
 
+    /// 501: a feature this server was started without (llama-server's
+    /// `not_supported_error`).
+    pub fn not_implemented(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_IMPLEMENTED,
+            kind: "not_supported_error",
+            message: message.into(),
+            param: None,
+            code: Some("not_supported"),
+        }
+    }
+
     /// 413: the body is past `--body-limit`.
     pub fn too_large() -> Self {
         Self {

@@ -33,15 +33,15 @@ pub struct Meta {
 }
 
 impl Meta {
-    fn new(info: &ModelInfo, api: Api) -> Self {
+    pub fn new(model: String, api: Api) -> Self {
         let prefix = match api {
             Api::Chat => "chatcmpl-",
-            Api::Completion => "cmpl-",
+            Api::Completion | Api::Native => "cmpl-",
         };
         Meta {
             id: format!("{prefix}{}", super::random_id()),
             created: super::unix_time(),
-            model: info.id.clone(),
+            model,
             api,
         }
     }
@@ -53,7 +53,13 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    let s = params::sampling(&b, &info, st.engine.max_tokens_cap(), Api::Chat)?;
+    let s = params::sampling(
+        &b,
+        &info,
+        st.engine.max_tokens_cap(),
+        Api::Chat,
+        &st.options.sampler,
+    )?;
     let messages = params::messages(&b)?;
     let tools = params::tools(&b)?.cloned();
     let kwargs = params::template_kwargs(&b)?.cloned();
@@ -84,7 +90,13 @@ pub async fn completion(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    let s = params::sampling(&b, &info, st.engine.max_tokens_cap(), Api::Completion)?;
+    let s = params::sampling(
+        &b,
+        &info,
+        st.engine.max_tokens_cap(),
+        Api::Completion,
+        &st.options.sampler,
+    )?;
     let prompt = match b.get("prompt") {
         None => return Err(ApiError::invalid("prompt", "prompt is required")),
         Some(Value::String(text)) => {
@@ -128,14 +140,15 @@ pub fn token_ids(a: &[Value], n_vocab: usize, param: &str) -> Result<Vec<u32>, A
         .collect()
 }
 
-async fn run(
+/// The engine's job for a tokenized prompt, or the 400 that says why the
+/// prompt and its limit do not fit a slot.
+pub fn job(
     st: &AppState,
-    info: &Arc<ModelInfo>,
+    info: &ModelInfo,
     prompt: Vec<u32>,
-    s: Sampling,
+    s: &Sampling,
     prompt_param: &'static str,
-    api: Api,
-) -> Result<Response, ApiError> {
+) -> Result<GenerateParams, ApiError> {
     let n_slot = info.n_ctx_slot;
     if prompt.is_empty() {
         return Err(ApiError::invalid(
@@ -166,18 +179,29 @@ async fn run(
             return Err(e);
         }
         Some(m) => m,
-        None => st.engine.default_max_tokens(info, prompt.len()),
+        None => st.default_max_tokens(info, prompt.len()),
     };
-    let rx = st.engine.submit(GenerateParams {
+    Ok(GenerateParams {
         prompt,
-        sampler: s.sampler,
+        sampler: s.sampler.clone(),
         max_tokens,
-        stop: s.stop,
+        stop: s.stop.clone(),
         logprobs: s.logprobs,
         timeout: None,
         constraint: s.json.then_some(Constraint::JsonObject),
-    })?;
-    let meta = Meta::new(info, api);
+    })
+}
+
+async fn run(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    prompt: Vec<u32>,
+    s: Sampling,
+    prompt_param: &'static str,
+    api: Api,
+) -> Result<Response, ApiError> {
+    let rx = st.engine.submit(job(st, info, prompt, &s, prompt_param)?)?;
+    let meta = Meta::new(st.model_id(info), api);
     if s.stream {
         return Ok(stream::sse(rx, meta, s.include_usage, st.cutoff.clone()).into_response());
     }
@@ -188,15 +212,17 @@ async fn run(
 /// A finished request, gathered from its events.
 pub struct Collected {
     pub text: String,
+    /// The generated token ids, in order.
+    pub tokens: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
     pub summary: Summary,
 }
 
-async fn collect(
+pub async fn collect(
     mut rx: lamina_engine::Events,
     mut cutoff: CutSignal,
 ) -> Result<Collected, ApiError> {
-    let (mut text, mut logprobs) = (String::new(), Vec::new());
+    let (mut text, mut logprobs, mut tokens) = (String::new(), Vec::new(), Vec::new());
     loop {
         let ev = tokio::select! {
             ev = rx.recv() => ev,
@@ -204,11 +230,15 @@ async fn collect(
         };
         let Some(ev) = ev else { break };
         match ev {
-            Event::Token { logprob, .. } => logprobs.extend(logprob),
+            Event::Token { id, logprob } => {
+                tokens.push(id);
+                logprobs.extend(logprob);
+            }
             Event::Text(t) => text.push_str(&t),
             Event::Done(summary) => {
                 return Ok(Collected {
                     text,
+                    tokens,
                     logprobs,
                     summary,
                 })
@@ -230,7 +260,7 @@ fn response(meta: &Meta, c: &Collected, want_logprobs: bool) -> Value {
             "logprobs": want_logprobs.then(|| chat_logprobs(&c.logprobs)),
             "finish_reason": finish,
         }),
-        Api::Completion => json!({
+        Api::Completion | Api::Native => json!({
             "index": 0,
             "text": c.text,
             "logprobs": want_logprobs.then(|| completion_logprobs(&c.logprobs)),
@@ -239,7 +269,7 @@ fn response(meta: &Meta, c: &Collected, want_logprobs: bool) -> Value {
     };
     json!({
         "id": meta.id,
-        "object": match meta.api { Api::Chat => "chat.completion", Api::Completion => "text_completion" },
+        "object": match meta.api { Api::Chat => "chat.completion", Api::Completion | Api::Native => "text_completion" },
         "created": meta.created,
         "model": meta.model,
         "system_fingerprint": super::fingerprint(),

@@ -33,7 +33,12 @@ pub async fn serve(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(read_timeout);
+        .header_read_timeout(read_timeout)
+        // Header names go out as `Access-Control-Allow-Origin`, as
+        // llama-server writes them: HTTP says case does not matter, but
+        // clients that copy headers into a plain dict (llama.cpp's own
+        // tests among them) look names up exactly.
+        .title_case_headers(true);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let stream = tokio::select! {

@@ -41,7 +41,7 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Result<Response, ApiErro
     Ok(Json(json!({
         "object": "list",
         "data": [{
-            "id": info.id,
+            "id": st.model_id(&info),
             "object": "model",
             "created": st.started_unix,
             "owned_by": "lamina",
@@ -63,6 +63,7 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Result<Response, ApiErro
 
 pub async fn props(State(st): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let info = st.ready()?;
+    let d = &st.options.sampler;
     let tok = &info.tokenizer;
     let text = |id: Option<u32>| {
         id.and_then(|i| tok.token_text(i))
@@ -72,7 +73,20 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Result<Response, ApiError
     Ok(Json(json!({
         "default_generation_settings": {
             "n_ctx": info.n_ctx_slot,
-            "params": {"n_predict": st.engine.max_tokens_cap()},
+            "params": {
+                // The length of a request that names none: -n, or (as
+                // llama-server's -1) the room left in the slot.
+                "n_predict": st.options.n_predict.map_or(-1, |n| n as i64),
+                "max_tokens_cap": st.engine.max_tokens_cap(),
+                // llama-server reports a random seed as 0xFFFFFFFF.
+                "seed": d.seed.unwrap_or(0xFFFF_FFFF),
+                "temperature": d.temperature,
+                "top_k": d.top_k,
+                "top_p": d.top_p,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repeat_penalty,
+                "repeat_last_n": d.repeat_last_n,
+            },
         },
         "total_slots": info.n_parallel,
         "n_ctx": info.n_ctx,
@@ -171,6 +185,12 @@ pub async fn apply_template(
 
 /// Prometheus text format, version 0.0.4.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    if !st.options.metrics {
+        return ApiError::not_implemented(
+            "this server does not serve metrics: start it without --no-metrics",
+        )
+        .into_response();
+    }
     let m = st.engine.metrics();
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {

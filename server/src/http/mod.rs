@@ -9,15 +9,18 @@
 //! (`prepare.rs`); open requests end with an error when the shutdown grace
 //! runs out (`shutdown.rs`).
 //!
-//! Layers, outermost first: status counting for `/metrics`, a handler's
+//! Layers, outermost first: status counting for `/metrics`, CORS (which
+//! answers preflights itself, before the key is asked for), a handler's
 //! panic turned into a 500, the API key (every route but `/health`), the body
 //! limit, and (on routes) the body read under `--read-timeout`. [`serve`]
 //! runs the router on a listener with the same timeout on headers.
 
+mod cors;
 mod error;
 mod generate;
 mod listen;
 mod misc;
+mod native;
 mod params;
 mod prepare;
 pub mod shutdown;
@@ -42,7 +45,9 @@ use axum::Router;
 use futures_util::FutureExt as _;
 use http_body_util::BodyExt as _;
 use lamina_engine::{Engine, ModelInfo, Status};
+use lamina_sampling::SamplerConfig;
 
+pub use cors::Cors;
 pub use error::ApiError;
 pub use listen::serve;
 pub use prepare::default_slots as default_prepare_slots;
@@ -53,6 +58,32 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request waits for a prompt slot unless told (`--timeout`'s
 /// default).
 const DEFAULT_PREPARE_WAIT: Duration = Duration::from_secs(600);
+/// What the command line sets for the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `-a/--alias`: the model's name in responses, instead of the file's.
+    pub alias: Option<String>,
+    /// The sampling a request gets for every field it leaves out
+    /// (`--temp`, `--top-k`, `--seed` …).
+    pub sampler: SamplerConfig,
+    /// `-n/--n-predict`: tokens to generate when a request names no limit.
+    pub n_predict: Option<usize>,
+    /// Serve `/metrics` (else 501, as llama-server without `--metrics`).
+    pub metrics: bool,
+    pub cors: Cors,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            alias: None,
+            sampler: SamplerConfig::default(),
+            n_predict: None,
+            metrics: true,
+            cors: Cors::default(),
+        }
+    }
+}
 
 /// What every handler shares.
 pub struct AppState {
@@ -69,6 +100,7 @@ pub struct AppState {
     pub prepare: prepare::Prepare,
     /// Fires when the shutdown grace runs out and open requests must end.
     pub cutoff: shutdown::CutSignal,
+    pub options: Options,
 }
 
 impl AppState {
@@ -82,7 +114,28 @@ impl AppState {
             http: StatusCounts::default(),
             prepare: prepare::Prepare::new(prepare::default_slots(), DEFAULT_PREPARE_WAIT),
             cutoff: shutdown::CutSignal::never(),
+            options: Options::default(),
         }
+    }
+
+    pub fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The model's name in responses: `--alias`, or the file's.
+    pub fn model_id(&self, info: &ModelInfo) -> String {
+        self.options
+            .alias
+            .clone()
+            .unwrap_or_else(|| info.id.clone())
+    }
+
+    /// Tokens to generate for a request that names no limit: `-n` when
+    /// given, never past the room left in a slot or the server's cap.
+    pub fn default_max_tokens(&self, info: &ModelInfo, prompt_len: usize) -> usize {
+        let room = self.engine.default_max_tokens(info, prompt_len);
+        self.options.n_predict.map_or(room, |n| n.min(room))
     }
 
     pub fn with_read_timeout(mut self, timeout: Duration) -> Self {
@@ -146,12 +199,20 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
-        .route("/completions", post(generate::completion))
+        // llama-server's native API; `/completions` is its alias there too
+        // (only `/v1/completions` is OpenAI's).
+        .route("/completion", post(native::completion))
+        .route("/completions", post(native::completion))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .route("/apply-template", post(misc::apply_template))
         .route("/props", get(misc::props))
-        .route("/metrics", get(misc::metrics));
+        .route("/metrics", get(misc::metrics))
+        // llama-server without --slots answers 501; Lamina has no slots API.
+        .route(
+            "/slots",
+            get(|| async { ApiError::not_implemented("this server has no /slots endpoint") }),
+        );
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));
@@ -162,6 +223,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn(catch_panic))
+        .layer(middleware::from_fn_with_state(state.clone(), cors::layer))
         .layer(middleware::from_fn_with_state(state.clone(), count))
         .with_state(state)
 }

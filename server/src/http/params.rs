@@ -115,14 +115,24 @@ pub struct Sampling {
     pub json: bool,
 }
 
-/// Which endpoint a body came to: the two spell log-probs differently.
+/// Which endpoint a body came to: each spells log-probs its own way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     Chat,
     Completion,
+    /// llama-server's own `/completion`.
+    Native,
 }
 
-pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Sampling, ApiError> {
+/// A request's sampling: its fields over `defaults` (the server's
+/// `--temp`, `--seed` …), each range-checked.
+pub fn sampling(
+    b: &Body,
+    info: &ModelInfo,
+    cap: usize,
+    api: Api,
+    defaults: &SamplerConfig,
+) -> Result<Sampling, ApiError> {
     if let Some(n) = b.int("n", i64::MIN, i64::MAX)? {
         if n != 1 {
             return Err(ApiError::invalid(
@@ -148,7 +158,7 @@ pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Samp
         },
     };
 
-    let d = SamplerConfig::default();
+    let d = defaults.clone();
     let mut s = SamplerConfig {
         temperature: b.number("temperature", 0.0, 2.0)?.unwrap_or(d.temperature),
         top_p: d.top_p,
@@ -160,14 +170,19 @@ pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Samp
         repeat_last_n: b
             .int("repeat_last_n", -1, i64::from(i32::MAX))?
             .map_or(d.repeat_last_n, |n| n as i32),
-        presence_penalty: b.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        frequency_penalty: b.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        presence_penalty: b
+            .number("presence_penalty", -2.0, 2.0)?
+            .unwrap_or(d.presence_penalty),
+        frequency_penalty: b
+            .number("frequency_penalty", -2.0, 2.0)?
+            .unwrap_or(d.frequency_penalty),
         seed: match b.int("seed", -1, i64::MAX)? {
+            None => d.seed,
             // llama-server's spelling of "random".
-            None | Some(-1) => None,
+            Some(-1) => None,
             Some(n) => Some(n as u64),
         },
-        logit_bias: logit_bias(b, info.config.n_vocab)?,
+        logit_bias: logit_bias(b, info)?,
     };
     if let Some(p) = b.number("top_p", 0.0, 1.0)? {
         if p <= 0.0 {
@@ -194,6 +209,7 @@ pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Samp
     let names: &[&'static str] = match api {
         Api::Chat => &["max_completion_tokens", "max_tokens", "n_predict"],
         Api::Completion => &["max_tokens", "n_predict"],
+        Api::Native => &["n_predict", "max_tokens"],
     };
     for &name in names {
         if let Some(v) = b.get(name) {
@@ -222,6 +238,11 @@ pub fn sampling(b: &Body, info: &ModelInfo, cap: usize, api: Api) -> Result<Samp
         }
         Api::Completion => b
             .int("logprobs", 0, MAX_TOP_LOGPROBS as i64)?
+            .map(|n| n as usize),
+        // llama-server: 0 (the default) reports none.
+        Api::Native => b
+            .int("n_probs", 0, MAX_TOP_LOGPROBS as i64)?
+            .filter(|&n| n > 0)
             .map(|n| n as usize),
     };
 
@@ -298,18 +319,21 @@ fn stop(b: &Body) -> Result<Vec<String>, ApiError> {
 }
 
 /// OpenAI's `{"token id": bias}` object, or llama-server's `[[id, bias]]`;
-/// a bias of `false` bans the token, as in llama-server.
-fn logit_bias(b: &Body, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+/// as in llama-server, a key (or first element) that is text rather than a
+/// token id biases every token of that text, and a bias of `false` bans.
+fn logit_bias(b: &Body, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
+    let n_vocab = info.config.n_vocab;
     let entries: Vec<(String, &Value)> = match b.get("logit_bias") {
         None => return Ok(Vec::new()),
         Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
         Some(Value::Array(a)) => a
             .iter()
             .map(|pair| match pair.as_array().map(Vec::as_slice) {
-                Some([id, bias]) => Ok((id.to_string(), bias)),
+                Some([Value::String(text), bias]) => Ok((text.clone(), bias)),
+                Some([id @ Value::Number(_), bias]) => Ok((id.to_string(), bias)),
                 _ => Err(ApiError::invalid(
                     "logit_bias",
-                    "logit_bias pairs must be [token_id, bias]",
+                    "logit_bias pairs must be [token_id or text, bias]",
                 )),
             })
             .collect::<Result<_, _>>()?,
@@ -322,16 +346,24 @@ fn logit_bias(b: &Body, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     };
     let mut out = Vec::with_capacity(entries.len());
     for (key, v) in entries {
-        let id = key
-            .parse::<u32>()
-            .ok()
-            .filter(|&id| (id as usize) < n_vocab)
-            .ok_or_else(|| {
-                ApiError::invalid(
+        let ids = match key.parse::<u64>() {
+            Ok(id) if id < n_vocab as u64 => vec![id as u32],
+            Ok(_) => {
+                return Err(ApiError::invalid(
                     "logit_bias",
-                    format!("logit_bias key {key} must be a token id below the vocabulary size {n_vocab}"),
-                )
-            })?;
+                    format!(
+                    "logit_bias key {key} must be a token id below the vocabulary size {n_vocab}"
+                ),
+                ))
+            }
+            Err(_) => info.tokenizer.encode(&key, false, false),
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias key {key:?} is neither a token id nor text with any token"),
+            ));
+        }
         let bias = match v {
             Value::Bool(false) => f32::NEG_INFINITY,
             _ => match v.as_f64() {
@@ -339,12 +371,12 @@ fn logit_bias(b: &Body, n_vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
                 _ => {
                     return Err(ApiError::invalid(
                         "logit_bias",
-                        format!("logit_bias for token {id} must be a number between -100 and 100"),
+                        format!("logit_bias for {key:?} must be a number between -100 and 100"),
                     ))
                 }
             },
         };
-        out.push((id, bias));
+        out.extend(ids.into_iter().map(|id| (id, bias)));
     }
     Ok(out)
 }

@@ -128,7 +128,7 @@ impl State {
             "id": self.meta.id,
             "object": match self.meta.api {
                 Api::Chat => "chat.completion.chunk",
-                Api::Completion => "text_completion",
+                Api::Completion | Api::Native => "text_completion",
             },
             "created": self.meta.created,
             "model": self.meta.model,
@@ -142,7 +142,7 @@ impl State {
         let lps = std::mem::take(&mut self.logprobs);
         let logprobs = (self.want_logprobs && !lps.is_empty()).then(|| match self.meta.api {
             Api::Chat => chat_logprobs(&lps),
-            Api::Completion => completion_logprobs(&lps),
+            Api::Completion | Api::Native => completion_logprobs(&lps),
         });
         let choice = match self.meta.api {
             Api::Chat => json!({
@@ -151,7 +151,7 @@ impl State {
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }),
-            Api::Completion => json!({
+            Api::Completion | Api::Native => json!({
                 "index": 0,
                 "text": delta.get("content").and_then(Value::as_str).unwrap_or_default(),
                 "logprobs": logprobs,

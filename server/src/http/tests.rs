@@ -298,7 +298,7 @@ async fn invalid_fields_are_400_naming_the_field() {
             "logit_bias",
             "vocabulary size 49152",
         ),
-        (json!({"logit_bias": {"abc": 1}}), "logit_bias", "token id"),
+        (json!({"logit_bias": {"": 1}}), "logit_bias", "token id"),
         (
             json!({"logit_bias": {"5": 1000}}),
             "logit_bias",
@@ -584,4 +584,149 @@ async fn a_panicking_handler_is_a_500_and_the_server_keeps_serving() {
         got.contains("lamina_requests_total{status=\"500\"} 2"),
         "{got}"
     );
+}
+
+#[tokio::test]
+async fn native_completion_refuses_bad_prompts_and_fields_with_400() {
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (json!({"n_predict": 1}), "prompt", "required"),
+        (json!({"prompt": []}), "prompt", "must not be empty"),
+        (json!({"prompt": 5}), "prompt", "must be a string"),
+        (json!({"prompt": [1, 49152]}), "prompt", "vocabulary size"),
+        (json!({"prompt": [1, -3]}), "prompt", "vocabulary size"),
+        (
+            json!({"prompt": [1, {"a": 1}]}),
+            "prompt",
+            "token ids and strings",
+        ),
+        (json!({"prompt": [true]}), "prompt[0]", "string"),
+        (
+            json!({"prompt": {"prompt_string": "x", "multimodal_data": ["AAAA"]}}),
+            "prompt.multimodal_data",
+            "multimodal",
+        ),
+        (
+            json!({"prompt": {"text": "x"}}),
+            "prompt.prompt_string",
+            "string",
+        ),
+        (
+            json!({"prompt": "Hi", "n_probs": 21}),
+            "n_probs",
+            "between 0 and 20",
+        ),
+        (
+            json!({"prompt": "Hi", "post_sampling_probs": true}),
+            "post_sampling_probs",
+            "not supported",
+        ),
+        (
+            json!({"prompt": "Hi", "n_predict": 0}),
+            "n_predict",
+            "between 1 and 256",
+        ),
+        (
+            json!({"prompt": ["Hi", "Ho"], "stream": true}),
+            "stream",
+            "several prompts",
+        ),
+        (
+            json!({"prompt": "Hi", "response_fields": "content"}),
+            "response_fields",
+            "array",
+        ),
+        (
+            json!({"prompt": "Hi", "return_tokens": 1}),
+            "return_tokens",
+            "boolean",
+        ),
+    ];
+    for (body, param, words) in cases {
+        for uri in ["/completion", "/completions"] {
+            let (s, v) = post_json(uri, body.clone()).await;
+            assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+            assert_eq!(v["error"]["param"], param, "{body}: {v}");
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(msg.contains(words), "{body}: {msg:?} lacks {words:?}");
+        }
+    }
+}
+
+fn preflight(uri: &str, origin: &str) -> Request<Body> {
+    Request::options(uri)
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "Authorization")
+        .body(Body::empty())
+        .unwrap()
+}
+
+fn router_with(options: super::Options, key: Option<&str>) -> Router {
+    app(Arc::new(
+        AppState::new(engine(), key.map(str::to_owned), 1 << 20).with_options(options),
+    ))
+}
+
+#[tokio::test]
+async fn cors_echoes_only_allowed_origins_and_answers_preflights_without_the_key() {
+    let key = Some("k");
+    let allow_origin = |r: &axum::response::Response| {
+        r.headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    // The default: localhost origins only, and a preflight needs no key.
+    let app = router_with(super::Options::default(), key);
+    let r = app
+        .clone()
+        .oneshot(preflight("/completion", "http://localhost:5173"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(allow_origin(&r).as_deref(), Some("http://localhost:5173"));
+    let h = r.headers();
+    assert_eq!(
+        h["access-control-allow-methods"],
+        "GET, POST, DELETE, OPTIONS"
+    );
+    assert_eq!(h["access-control-allow-headers"], "*");
+    assert_eq!(h["access-control-allow-credentials"], "true");
+    let r = app
+        .clone()
+        .oneshot(preflight("/completion", "http://localhost.evil.com"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        allow_origin(&r),
+        None,
+        "an arbitrary origin is never echoed"
+    );
+    // A refused request still tells an allowed page why.
+    let req = Request::get("/v1/models")
+        .header("origin", "http://127.0.0.1:3000")
+        .body(Body::empty())
+        .unwrap();
+    let r = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(allow_origin(&r).as_deref(), Some("http://127.0.0.1:3000"));
+
+    // `*` is llama-server's default: any origin.
+    let mut star = super::Options::default();
+    star.cors.origins = "*".into();
+    let r = router_with(star, None)
+        .oneshot(preflight("/v1/chat/completions", "https://web.example"))
+        .await
+        .unwrap();
+    assert_eq!(allow_origin(&r).as_deref(), Some("https://web.example"));
+}
+
+#[tokio::test]
+async fn metrics_can_be_turned_off_as_llama_server_has_them() {
+    let options = super::Options {
+        metrics: false,
+        ..super::Options::default()
+    };
+    let (s, v, _) = send(router_with(options, None), get("/metrics")).await;
+    assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
 }

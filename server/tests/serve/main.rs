@@ -10,6 +10,7 @@ mod common;
 mod hardening;
 mod memory;
 mod model_file;
+mod native;
 mod openai;
 mod templates;
 

@@ -1,0 +1,264 @@
+//! The flag groups that more than one command shares, each declared once:
+//! where layers run ([`Placement`]), the sampling defaults
+//! ([`SamplingArgs`]), and `lamina serve`'s own ([`ServeCli`]), which takes
+//! llama-server's spellings as well as Lamina's. The single-dash long flags
+//! of llama.cpp (`-ngl`, `-np`, `-fa`, `-ub` …) and the llama-server flags
+//! Lamina refuses by name live in `llama_flags.rs`.
+
+use std::path::PathBuf;
+
+use lamina_model::placement::Ngl;
+use lamina_sampling::SamplerConfig;
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    lamina_model::plan::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size like 8GiB or 512MiB"))
+}
+
+/// Where layers run, for the commands that load a model once.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Placement {
+    /// Slots on the GPU: blocks plus the output layer, which goes first
+    /// (llama.cpp's rule); `all`, or `auto` to fit --gpu-memory (hardware
+    /// GPUs only). Also -ngl.
+    #[arg(
+        long = "n-gpu-layers",
+        visible_alias = "ngl",
+        alias = "gpu-layers",
+        short = 'g',
+        env = "LAMINA_N_GPU_LAYERS",
+        default_value = "auto"
+    )]
+    pub ngl: Ngl,
+    /// GPU memory budget for placement, e.g. 6GiB.
+    #[arg(long, env = "LAMINA_GPU_MEMORY", value_parser = parse_size)]
+    pub gpu_memory: Option<u64>,
+}
+
+/// Sampling, as llama.cpp spells it. For `run` these are the sampler's
+/// settings; for `serve` they are the server-wide defaults that a request's
+/// own fields override (`-n` included: a default, not a cap).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SamplingArgs {
+    /// Tokens to generate; -1: until the context is full or the model stops
+    /// (run's default is 64; serve's, the room left in the slot).
+    #[arg(short = 'n', long = "n-predict", visible_alias = "predict",
+          env = "LAMINA_N_PREDICT", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub n_predict: Option<i64>,
+    /// 0 is greedy (default 0.8).
+    #[arg(long = "temp", visible_alias = "temperature", env = "LAMINA_TEMP")]
+    pub temperature: Option<f32>,
+    /// 0 disables (default 40).
+    #[arg(long, env = "LAMINA_TOP_K")]
+    pub top_k: Option<usize>,
+    /// Default 0.95.
+    #[arg(long, env = "LAMINA_TOP_P")]
+    pub top_p: Option<f32>,
+    /// Default 0.05.
+    #[arg(long, env = "LAMINA_MIN_P")]
+    pub min_p: Option<f32>,
+    /// 1 is off (the default).
+    #[arg(long, env = "LAMINA_REPEAT_PENALTY")]
+    pub repeat_penalty: Option<f32>,
+    /// -1 (llama.cpp's spelling) or none: a random seed per request; run's
+    /// default is 0.
+    #[arg(short = 's', long, env = "LAMINA_SEED", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub seed: Option<i64>,
+}
+
+impl SamplingArgs {
+    /// The sampler these flags describe, on top of the library's defaults.
+    pub fn sampler(&self) -> anyhow::Result<SamplerConfig> {
+        let d = SamplerConfig::default();
+        let check = |name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
+            Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => {
+                anyhow::bail!("--{name} must be between {lo} and {hi} (got {x})")
+            }
+            _ => Ok(()),
+        };
+        check("temp", self.temperature, 0.0, 100.0)?;
+        check("top-p", self.top_p, 0.0, 1.0)?;
+        check("min-p", self.min_p, 0.0, 1.0)?;
+        check("repeat-penalty", self.repeat_penalty, 0.0, 10.0)?;
+        if self.repeat_penalty == Some(0.0) {
+            anyhow::bail!("--repeat-penalty must be greater than 0 (1 is off)");
+        }
+        Ok(SamplerConfig {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            // llama.cpp's top-p 0 keeps one token; Lamina's sampler needs p > 0.
+            top_p: self.top_p.filter(|&p| p > 0.0).unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            seed: self.seed.and_then(|s| u64::try_from(s).ok()),
+            ..d
+        })
+    }
+
+    /// `-n` as a count: `None` when not given or -1.
+    pub fn n_predict(&self) -> Option<usize> {
+        self.n_predict.and_then(|n| usize::try_from(n).ok())
+    }
+}
+
+/// `lamina serve`'s flags: Lamina's own, then the groups.
+#[derive(clap::Args, Debug)]
+pub struct ServeCli {
+    #[arg(short = 'm', long = "model", env = "LAMINA_MODEL")]
+    pub file: PathBuf,
+    /// Address to bind; the default keeps the server on this machine.
+    #[arg(long, env = "LAMINA_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// 0 picks a free port (the log says which).
+    #[arg(long, env = "LAMINA_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Total context, split evenly over the slots (default: 4096 per slot,
+    /// or the model's training context if smaller).
+    #[arg(short = 'c', long = "ctx-size", env = "LAMINA_CTX_SIZE")]
+    pub ctx: Option<usize>,
+    /// Requests decoded at once, each in its own slot. Also -np.
+    #[arg(
+        long,
+        visible_alias = "np",
+        env = "LAMINA_PARALLEL",
+        default_value_t = 4
+    )]
+    pub parallel: usize,
+    /// Require this key (`Authorization: Bearer KEY`) on every route but /health.
+    #[arg(
+        long,
+        env = "LAMINA_API_KEY",
+        conflicts_with = "api_key_file",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Read the API key from a file.
+    #[arg(long, env = "LAMINA_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// A Jinja chat template to use instead of the file's.
+    #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Let message content write control tokens: a user's
+    /// `<|im_start|>system` becomes the token, not text (the old behaviour).
+    #[arg(long, env = "LAMINA_PARSE_SPECIAL_IN_CONTENT")]
+    pub parse_special_in_content: bool,
+    /// Seconds open requests get to finish after SIGTERM/SIGINT; past
+    /// it the process exits non-zero (a second signal exits at once).
+    #[arg(
+        long = "shutdown-grace",
+        env = "LAMINA_SHUTDOWN_GRACE",
+        default_value_t = 30
+    )]
+    pub shutdown_grace: u64,
+    /// Requests that may wait for a slot; past that, 503 at once.
+    #[arg(long, env = "LAMINA_MAX_QUEUE", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Upper bound on a request's max_tokens / n_predict.
+    #[arg(long, env = "LAMINA_MAX_TOKENS", default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Seconds a request may run before it ends with finish_reason "length".
+    #[arg(long = "timeout", env = "LAMINA_TIMEOUT", default_value_t = 600)]
+    pub timeout_s: u64,
+    /// Largest request body accepted, e.g. 1MiB.
+    #[arg(long, env = "LAMINA_BODY_LIMIT", value_parser = parse_size, default_value = "1MiB")]
+    pub body_limit: u64,
+    /// Seconds a client has to send a request's headers, and again its
+    /// body; idle keep-alive connections close after it too.
+    #[arg(long, env = "LAMINA_READ_TIMEOUT", default_value_t = 30)]
+    pub read_timeout: u64,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long, env = "LAMINA_THREADS")]
+    pub threads: Option<usize>,
+    /// Read the model into memory instead of mapping it: it then takes
+    /// its size in RAM, and changes to the file cannot reach the server.
+    #[arg(long, env = "LAMINA_NO_MMAP")]
+    pub no_mmap: bool,
+    #[command(flatten)]
+    pub placement: Placement,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub llama: LlamaServerArgs,
+}
+
+/// llama-server's serving flags, as it spells them.
+#[derive(clap::Args, Debug)]
+pub struct LlamaServerArgs {
+    /// The model's name in /v1/models and in every response (default: the
+    /// file's name).
+    #[arg(short = 'a', long, env = "LAMINA_ALIAS")]
+    pub alias: Option<String>,
+    /// Origins allowed to call the server from a browser: `localhost` (the
+    /// default) allows only http(s)://localhost, 127.0.0.1 and [::1] on any
+    /// port; `*` allows any origin; otherwise a comma-separated list.
+    #[arg(long, env = "LAMINA_CORS_ORIGINS", default_value = "localhost")]
+    pub cors_origins: String,
+    /// Access-Control-Allow-Methods of a preflight.
+    #[arg(
+        long,
+        env = "LAMINA_CORS_METHODS",
+        default_value = "GET, POST, DELETE, OPTIONS"
+    )]
+    pub cors_methods: String,
+    /// Access-Control-Allow-Headers of a preflight.
+    #[arg(long, env = "LAMINA_CORS_HEADERS", default_value = "*")]
+    pub cors_headers: String,
+    /// Send Access-Control-Allow-Credentials: false instead of true.
+    #[arg(long)]
+    pub no_cors_credentials: bool,
+    /// Accepted: credentials are allowed by default (as llama-server does).
+    #[arg(long, hide = true, conflicts_with = "no_cors_credentials")]
+    pub cors_credentials: bool,
+    /// Serve GET /metrics (the default; llama-server needs this flag).
+    #[arg(long, conflicts_with = "no_metrics")]
+    pub metrics: bool,
+    /// Answer GET /metrics with 501, as llama-server does without --metrics.
+    #[arg(long, env = "LAMINA_NO_METRICS")]
+    pub no_metrics: bool,
+    /// Most prompt tokens one step processes (llama.cpp's logical batch);
+    /// the prefill chunk is the smaller of -b and -ub (default 512).
+    #[arg(short = 'b', long = "batch-size", env = "LAMINA_BATCH_SIZE")]
+    pub batch_size: Option<usize>,
+    /// Also the prefill chunk (llama.cpp's physical batch). Also -ub.
+    #[arg(long = "ubatch-size", env = "LAMINA_UBATCH_SIZE")]
+    pub ubatch_size: Option<usize>,
+    /// Accepted, changes nothing: templates are always rendered by Lamina's
+    /// Jinja engine.
+    #[arg(long, conflicts_with = "no_jinja")]
+    pub jinja: bool,
+    /// Accepted, changes nothing: Lamina has no non-Jinja template path.
+    #[arg(long)]
+    pub no_jinja: bool,
+    /// on, off or auto; accepted, changes nothing: Lamina's attention is
+    /// one kernel whatever this says. Also -fa.
+    #[arg(long = "flash-attn", value_parser = ["on", "off", "auto"])]
+    pub flash_attn: Option<String>,
+    /// Accepted, changes nothing: requests are always decoded together.
+    #[arg(long = "cont-batching")]
+    pub cont_batching: bool,
+    /// Accepted, changes nothing: Lamina never downloads a model.
+    #[arg(long)]
+    pub offline: bool,
+    /// Accepted, changes nothing: Lamina has no web UI.
+    #[arg(long = "no-webui", alias = "no-ui")]
+    pub no_webui: bool,
+    /// Accepted, changes nothing: Lamina has no /slots endpoint.
+    #[arg(long = "no-slots")]
+    pub no_slots: bool,
+}
+
+impl LlamaServerArgs {
+    /// The prefill chunk, when -b or -ub set one.
+    pub fn prefill_chunk(&self) -> anyhow::Result<Option<usize>> {
+        let chunk = match (self.batch_size, self.ubatch_size) {
+            (Some(b), Some(u)) => Some(b.min(u)),
+            (b, u) => b.or(u),
+        };
+        if chunk == Some(0) {
+            anyhow::bail!("--batch-size and --ubatch-size must be at least 1");
+        }
+        Ok(chunk)
+    }
+}
