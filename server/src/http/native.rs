@@ -35,8 +35,8 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::generate::{collect, job, timings, token_ids};
-use super::shutdown::{self, CutSignal};
 use super::params::{self, Api, Body, Sampling};
+use super::shutdown::{self, CutSignal};
 use super::AppState;
 
 /// How often an idle stream gets a comment line.
@@ -112,14 +112,10 @@ pub async fn completion(
         pending.push((j, rx));
     }
     let mut results = Vec::with_capacity(pending.len());
-    let outcomes = futures_util::future::try_join_all(
-        pending
-            .into_iter()
-            .map(|(j, rx)| {
-                let cutoff = st.cutoff.clone();
-                async move { collect(rx, cutoff).await.map(|c| (j, c)) }
-            }),
-    )
+    let outcomes = futures_util::future::try_join_all(pending.into_iter().map(|(j, rx)| {
+        let cutoff = st.cutoff.clone();
+        async move { collect(rx, cutoff).await.map(|c| (j, c)) }
+    }))
     .await?;
     for (index, (j, c)) in outcomes.into_iter().enumerate() {
         let settings = generation_settings(&s, &j, &native);
