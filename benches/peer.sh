@@ -63,10 +63,12 @@ fetch_source() {
   local tarball="$CACHE/llama_cpp_python-$VERSION.tar.gz"
   if [ ! -f "$tarball" ]; then
     # pip first: it goes through whatever index or mirror pip is configured
-    # for; PyPI's JSON API is the fallback where pip is missing.
+    # for; PyPI's JSON API is the fallback where pip is missing. --no-binary
+    # for this package only: `:all:` would also build pip's own build
+    # dependencies (cmake among them) from source before saving the sdist.
     if python3 -m pip --version >/dev/null 2>&1; then
       log "downloading llama-cpp-python $VERSION (sdist) with pip"
-      python3 -m pip download -q --no-deps --no-binary :all: \
+      python3 -m pip download -q --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==$VERSION" -d "$CACHE/pip" >/dev/null 2>&1 || true
       [ -f "$CACHE/pip/llama_cpp_python-$VERSION.tar.gz" ] &&
         mv "$CACHE/pip/llama_cpp_python-$VERSION.tar.gz" "$tarball"
