@@ -51,7 +51,39 @@ install_python() {
   if ! python3 -c 'import openai' 2>/dev/null; then
     python3 -m pip install -q openai
   fi
+  # selenium drives Chromium for the chat page test; kubernetes-validate and
+  # checkov check the manifests and the Dockerfile under deploy/.
+  if ! python3 -c 'import selenium' 2>/dev/null; then
+    python3 -m pip install -q selenium
+  fi
+  if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+    python3 -m pip install -q kubernetes-validate
+  fi
+  if ! command -v checkov >/dev/null; then
+    python3 -m pip install -q checkov
+  fi
+}
+
+# Debian packages the suite's checks run: Chromium and its driver for the
+# chat page test, shellcheck for the scripts, systemd-analyze for the unit.
+install_tools() {
+  local want=() cmd pkg
+  for cmd in chromium:chromium chromedriver:chromium-driver \
+    shellcheck:shellcheck systemd-analyze:systemd; do
+    pkg=${cmd#*:}
+    command -v "${cmd%%:*}" >/dev/null || want+=("$pkg")
+  done
+  [ ${#want[@]} -eq 0 ] && return
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "install-deps: missing ${want[*]}; install them as root with apt-get" >&2
+    return
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${want[@]}" >/dev/null
+  echo "install-deps: installed ${want[*]}"
 }
 
 install_lavapipe
+install_tools
 install_python

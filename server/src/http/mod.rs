@@ -21,6 +21,7 @@ mod generate;
 mod listen;
 mod misc;
 mod native;
+mod page;
 mod params;
 mod prepare;
 pub mod shutdown;
@@ -192,6 +193,9 @@ impl StatusCounts {
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.body_limit;
     let routes = Router::new()
+        .route("/", get(page::index))
+        .route("/chat.js", get(page::script))
+        .route("/chat.css", get(page::style))
         .route("/health", get(misc::health))
         .route("/v1/health", get(misc::health))
         .route("/v1/models", get(misc::models))
@@ -328,7 +332,8 @@ fn drain(mut body: Body) {
 /// `Authorization: Bearer KEY` (OpenAI's SDKs) or `X-Api-Key: KEY`.
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
-        let public = matches!(req.uri().path(), "/health" | "/v1/health");
+        let path = req.uri().path();
+        let public = matches!(path, "/health" | "/v1/health") || page::PUBLIC.contains(&path);
         if !public && !presented_key_matches(req.headers(), key) {
             drain(req.into_body());
             return ApiError::unauthorized().into_response();

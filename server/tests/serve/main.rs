@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bench;
+mod chat_page;
 mod client;
 #[path = "../common/mod.rs"]
 mod common;
