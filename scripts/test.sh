@@ -10,5 +10,6 @@ bash scripts/fetch-models.sh >/dev/null
 export LAMINA_MODELS="${LAMINA_MODELS:-$HOME/.cache/lamina/models}"
 
 cargo fmt --all -- --check
+bash scripts/check-deploy.sh
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
