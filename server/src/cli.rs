@@ -152,6 +152,16 @@ pub struct ServeCli {
         default_value_t = 30
     )]
     pub shutdown_grace: u64,
+    /// Milliseconds a step with prompt tokens may hold back the streams
+    /// decoding beside it: while anyone decodes, a prompt gets the chunk
+    /// that fits, at the speed the server has measured. 0: every step takes
+    /// a whole -b/-ub chunk, however long it holds the others.
+    #[arg(
+        long = "step-budget-ms",
+        env = "LAMINA_STEP_BUDGET_MS",
+        default_value_t = lamina_engine::DEFAULT_STEP_BUDGET.as_millis() as u64
+    )]
+    pub step_budget_ms: u64,
     /// Requests that may wait for a slot; past that, 503 at once.
     #[arg(long, env = "LAMINA_MAX_QUEUE", default_value_t = 64)]
     pub max_queue: usize,
@@ -241,7 +251,7 @@ pub struct LlamaServerArgs {
     /// Accepted, changes nothing: Lamina never downloads a model.
     #[arg(long)]
     pub offline: bool,
-    /// Accepted, changes nothing: Lamina has no web UI.
+    /// Do not serve the chat page at `/`.
     #[arg(long = "no-webui", alias = "no-ui")]
     pub no_webui: bool,
     /// Accepted, changes nothing: Lamina has no /slots endpoint.

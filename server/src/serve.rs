@@ -50,6 +50,8 @@ pub struct ServeArgs {
     pub no_mmap: bool,
     /// Prompt tokens per step (`-b`/`-ub`); `None`: the engine's default.
     pub n_batch: Option<usize>,
+    /// `--step-budget-ms`; `None`: prompts are not paced.
+    pub step_budget: Option<Duration>,
     /// What the HTTP layer takes from the command line.
     pub http: http::Options,
 }
@@ -114,6 +116,7 @@ async fn serve(
             LoadMode::Mmap
         },
         n_batch: a.n_batch.unwrap_or(EngineConfig::new(&a.file).n_batch),
+        step_budget: a.step_budget,
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();

@@ -48,6 +48,10 @@ pub struct EngineConfig {
     /// Prompt tokens processed per step, so a long prompt does not stall the
     /// sequences that are decoding.
     pub n_batch: usize,
+    /// The longest a step with prompt tokens may hold back the sequences
+    /// that decode beside it: prompts then get the chunk that fits, at the
+    /// speed measured so far. `None`: `n_batch` whatever it costs.
+    pub step_budget: Option<Duration>,
     /// A chat template to use instead of the file's.
     pub chat_template: Option<String>,
     /// Let message content write control tokens (`<|im_start|>` typed by a
@@ -72,6 +76,7 @@ impl EngineConfig {
             max_tokens: 4096,
             timeout: Duration::from_secs(600),
             n_batch: 512,
+            step_budget: Some(crate::pacing::DEFAULT_BUDGET),
             chat_template: None,
             parse_special_in_content: false,
             ngl: Ngl::Auto,
@@ -379,6 +384,7 @@ fn load_and_serve(
             max_tokens: cfg.max_tokens.max(1),
             timeout: cfg.timeout,
             n_batch: cfg.n_batch.max(1),
+            step_budget: cfg.step_budget,
         },
         &rx,
         &metrics,

@@ -7,6 +7,8 @@
 //!   granularity the backend offers), cancellation of abandoned requests.
 //! - [`Backend`] (`backend.rs`): the seam to the forward pass; the CPU model
 //!   implements it, a GPU model will implement the same trait.
+//! - `pacing.rs`: how many prompt tokens a step may take while others
+//!   decode, so a long prompt never freezes the streams beside it.
 //! - [`StopMatcher`] (`stop.rs`): stop strings held back while they form.
 //! - [`JsonState`] (`json.rs`): JSON mode, tokens masked to keep the output
 //!   a valid JSON object.
@@ -23,6 +25,7 @@ mod error;
 mod json;
 mod metrics;
 mod model_info;
+mod pacing;
 mod request;
 mod scheduler;
 mod stop;
@@ -33,6 +36,7 @@ pub use error::EngineError;
 pub use json::JsonState;
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use model_info::{ModelInfo, TemplateOrigin};
+pub use pacing::DEFAULT_BUDGET as DEFAULT_STEP_BUDGET;
 pub use request::{
     Constraint, Event, Events, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
 };

@@ -19,6 +19,7 @@ pub struct Metrics {
     predicted_us: AtomicU64,
     ttft_us: AtomicU64,
     ttft_count: AtomicU64,
+    paced_steps: AtomicU64,
     pub(crate) queued: AtomicUsize,
     pub(crate) active: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
@@ -46,6 +47,9 @@ pub struct MetricsSnapshot {
     pub predicted_seconds: f64,
     pub ttft_seconds_sum: f64,
     pub ttft_count: u64,
+    /// Steps whose prompt tokens were cut to the step budget so that the
+    /// decoding sequences beside them were not held back.
+    pub paced_steps: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -71,6 +75,7 @@ impl Metrics {
             predicted_seconds: self.predicted_us.load(Relaxed) as f64 / 1e6,
             ttft_seconds_sum: self.ttft_us.load(Relaxed) as f64 / 1e6,
             ttft_count: self.ttft_count.load(Relaxed),
+            paced_steps: self.paced_steps.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -92,6 +97,10 @@ impl Metrics {
 
     pub(crate) fn failed(&self) {
         self.failed.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn paced(&self) {
+        self.paced_steps.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn first_token(&self, ttft_ms: f64) {

@@ -36,6 +36,7 @@ use crate::error::EngineError;
 use crate::json::JsonState;
 use crate::metrics::Metrics;
 use crate::model_info::ModelInfo;
+use crate::pacing::Pacer;
 use crate::request::{
     Constraint, Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
 };
@@ -60,6 +61,9 @@ pub(crate) struct Limits {
     pub max_tokens: usize,
     pub timeout: Duration,
     pub n_batch: usize,
+    /// How long a step with prompt tokens may hold back the sequences that
+    /// decode; `None`: prompts take `n_batch` a step regardless.
+    pub step_budget: Option<Duration>,
 }
 
 pub(crate) struct Slot<C> {
@@ -176,6 +180,7 @@ pub(crate) fn run<B: Backend>(
         .kv_capacity
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);
     let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut pacer = Pacer::new(limits.step_budget);
     let mut open = true;
     loop {
         let busy = slots.iter().any(|s| s.seq.is_some());
@@ -220,7 +225,7 @@ pub(crate) fn run<B: Backend>(
             metrics.queued.fetch_sub(1, Relaxed);
             admit(&mut slots[i], job, &ctx, i);
         }
-        if let Err(e) = step(backend, &mut slots, &ctx, unchanged) {
+        if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
             fail_all(&mut slots, waiting, &e, &ctx);
             metrics.kv_used.store(0, Relaxed);
             metrics.active.store(0, Relaxed);
@@ -347,11 +352,13 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
 
 /// One forward call for every active sequence, then sampling for those that
 /// have their next logits. `Err` (nothing sampled) when the model files
-/// changed before or during the call.
+/// changed before or during the call. While some sequences decode, the
+/// prompts in the step share what `pacer` allows (pacing.rs).
 fn step<B: Backend>(
     backend: &B,
     slots: &mut [Slot<B::Cache>],
     ctx: &Ctx<'_>,
+    pacer: &mut Pacer,
     unchanged: Unchanged<'_>,
 ) -> Result<(), EngineError> {
     let now = Instant::now();
@@ -365,12 +372,33 @@ fn step<B: Backend>(
         }
     }
 
+    let n_batch = ctx.limits.n_batch;
+    let active = || slots.iter().filter_map(|s| s.seq.as_ref());
+    let decoding = active()
+        .filter(|s| !s.prefilling() && s.next_input.is_some())
+        .count();
+    let remaining: Vec<usize> = active()
+        .filter(|s| s.prefilling())
+        .map(|s| s.prompt.len() - s.next_prompt)
+        .collect();
+    let allowance = pacer.allowance(n_batch, decoding);
+    let mut shares = Pacer::split(allowance, n_batch, &remaining).into_iter();
+    if allowance != usize::MAX && remaining.iter().any(|&r| r > 0) {
+        let wanted: usize = remaining.iter().map(|&r| r.min(n_batch)).sum();
+        if wanted > allowance {
+            ctx.metrics.paced();
+        }
+    }
+
     let mut inputs: Vec<(usize, Vec<u32>)> = Vec::new();
     for (i, slot) in slots.iter().enumerate() {
         let Some(seq) = &slot.seq else { continue };
         let input = if seq.prefilling() {
-            let end = (seq.next_prompt + ctx.limits.n_batch).min(seq.prompt.len());
-            seq.prompt[seq.next_prompt..end].to_vec()
+            let take = shares.next().unwrap_or(0);
+            if take == 0 {
+                continue;
+            }
+            seq.prompt[seq.next_prompt..seq.next_prompt + take].to_vec()
         } else if let Some(id) = seq.next_input {
             vec![id]
         } else {
@@ -382,6 +410,15 @@ fn step<B: Backend>(
         return Ok(());
     }
     unchanged()?;
+    let (mut prompt_tokens, mut decoded) = (0, 0);
+    for (i, input) in &inputs {
+        if slots[*i].seq.as_ref().is_some_and(Sequence::prefilling) {
+            prompt_tokens += input.len();
+        } else {
+            decoded += 1;
+        }
+    }
+    let t0 = Instant::now();
     let results = {
         let mut caches: Vec<Option<&mut B::Cache>> =
             slots.iter_mut().map(|s| Some(&mut s.cache)).collect();
@@ -393,6 +430,7 @@ fn step<B: Backend>(
         }
         backend.forward_batch(&mut work)
     };
+    pacer.observe(prompt_tokens, decoded, t0.elapsed());
     // A change during the call may have fed it other bytes, or zeros where
     // a truncation cut pages off (see lamina_gguf::mapping): discard it all.
     unchanged()?;

@@ -296,6 +296,12 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             ("_count".into(), m.ttft_count as f64),
         ],
     );
+    metric(
+        "paced_steps_total",
+        "counter",
+        "Steps whose prompt tokens were cut to --step-budget-ms so that the streams decoding beside them kept going.",
+        &one(m.paced_steps as f64),
+    );
     let slots = st.engine.info().map_or(0, |i| i.n_parallel);
     let usage = if m.kv_capacity > 0 {
         m.kv_used as f64 / m.kv_capacity as f64

@@ -72,6 +72,9 @@ pub struct Options {
     /// Serve `/metrics` (else 501, as llama-server without `--metrics`).
     pub metrics: bool,
     pub cors: Cors,
+    /// Serve the chat page at `/` (`--no-webui` turns it off, as in
+    /// llama-server: `/` is then a 404 like any unknown route).
+    pub web_ui: bool,
 }
 
 impl Default for Options {
@@ -82,6 +85,7 @@ impl Default for Options {
             n_predict: None,
             metrics: true,
             cors: Cors::default(),
+            web_ui: true,
         }
     }
 }
@@ -192,10 +196,15 @@ impl StatusCounts {
 
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.body_limit;
-    let routes = Router::new()
-        .route("/", get(page::index))
-        .route("/chat.js", get(page::script))
-        .route("/chat.css", get(page::style))
+    let page = if state.options.web_ui {
+        Router::new()
+            .route("/", get(page::index))
+            .route("/chat.js", get(page::script))
+            .route("/chat.css", get(page::style))
+    } else {
+        Router::new()
+    };
+    let routes = page
         .route("/health", get(misc::health))
         .route("/v1/health", get(misc::health))
         .route("/v1/models", get(misc::models))

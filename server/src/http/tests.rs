@@ -722,6 +722,22 @@ async fn cors_echoes_only_allowed_origins_and_answers_preflights_without_the_key
 }
 
 #[tokio::test]
+async fn no_webui_leaves_the_chat_page_out_and_the_api_in() {
+    let (s, _, _) = send(router_with(super::Options::default(), None), get("/")).await;
+    assert_eq!(s, StatusCode::OK);
+    let options = super::Options {
+        web_ui: false,
+        ..super::Options::default()
+    };
+    for path in ["/", "/chat.js", "/chat.css"] {
+        let (s, v, _) = send(router_with(options.clone(), None), get(path)).await;
+        assert_error(s, &v, StatusCode::NOT_FOUND, "not_found_error");
+    }
+    let (s, _, _) = send(router_with(options, None), get("/health")).await;
+    assert_ne!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
 async fn metrics_can_be_turned_off_as_llama_server_has_them() {
     let options = super::Options {
         metrics: false,

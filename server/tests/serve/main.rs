@@ -113,20 +113,26 @@ impl Server {
         client::post(self.port, "/v1/chat/completions", &body)
     }
 
+    /// `name`'s value in `/metrics` now.
+    fn metric(&self, name: &str) -> (Option<f64>, String) {
+        let auth: Vec<(&str, &str)> = self
+            .key
+            .iter()
+            .map(|k| ("Authorization", k.as_str()))
+            .collect();
+        let text = client::request(self.port, "GET", "/metrics", None, &auth).body;
+        let v = text.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.trim().parse::<f64>().ok())
+        });
+        (v, text)
+    }
+
     /// Polls `/metrics` until `name` reaches `want` (or panics after 10 s).
     fn wait_metric(&self, name: &str, want: f64) {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
-            let auth: Vec<(&str, &str)> = self
-                .key
-                .iter()
-                .map(|k| ("Authorization", k.as_str()))
-                .collect();
-            let text = client::request(self.port, "GET", "/metrics", None, &auth).body;
-            let v = text.lines().find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|r| r.trim().parse::<f64>().ok())
-            });
+            let (v, text) = self.metric(name);
             if v == Some(want) {
                 return;
             }
@@ -300,6 +306,35 @@ fn four_concurrent_clients_all_complete_with_their_solo_output() {
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(&content(&r.json()), want);
     }
+}
+
+/// A long prompt sent while another client's answer streams is fed in
+/// chunks that fit the step budget (the stream keeps going), and it gets
+/// the answer it gets alone, in whole 512-token chunks.
+#[test]
+fn a_long_prompt_beside_a_stream_is_paced_and_answers_as_alone() {
+    let server = Server::start(&["--parallel", "2", "-c", "4096"], &[]);
+    let text: String = (0..60)
+        .map(|i| format!("Line {i}: the river carries stones to the sea. "))
+        .collect();
+    let question = format!("{text}\nHow many lines were there?");
+    let solo = server.chat(user(&question, 8));
+    assert_eq!(solo.status, 200, "{}", solo.body);
+    let solo = solo.json();
+    assert!(solo["usage"]["prompt_tokens"].as_u64().unwrap() > 600);
+    let (paced, _) = server.metric("lamina_paced_steps_total");
+    assert_eq!(paced, Some(0.0), "nothing decoded beside the solo prompt");
+
+    let mut story = stream_story(server.port, 1000, &[]);
+    let beside = server.chat(user(&question, 8));
+    assert_eq!(beside.status, 200, "{}", beside.body);
+    assert_eq!(content(&beside.json()), content(&solo));
+    let (paced, text) = server.metric("lamina_paced_steps_total");
+    assert!(paced.unwrap_or(0.0) >= 1.0, "{text}");
+    // The story went on streaming meanwhile and still does.
+    let mut line = String::new();
+    story.read_line(&mut line).unwrap();
+    assert!(!line.is_empty());
 }
 
 #[test]
