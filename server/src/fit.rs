@@ -105,7 +105,11 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
         ..PlanParams::default()
     };
     let main_ctx = a.n_ctx.unwrap_or(cfg.context_length.min(4096));
-    let plans = plan::all_plans(&model, &cfg, &params(main_ctx));
+    // Past what the GPU's kernels allow, every larger -ngl is the same plan.
+    let all = plan::all_plans(&model, &cfg, &params(main_ctx));
+    let held = all.last().map(|p| p.held.clone()).unwrap_or_default();
+    let held_note = all.last().and_then(lamina_model::placement::held_note);
+    let plans: Vec<Plan> = all.into_iter().filter(|p| p.asked == p.ngl).collect();
     let contexts: Vec<usize> = match a.n_ctx {
         Some(c) => vec![c],
         None => [2048, 4096, 8192, 32768, 131072]
@@ -151,6 +155,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             json!({"n_layer": cfg.n_layer, "n_ctx": main_ctx, "n_parallel": a.n_parallel,
                    "budget_bytes": a.budget, "margin_bytes": plan::margin(budgets[0]),
                    "rows": rows, "recommended_ngl": main.ngl, "fits": fits,
+                   "held_by_missing_kernels": held.iter().map(|h| json!({"tensor": h.tensor, "type": h.ty.name()})).collect::<Vec<_>>(),
                    "probe": probe.as_ref().map(|p| json!({"type": p.ty.name(), "cpu_gb_per_s": p.cpu_gbs,
                        "gpu_gb_per_s": p.gpu_gbs, "gpu": p.gpu_name}))})
         );
@@ -191,6 +196,9 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             human_size(p.cpu_total()),
             predicted(p).map_or("-".into(), |t| format!("{t:.1}"))
         );
+    }
+    if let Some(note) = &held_note {
+        println!("{note}");
     }
     println!(
         "\nLargest -ngl that fits (budget less a margin of 10%, at most 1 GiB; {} = all):",

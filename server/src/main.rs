@@ -142,6 +142,11 @@ enum Command {
         output: PathBuf,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// PATTERN=TYPE: matrices whose name contains PATTERN get TYPE
+        /// (llama-quantize's --tensor-type); also IQ4_NL, IQ4_XS, IQ2_XXS,
+        /// IQ2_XS, IQ3_XXS, IQ3_S. Repeatable; the first match wins.
+        #[arg(long = "tensor-type")]
+        tensor_type: Vec<String>,
         /// Write only the metadata (the tokenizer of --vocab-from), no tensors.
         #[arg(long)]
         vocab_only: bool,
@@ -336,6 +341,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             seed,
             vocab_only,
+            tensor_type,
         } => synth::run(synth::SynthArgs {
             shape: &shape,
             ty: &ty,
@@ -343,6 +349,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vocab,
             output: &output,
             seed,
+            tensor_types: &tensor_type,
             vocab_only,
         })?,
         Command::Fit {
@@ -466,11 +473,14 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
     let sampler = a.sampling.sampler()?;
     Ok(serve::ServeArgs {
         n_batch: a.llama.prefill_chunk()?,
+        step_budget: (a.step_budget_ms > 0)
+            .then(|| std::time::Duration::from_millis(a.step_budget_ms)),
         http: http::Options {
             alias: a.llama.alias.clone(),
             sampler,
             n_predict: a.sampling.n_predict(),
             metrics: !a.llama.no_metrics,
+            web_ui: !a.llama.no_webui,
             cors: http::Cors {
                 origins: a.llama.cors_origins.clone(),
                 methods: a.llama.cors_methods.clone(),

@@ -59,8 +59,9 @@ pub const SHAPES: [Shape; 3] = [
     },
 ];
 
-/// The weight types `synth` writes.
-pub const TYPES: [GgmlType; 11] = [
+/// The weight types `synth` writes: the common ones, then IQ grids for
+/// `--tensor-type` (their f16 d is the only field random bytes could break).
+pub const TYPES: [GgmlType; 17] = [
     GgmlType::F16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -72,7 +73,41 @@ pub const TYPES: [GgmlType; 11] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
+    GgmlType::IQ2XXS,
+    GgmlType::IQ2XS,
+    GgmlType::IQ3XXS,
+    GgmlType::IQ3S,
 ];
+
+fn parse_type(name: &str) -> anyhow::Result<GgmlType> {
+    TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name().eq_ignore_ascii_case(name))
+        .with_context(|| {
+            let names: Vec<_> = TYPES.iter().map(|t| t.name()).collect();
+            format!("unknown type {name:?} (one of {})", names.join(", "))
+        })
+}
+
+/// `--tensor-type PATTERN=TYPE`, as llama-quantize spells it: tensors whose
+/// name contains PATTERN get TYPE instead of --type.
+fn parse_overrides(specs: &[String]) -> anyhow::Result<Vec<(String, GgmlType)>> {
+    specs
+        .iter()
+        .map(|spec| {
+            let (pat, ty) = spec
+                .split_once('=')
+                .with_context(|| format!("--tensor-type {spec:?}: expected PATTERN=TYPE"))?;
+            if pat.is_empty() {
+                bail!("--tensor-type {spec:?}: the pattern is empty");
+            }
+            Ok((pat.to_owned(), parse_type(ty)?))
+        })
+        .collect()
+}
 
 struct Rng(u64);
 
@@ -137,6 +172,8 @@ pub struct SynthArgs<'a> {
     pub vocab: u64,
     pub output: &'a Path,
     pub seed: u64,
+    /// `PATTERN=TYPE`: tensors whose name contains PATTERN get TYPE.
+    pub tensor_types: &'a [String],
     /// Only the metadata (with --vocab-from: the tokenizer), no tensors: a
     /// small file to carry where a real model cannot go.
     pub vocab_only: bool,
@@ -147,14 +184,11 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         let names: Vec<_> = SHAPES.iter().map(|s| s.name).collect();
         format!("unknown shape {:?} (one of {})", a.shape, names.join(", "))
     })?;
-    let ty = TYPES
-        .iter()
-        .copied()
-        .find(|t| t.name().eq_ignore_ascii_case(a.ty))
-        .with_context(|| {
-            let names: Vec<_> = TYPES.iter().map(|t| t.name()).collect();
-            format!("unknown type {:?} (one of {})", a.ty, names.join(", "))
-        })?;
+    let ty = parse_type(a.ty)?;
+    let overrides = parse_overrides(a.tensor_types)?;
+    // An override's rows are checked tensor by tensor below: IQ types of
+    // 256-weight blocks fit SmolLM2's ffn_down (1536 wide) but not its
+    // 576-wide matrices.
     for (what, k) in [
         ("embedding length", shape.embd),
         ("feed-forward length", shape.ff),
@@ -237,6 +271,17 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     }
     tensors.push(("output_norm.weight".into(), [e, 1], GgmlType::F32));
     tensors.push(("output.weight".into(), [e, vocab], ty));
+    for (name, _, t) in &mut tensors {
+        if *t == GgmlType::F32 {
+            continue;
+        }
+        if let Some((_, o)) = overrides
+            .iter()
+            .find(|(pat, _)| name.contains(pat.as_str()))
+        {
+            *t = *o;
+        }
+    }
     let mut total = 0u64;
     for (name, [k, rows], t) in &tensors {
         let bytes = t

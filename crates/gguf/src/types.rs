@@ -205,11 +205,14 @@ impl GgmlType {
     /// has one) in one block of a type that has them: what a generator of
     /// random valid blocks must keep finite (synthetic models, kernel tests).
     /// Empty for float types and for types whose scales are not f16 fields
-    /// this table knows (the IQ1–IQ3 grids, MXFP4).
+    /// this table knows (IQ1_M, MXFP4).
     pub fn f16_scale_offsets(self) -> &'static [usize] {
         use GgmlType::*;
         match self {
             Q4_0 | Q5_0 | Q8_0 | IQ4NL | IQ4XS => &[0],
+            // The IQ1–IQ3 grids (but IQ1_M, whose scale is spread over its
+            // sub-block scales) start with their f16 d.
+            IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S => &[0],
             Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
             Q2K => &[80, 82],
             Q3K => &[108],

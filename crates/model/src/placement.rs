@@ -177,7 +177,44 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
         human_size(p.cpu_kv)
     );
     out.push_str(&summary(p));
+    if let Some(held) = held_note(p) {
+        out.push('\n');
+        out.push_str(&held);
+    }
     out
+}
+
+/// Why fewer slots went to the GPU than `-ngl` asked: the tensors without a
+/// GPU kernel in the last slot held back (placement offloads a suffix, so
+/// it keeps every slot before it too). `None` when nothing was held.
+pub fn held_note(p: &Plan) -> Option<String> {
+    if p.held.is_empty() {
+        return None;
+    }
+    let slot = p.n_layer.checked_sub(p.ngl)?;
+    let name = p.slots.get(slot).map_or("?", |s| s.name.as_str());
+    // A block of one quantization type lists all its matrices: name a few.
+    const SHOWN: usize = 3;
+    let mut tensors: Vec<String> = p
+        .held
+        .iter()
+        .take(SHOWN)
+        .map(|h| format!("{} ({})", h.tensor, h.ty))
+        .collect();
+    if p.held.len() > SHOWN {
+        tensors.push(format!("{} more", p.held.len() - SHOWN));
+    }
+    let before = if slot == 0 {
+        ""
+    } else {
+        " and every slot before it"
+    };
+    Some(format!(
+        "  {name}{before} stayed on the CPU: no GPU kernel for {} (-ngl asked {}, placed {})",
+        tensors.join(", "),
+        p.asked,
+        p.ngl
+    ))
 }
 
 /// `offloaded 12/31 layers to GPU`, as llama.cpp says it.

@@ -10,7 +10,7 @@
 //! copy of `token_embd`, so it is counted on the GPU while the map keeps the
 //! embedding rows for the lookup.
 
-use lamina_gguf::Model;
+use lamina_gguf::{GgmlType, Model};
 
 use crate::config::Config;
 
@@ -54,10 +54,23 @@ pub struct Slot {
     pub kv_bytes: u64,
 }
 
+/// A tensor that kept its slot, and every slot before it, off the GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub tensor: String,
+    pub ty: GgmlType,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// Slots on the GPU (0 ..= n_layer + 1).
     pub ngl: usize,
+    /// What `-ngl` asked for (capped at `n_layer + 1`); more than `ngl`
+    /// when a tensor of a type without a GPU kernel held slots back.
+    pub asked: usize,
+    /// The tensors without a GPU kernel in the last slot that stayed on the
+    /// CPU because of them (empty when nothing was held back).
+    pub held: Vec<Held>,
     pub n_layer: usize,
     pub slots: Vec<Slot>,
     /// The token embedding, always on the CPU (used in place from the map).
@@ -82,55 +95,111 @@ impl Plan {
     }
 }
 
-/// Bytes of each slot's weights (`n_layer + 1` entries), of the embedding,
-/// and whether the head is tied to the embedding.
-pub fn slot_bytes(model: &Model, c: &Config) -> (Vec<u64>, u64, bool) {
-    let mut slots = vec![0u64; c.n_layer + 1];
-    let mut embd = 0;
+/// What placement needs of a file: each slot's weight bytes (`n_layer + 1`
+/// entries), the embedding's, whether the head is tied to the embedding,
+/// and each slot's tensors whose type has no GPU kernel.
+#[derive(Clone, Debug, Default)]
+pub struct Layout {
+    pub bytes: Vec<u64>,
+    pub embd: u64,
+    pub tied: bool,
+    pub no_kernel: Vec<Vec<Held>>,
+}
+
+impl Layout {
+    /// Slots at the end that can all go to the GPU: placement offloads a
+    /// suffix (llama.cpp's rule), so the last slot with a tensor no kernel
+    /// can multiply keeps itself and every slot before it on the CPU.
+    fn gpu_capable(&self) -> usize {
+        self.no_kernel
+            .iter()
+            .rev()
+            .take_while(|held| held.is_empty())
+            .count()
+    }
+}
+
+/// The placement facts of `model`'s tensors, from the header alone.
+pub fn layout(model: &Model, c: &Config) -> Layout {
+    let mut l = Layout {
+        bytes: vec![0u64; c.n_layer + 1],
+        no_kernel: vec![Vec::new(); c.n_layer + 1],
+        ..Layout::default()
+    };
     let mut has_output = false;
+    let mut embd_ty = None;
     for t in model.tensors() {
         let name = &t.info.name;
         let bytes = t.info.n_bytes;
-        if let Some(rest) = name.strip_prefix("blk.") {
-            let il = rest.split('.').next().and_then(|n| n.parse::<usize>().ok());
-            if let Some(slot) = il.and_then(|il| slots.get_mut(il)) {
-                *slot += bytes;
+        let slot = match name.strip_prefix("blk.") {
+            Some(rest) => rest
+                .split('.')
+                .next()
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&il| il < c.n_layer),
+            None => None,
+        };
+        let slot = match (slot, name.as_str()) {
+            (Some(il), _) => il,
+            (None, "token_embd.weight") => {
+                l.embd = bytes;
+                embd_ty = Some(t.info.ty);
                 continue;
             }
-        }
-        match name.as_str() {
-            "token_embd.weight" => embd = bytes,
-            "output.weight" => {
+            (None, "output.weight") => {
                 has_output = true;
-                slots[c.n_layer] += bytes;
+                c.n_layer
             }
             // Output norm and anything else outside the blocks (rope factors …)
             // travel with the head.
-            _ => slots[c.n_layer] += bytes,
+            _ => c.n_layer,
+        };
+        l.bytes[slot] += bytes;
+        if !lamina_gpu::has_kernel(t.info.ty) {
+            l.no_kernel[slot].push(Held {
+                tensor: name.clone(),
+                ty: t.info.ty,
+            });
         }
     }
     if !has_output {
-        slots[c.n_layer] += embd;
+        // A tied head multiplies by its own GPU copy of the embedding.
+        l.tied = true;
+        l.bytes[c.n_layer] += l.embd;
+        if let Some(ty) = embd_ty.filter(|&ty| !lamina_gpu::has_kernel(ty)) {
+            l.no_kernel[c.n_layer].push(Held {
+                tensor: "token_embd.weight".into(),
+                ty,
+            });
+        }
     }
-    (slots, embd, !has_output)
+    l
+}
+
+/// Bytes of each slot's weights (`n_layer + 1` entries), of the embedding,
+/// and whether the head is tied to the embedding.
+pub fn slot_bytes(model: &Model, c: &Config) -> (Vec<u64>, u64, bool) {
+    let l = layout(model, c);
+    (l.bytes, l.embd, l.tied)
 }
 
 /// The plan for `-ngl ngl` (values above `n_layer + 1` mean everything).
+/// Slots with a tensor of a type the GPU has no kernel for stay on the CPU,
+/// and so does every slot before them; the plan names those tensors.
 pub fn plan(model: &Model, c: &Config, ngl: usize, p: &PlanParams) -> Plan {
-    let (bytes, embd_bytes, tied) = slot_bytes(model, c);
-    plan_from_bytes(&bytes, embd_bytes, tied, c, ngl, p)
+    plan_from_layout(&layout(model, c), c, ngl, p)
 }
 
-fn plan_from_bytes(
-    bytes: &[u64],
-    embd_bytes: u64,
-    tied: bool,
-    c: &Config,
-    ngl: usize,
-    p: &PlanParams,
-) -> Plan {
+fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan {
     let n_layer = c.n_layer;
-    let ngl = ngl.min(n_layer + 1);
+    let asked = ngl.min(n_layer + 1);
+    let ngl = asked.min(l.gpu_capable());
+    // The slot just before the GPU suffix holds it back when it has tensors
+    // without a kernel and the user asked for more.
+    let held = match (n_layer + 1).checked_sub(ngl + 1) {
+        Some(i) if asked > ngl => l.no_kernel.get(i).cloned().unwrap_or_default(),
+        _ => Vec::new(),
+    };
     let first_gpu = n_layer + 1 - ngl;
     // Saturating: `-c` and `-np` come from the user, and a plan for an
     // absurd context must say "too much", not wrap (the cache itself is
@@ -139,8 +208,11 @@ fn plan_from_bytes(
         .saturating_mul(c.kv_dim() as u64)
         .saturating_mul(p.kv_elem_bytes as u64)
         .saturating_mul(2);
+    let embd_bytes = l.embd;
     let mut plan = Plan {
         ngl,
+        asked,
+        held,
         n_layer,
         slots: Vec::with_capacity(n_layer + 1),
         embd_bytes,
@@ -150,14 +222,14 @@ fn plan_from_bytes(
         gpu_kv: 0,
         cpu_kv: 0,
     };
-    for (i, &w) in bytes.iter().enumerate() {
+    for (i, &w) in l.bytes.iter().enumerate() {
         let device = if i >= first_gpu {
             Device::Gpu
         } else {
             Device::Cpu
         };
         // A tied head on the CPU reads the embedding in place: no extra bytes.
-        let w = if tied && i == n_layer && device == Device::Cpu {
+        let w = if l.tied && i == n_layer && device == Device::Cpu {
             w - embd_bytes
         } else {
             w
@@ -216,21 +288,25 @@ pub fn margin(budget: u64) -> u64 {
 }
 
 /// The largest `-ngl` whose GPU total fits in `budget` less the margin.
+/// Slots that cannot go to the GPU (no kernel for a tensor) are never
+/// counted as fitting.
 pub fn fit(model: &Model, c: &Config, budget: u64, p: &PlanParams) -> Plan {
-    let (bytes, embd, tied) = slot_bytes(model, c);
+    let l = layout(model, c);
     let usable = budget.saturating_sub(margin(budget));
     (0..=c.n_layer + 1)
         .rev()
-        .map(|n| plan_from_bytes(&bytes, embd, tied, c, n, p))
+        .map(|n| plan_from_layout(&l, c, n, p))
         .find(|pl| pl.gpu_total() <= usable)
-        .unwrap_or_else(|| plan_from_bytes(&bytes, embd, tied, c, 0, p))
+        .unwrap_or_else(|| plan_from_layout(&l, c, 0, p))
 }
 
 /// Every `-ngl` from 0 to all.
+/// Every `-ngl` from 0 to all (a plan past what the kernels allow repeats
+/// the largest one that they do, with `asked` saying what was asked).
 pub fn all_plans(model: &Model, c: &Config, p: &PlanParams) -> Vec<Plan> {
-    let (bytes, embd, tied) = slot_bytes(model, c);
+    let l = layout(model, c);
     (0..=c.n_layer + 1)
-        .map(|n| plan_from_bytes(&bytes, embd, tied, c, n, p))
+        .map(|n| plan_from_layout(&l, c, n, p))
         .collect()
 }
 
@@ -302,6 +378,59 @@ mod tests {
             activation: crate::Activation::SwiGlu,
             attn_scale: 0.25,
         }
+    }
+
+    fn layout(bytes: &[u64], embd: u64, tied: bool) -> Layout {
+        Layout {
+            bytes: bytes.to_vec(),
+            embd,
+            tied,
+            no_kernel: vec![Vec::new(); bytes.len()],
+        }
+    }
+
+    fn plan_from_bytes(
+        bytes: &[u64],
+        embd: u64,
+        tied: bool,
+        c: &Config,
+        ngl: usize,
+        p: &PlanParams,
+    ) -> Plan {
+        plan_from_layout(&layout(bytes, embd, tied), c, ngl, p)
+    }
+
+    #[test]
+    fn a_slot_without_kernels_keeps_itself_and_those_before_it_on_the_cpu() {
+        let c = cfg(4);
+        let p = PlanParams::default();
+        let mut l = layout(&[10, 20, 30, 40, 500], 7, false);
+        let iq = Held {
+            tensor: "blk.1.ffn_down.weight".into(),
+            ty: GgmlType::IQ3S,
+        };
+        l.no_kernel[1].push(iq.clone());
+        use Device::*;
+        let all = plan_from_layout(&l, &c, 99, &p);
+        let dev: Vec<Device> = all.slots.iter().map(|s| s.device).collect();
+        assert_eq!(dev, [Cpu, Cpu, Gpu, Gpu, Gpu]);
+        assert_eq!((all.ngl, all.asked), (3, 5));
+        assert_eq!(all.held, [iq]);
+        assert_eq!(all.cpu_weights, 7 + 10 + 20);
+        // Asking for no more than the kernels allow holds nothing back.
+        let two = plan_from_layout(&l, &c, 2, &p);
+        assert_eq!((two.ngl, two.asked), (2, 2));
+        assert!(two.held.is_empty());
+        // A head without a kernel keeps everything on the CPU.
+        l.no_kernel[4].push(Held {
+            tensor: "output.weight".into(),
+            ty: GgmlType::IQ1S,
+        });
+        let none = plan_from_layout(&l, &c, 99, &p);
+        assert_eq!((none.ngl, none.gpu_total()), (0, 0));
+        assert_eq!(none.held[0].tensor, "output.weight");
+        // fit never counts a held slot as fitting, however large the budget.
+        assert!((0..=5).all(|n| plan_from_layout(&l, &c, n, &p).ngl == 0));
     }
 
     #[test]
