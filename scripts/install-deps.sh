@@ -51,6 +51,10 @@ install_python() {
   if ! python3 -c 'import openai' 2>/dev/null; then
     python3 -m pip install -q openai
   fi
+  # anthropic: the official client, driven against the Messages API.
+  if ! python3 -c 'import anthropic' 2>/dev/null; then
+    python3 -m pip install -q anthropic
+  fi
   # selenium drives Chromium for the chat page test; kubernetes-validate and
   # checkov check the manifests and the Dockerfile under deploy/.
   if ! python3 -c 'import selenium' 2>/dev/null; then

@@ -15,6 +15,7 @@
 //! limit, and (on routes) the body read under `--read-timeout`. [`serve`]
 //! runs the router on a listener with the same timeout on headers.
 
+mod anthropic;
 mod cors;
 mod error;
 mod generate;
@@ -212,6 +213,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
+        .route("/v1/messages", post(anthropic::messages_route))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         // llama-server's native API; `/completions` is its alias there too
         // (only `/v1/completions` is OpenAI's).
         .route("/completion", post(native::completion))

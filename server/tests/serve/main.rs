@@ -3,6 +3,7 @@
 //! greedy, short max_tokens.
 #![allow(clippy::unwrap_used)]
 
+mod anthropic;
 mod bench;
 mod chat_page;
 mod client;
