@@ -50,7 +50,7 @@ fn i8x4(q: u32) -> vec4<f32> {
     );
 }
 
-// The 2 (w2_at), 4 (w4_at), 8 (w8_at) or 16 (w16_at) little-endian words starting at an even byte
+// The 4 (w4_at) or 8 (w8_at) little-endian words starting at an even byte
 // offset `b`, from one load per word plus one: the whole-unit decoders
 // (dq32) read a block's bytes once with these instead of one funnel-shifted
 // pair of loads per word.
@@ -80,28 +80,3 @@ fn w8_at(b: u32) -> array<u32, 8> {
     return o;
 }
 
-fn w2_at(b: u32) -> array<u32, 2> {
-    let i = b >> 2u;
-    let odd = (b & 2u) != 0u;
-    var o: array<u32, 2>;
-    var prev = w[i];
-    for (var k = 0u; k < 2u; k++) {
-        let next = w[i + k + 1u];
-        o[k] = select(prev, (prev >> 16u) | (next << 16u), odd);
-        prev = next;
-    }
-    return o;
-}
-
-fn w16_at(b: u32) -> array<u32, 16> {
-    let i = b >> 2u;
-    let odd = (b & 2u) != 0u;
-    var o: array<u32, 16>;
-    var prev = w[i];
-    for (var k = 0u; k < 16u; k++) {
-        let next = w[i + k + 1u];
-        o[k] = select(prev, (prev >> 16u) | (next << 16u), odd);
-        prev = next;
-    }
-    return o;
-}

@@ -1,8 +1,8 @@
 //! GPU buffers: f32/u32 activation tensors and quantized weights.
 //!
 //! A weight keeps its ggml blocks quantized: byte for byte, or for the
-//! small-block types with each row's fields regrouped so the quants are
-//! 16-byte aligned (`quant::split_fields`). A weight larger than the
+//! small-block types and Q6_K with each row's fields regrouped so the quants
+//! are 16-byte aligned (`quant::split_fields`). A weight larger than the
 //! storage binding limit is split by rows into chunks, each its own buffer
 //! and binding; kernels run once per chunk over its row range. Every chunk
 //! is padded by [`WEIGHT_PAD`] bytes so kernels may read the word after the

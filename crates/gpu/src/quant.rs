@@ -86,11 +86,12 @@ pub(crate) struct Field {
     pub len: usize,
 }
 
-/// The small-block types whose rows the GPU keeps in a split layout: a row
-/// holds its blocks' quant bytes (16 or 32 per block) one block after
-/// another, then each header field of every block in turn (largest fields
-/// first, so each run starts aligned to its field), zero-padded to a
-/// multiple of 16 bytes. The fields here are in that order, quants first.
+/// The types whose rows the GPU keeps in a split layout (the small-block
+/// types and Q6_K): a row holds its blocks' quant bytes (16 or 32 per
+/// block; Q6_K's low bits, then its high bits) one block after another,
+/// then each header field of every block in turn (largest fields first, so
+/// each run starts aligned to its field), zero-padded to a multiple of 16
+/// bytes. The fields here are in that order, quants first.
 ///
 /// The 17-, 18-, 20-, 22-, 24- and 34-byte ggml blocks put their quants off
 /// any 16-byte boundary, so a decoder reading them in place gathers words one
@@ -125,6 +126,14 @@ pub(crate) fn split_fields(ty: GgmlType) -> Option<&'static [Field]> {
         // e, qs[16]: the 17-byte blocks leave most fields at odd offsets,
         // which the kernels' byte helpers do not read in place.
         MXFP4 => &[Field { at: 1, len: 16 }, Field { at: 0, len: 1 }],
+        // ql[128], qh[64], scales[16], d: the 210-byte super-blocks leave
+        // all but the first field off a 4-byte boundary.
+        Q6K => &[
+            Field { at: 0, len: 128 },
+            Field { at: 128, len: 64 },
+            Field { at: 192, len: 16 },
+            Field { at: 208, len: 2 },
+        ],
         _ => return None,
     })
 }
