@@ -55,6 +55,10 @@ install_python() {
   if ! python3 -c 'import anthropic' 2>/dev/null; then
     python3 -m pip install -q anthropic
   fi
+  # ollama: the official client, driven against the Ollama API.
+  if ! python3 -c 'import ollama' 2>/dev/null; then
+    python3 -m pip install -q ollama
+  fi
   # selenium drives Chromium for the chat page test; kubernetes-validate and
   # checkov check the manifests and the Dockerfile under deploy/.
   if ! python3 -c 'import selenium' 2>/dev/null; then

@@ -22,6 +22,7 @@ mod generate;
 mod listen;
 mod misc;
 mod native;
+mod ollama;
 mod page;
 mod params;
 mod prepare;
@@ -215,6 +216,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(generate::completion))
         .route("/v1/messages", post(anthropic::messages_route))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/version", get(ollama::version))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embed))
         // llama-server's native API; `/completions` is its alias there too
         // (only `/v1/completions` is OpenAI's).
         .route("/completion", post(native::completion))

@@ -13,6 +13,7 @@ mod hardening;
 mod memory;
 mod model_file;
 mod native;
+mod ollama;
 mod openai;
 mod templates;
 
