@@ -126,6 +126,15 @@ build() { # name, cmake flags...
     { tail -30 "$dir.log"; exit 1; }
 }
 
+# llama.cpp's AMX kernels die with SIGILL on some machines that list AMX
+# (seen on a virtual machine: tinygemm_kernel_amx at tilezero, though a
+# small program there configures and zeroes tiles fine). A -march=native
+# CPU build that cannot run one step on SmolLM2 is rebuilt without AMX.
+cpu_runs() {
+  "$CACHE/build-cpu/bin/llama-bench" -m "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    -ngl 0 -t 1 -p 8 -n 1 -r 1 >/dev/null 2>&1
+}
+
 # tokens/s of one llama-bench run: "pp tg" ("nan nan" if it failed or ran
 # past PEER_TIMEOUT seconds: llama.cpp's Vulkan backend on lavapipe can take
 # many minutes per Gemma 3 run).
@@ -154,11 +163,17 @@ print(r["pp"]["tokens_per_second"], r["tg"]["tokens_per_second"])'
 
 install_tools
 fetch_source
+[ -f "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" ] || bash scripts/fetch-models.sh >/dev/null
 build cpu -DGGML_VULKAN=OFF
+if ! cpu_runs; then
+  log "the CPU build fails on this machine (AMX?): rebuilding it without AMX"
+  rm -rf "$CACHE/build-cpu"
+  no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  build cpu -DGGML_VULKAN=OFF "-DCMAKE_C_FLAGS=$no_amx" "-DCMAKE_CXX_FLAGS=$no_amx"
+fi
 [ -z "${SKIP_GPU:-}" ] && build vulkan -DGGML_VULKAN=ON
 [ -n "${BUILD_ONLY:-}" ] && exit 0
 [ -x target/release/lamina ] || cargo build --release -p lamina
-[ -f "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" ] || bash scripts/fetch-models.sh >/dev/null
 
 results=$(mktemp)
 placements=("cpu 0 0")
