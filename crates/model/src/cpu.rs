@@ -120,6 +120,24 @@ pub struct CpuModel<'a> {
     pub(crate) mapped: bool,
 }
 
+/// Runs `f` on a thread of rayon's pool (at once when already on one).
+///
+/// The kernels split a product over the pool only where the split pays for
+/// its hand-off (lamina-quant's `dot.rs`): asked from a thread outside the
+/// pool, a split costs two thread wake-ups (6–10 µs here), so every product
+/// of a small model's decode step (SmolLM2's 576×576 takes ~13 µs on one
+/// core) ran on the calling thread alone, one core of two. Inside the pool a
+/// split is a steal (~1 µs) and both cores share each product. A forward
+/// call makes one hand-off instead. The kernels give the same bits however
+/// the rows are split, so this changes speed only.
+pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
+    }
+}
+
 impl<'a> CpuModel<'a> {
     pub fn load(model: &'a lamina_gguf::Model) -> Result<Self, ModelError> {
         let config = Config::from_gguf(model)?;
@@ -140,14 +158,16 @@ impl<'a> CpuModel<'a> {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        let pos0 = cache.len;
-        self.check_room(tokens.len(), pos0, cache.n_ctx)?;
-        let mut x = self.embed(tokens)?;
-        for il in 0..self.config.n_layer {
-            self.layer(il, &mut x, tokens.len(), pos0, cache)?;
-        }
-        cache.len = pos0 + tokens.len();
-        self.head(&x, tokens.len(), which)
+        in_pool(|| {
+            let pos0 = cache.len;
+            self.check_room(tokens.len(), pos0, cache.n_ctx)?;
+            let mut x = self.embed(tokens)?;
+            for il in 0..self.config.n_layer {
+                self.layer(il, &mut x, tokens.len(), pos0, cache)?;
+            }
+            cache.len = pos0 + tokens.len();
+            self.head(&x, tokens.len(), which)
+        })
     }
 
     /// One step for several sequences at once, each with its own cache:
@@ -155,6 +175,13 @@ impl<'a> CpuModel<'a> {
     /// gets the logits of its last token. Results equal separate
     /// [`CpuModel::forward`] calls bit for bit.
     pub fn forward_multi(
+        &self,
+        work: &mut [(&[u32], &mut KvCache)],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        in_pool(|| self.forward_multi_here(work))
+    }
+
+    fn forward_multi_here(
         &self,
         work: &mut [(&[u32], &mut KvCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {

@@ -419,6 +419,15 @@ impl<'a> HybridModel<'a> {
         cache: &mut HybridCache,
         which: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        crate::cpu::in_pool(|| self.forward_here(tokens, cache, which))
+    }
+
+    fn forward_here(
+        &self,
+        tokens: &[u32],
+        cache: &mut HybridCache,
+        which: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         let n = tokens.len();
         let pos0 = cache.len;
         self.cpu.check_room(n, pos0, cache.capacity())?;
@@ -448,6 +457,13 @@ impl<'a> HybridModel<'a> {
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        crate::cpu::in_pool(|| self.forward_multi_here(work))
+    }
+
+    fn forward_multi_here(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let (Some(g), Some(head)) = (self.gpu.as_deref(), &self.head) else {
             let mut inner: Vec<(&[u32], &mut KvCache)> =
                 work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
@@ -459,7 +475,7 @@ impl<'a> HybridModel<'a> {
         };
         if work.len() == 1 {
             let (t, c) = &mut work[0];
-            return Ok(vec![self.forward(t, c, Logits::Last)?]);
+            return Ok(vec![self.forward_here(t, c, Logits::Last)?]);
         }
         let mut xs = Vec::new();
         let mut firsts = Vec::with_capacity(work.len());
