@@ -25,6 +25,12 @@ use units::Unit512;
 const MATVEC_ROWS: usize = 4;
 /// As in the AVX2 kernels: bytes ahead of the current block requested into L1.
 const PREFETCH_AHEAD: usize = 16384;
+/// From this many columns a mat-mul decodes each row once into a buffer and runs
+/// every column over it ([`matmul_decoded`]); below, the tiles decode a row once per
+/// tile of 4 or 8 columns, which is already once for the whole call.
+const DECODE_ONCE_MIN: usize = 9;
+/// Rows decoded together by [`matmul_decoded`]: each column load feeds this many.
+const DECODED_ROWS: usize = 4;
 
 /// The AVX-512 kernel of `ty`, when this CPU has the features and the type has one.
 pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
@@ -101,6 +107,21 @@ unsafe fn dots_avx512<K: Unit512>(
             }
             return;
         }
+        if n >= DECODE_ONCE_MIN {
+            let bulk = rows - rows % DECODED_ROWS;
+            matmul_decoded::<K, DECODED_ROWS>(wp, bulk, row_bytes, xp, cols, n, op);
+            let rest = rows - bulk;
+            matmul_decoded::<K, 1>(
+                wp.add(bulk * row_bytes),
+                rest,
+                row_bytes,
+                xp,
+                cols,
+                n,
+                op.add(bulk * n),
+            );
+            return;
+        }
         // Blocks of one unit (the legacy types) share each column load between two
         // rows; with 8 units a block, the loads of a whole block would be hoisted out
         // of the row loop and spilled, so the k-quants take one row and more columns.
@@ -109,6 +130,73 @@ unsafe fn dots_avx512<K: Unit512>(
         } else {
             matmul_tiles::<K, 1, 8>(wp, rows, row_bytes, xp, cols, n, op);
         }
+    }
+}
+
+/// The mat-mul for many columns: R rows at a time are decoded once into a buffer (R ×
+/// `cols` floats, in L1 or L2), then every column runs over them, each column load
+/// feeding R rows. The tiles instead decode a row once per tile of columns: for a
+/// 128-token prompt that is 16 to 32 decodes of every weight where this makes one.
+/// Each output sees the operations of [`tile`] in the same order (unit by unit, its
+/// weights 0–15 then 16–31, a product then an add), so the bits are the same.
+///
+/// Caller: as for [`matmul_tiles`], with `rows` a multiple of R.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn matmul_decoded<K: Unit512, const R: usize>(
+    w: *const u8,
+    rows: usize,
+    row_bytes: usize,
+    x: *const f32,
+    cols: usize,
+    n: usize,
+    out: *mut f32,
+) {
+    if rows == 0 {
+        return;
+    }
+    let units = cols / 32;
+    let blocks = row_bytes / K::TS;
+    // Row i's unit u is buf[(i·units + u)·2 ..][..2].
+    let mut buf = vec![_mm512_setzero_ps(); R * units * 2];
+    let bp = buf.as_mut_ptr();
+    let mut r = 0;
+    while r < rows {
+        // SAFETY: rows r .. r + R ≤ rows lie in `w`, block b < blocks of each inside
+        // its row; unit slots (i·units + b·BS/32 + u)·2 + 1 < R·units·2 for i < R,
+        // b < blocks, u < BS/32 (cols = blocks·BS); columns c < n hold `cols` floats
+        // at x + c·cols; out[(r + i)·n + c] is in bounds.
+        unsafe {
+            for i in 0..R {
+                let row = w.add((r + i) * row_bytes);
+                for b in 0..blocks {
+                    let base = (i * units + b * (K::BS / 32)) * 2;
+                    K::units(row.add(b * K::TS), |u, q| {
+                        *bp.add(base + 2 * u) = q[0];
+                        *bp.add(base + 2 * u + 1) = q[1];
+                    });
+                }
+            }
+            for c in 0..n {
+                let xc = x.add(c * cols);
+                let mut acc = [_mm512_setzero_ps(); R];
+                for u in 0..units {
+                    let x0 = _mm512_loadu_ps(xc.add(32 * u));
+                    let x1 = _mm512_loadu_ps(xc.add(32 * u + 16));
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let q = bp.add((i * units + u) * 2);
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(*q, x0));
+                        *a = _mm512_add_ps(*a, _mm512_mul_ps(*q.add(1), x1));
+                    }
+                }
+                for (i, a) in acc.iter().enumerate() {
+                    let lo = _mm512_castps512_ps256(*a);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                    *out.add((r + i) * n + c) = reduce(lo, hi);
+                }
+            }
+        }
+        r += R;
     }
 }
 

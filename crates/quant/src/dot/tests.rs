@@ -102,7 +102,7 @@ fn simd_path_equals_portable_path_bit_for_bit() {
                     // Row counts around the SIMD row group, column counts around its tile.
                     for rows in [1, 3, ROW_GROUP, ROW_GROUP + 1, 2 * ROW_GROUP + 3] {
                         let w = blocks(&mut rng, ty, scales, rows * blocks_per_row, finite_scales);
-                        for n in 1..=9 {
+                        for n in (1..=9).chain([16, 17, 33]) {
                             let x = rng.x(n * cols);
                             let mut want = vec![f32::NAN; rows * n];
                             k.portable().dots(&w, row_bytes, &x, n, &mut want);
