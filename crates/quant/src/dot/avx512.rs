@@ -31,6 +31,9 @@ const PREFETCH_AHEAD: usize = 16384;
 const DECODE_ONCE_MIN: usize = 9;
 /// Rows decoded together by [`matmul_decoded`]: each column load feeds this many.
 const DECODED_ROWS: usize = 4;
+/// Columns of [`decoded_tile`]: each weight load feeds this many (4 × 4
+/// accumulators, 4 weights and a column in 21 of the 32 registers).
+const DECODED_COLS: usize = 4;
 
 /// The AVX-512 kernel of `ty`, when this CPU has the features and the type has one.
 pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
@@ -177,26 +180,69 @@ unsafe fn matmul_decoded<K: Unit512, const R: usize>(
                     });
                 }
             }
-            for c in 0..n {
-                let xc = x.add(c * cols);
-                let mut acc = [_mm512_setzero_ps(); R];
-                for u in 0..units {
-                    let x0 = _mm512_loadu_ps(xc.add(32 * u));
-                    let x1 = _mm512_loadu_ps(xc.add(32 * u + 16));
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let q = bp.add((i * units + u) * 2);
-                        *a = _mm512_add_ps(*a, _mm512_mul_ps(*q, x0));
-                        *a = _mm512_add_ps(*a, _mm512_mul_ps(*q.add(1), x1));
-                    }
-                }
-                for (i, a) in acc.iter().enumerate() {
-                    let lo = _mm512_castps512_ps256(*a);
-                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-                    *out.add((r + i) * n + c) = reduce(lo, hi);
-                }
+            let mut c = 0;
+            while c + DECODED_COLS <= n {
+                decoded_tile::<R, DECODED_COLS>(
+                    bp,
+                    units,
+                    x.add(c * cols),
+                    cols,
+                    out.add(r * n + c),
+                    n,
+                );
+                c += DECODED_COLS;
+            }
+            while c < n {
+                decoded_tile::<R, 1>(bp, units, x.add(c * cols), cols, out.add(r * n + c), n);
+                c += 1;
             }
         }
         r += R;
+    }
+}
+
+/// R decoded rows (`buf`, `units` units each, as [`matmul_decoded`] lays them out)
+/// times T columns at `x` (`cols` floats apart): the R·T accumulators stay in
+/// registers while the units stream past, each weight load feeding T columns and
+/// each column load R rows. `out[i·stride + c]` receives row i · column c.
+///
+/// Caller: avx512f is available; `buf` holds R·units·2 registers; columns c < T hold
+/// `units`·32 floats; the outputs are writable.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+unsafe fn decoded_tile<const R: usize, const T: usize>(
+    buf: *const __m512,
+    units: usize,
+    x: *const f32,
+    cols: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    // SAFETY: unit u < units of row i < R is buf[(i·units + u)·2 ..][..2]; column c < T
+    // holds floats 32u .. 32u + 32 at x + c·cols.
+    unsafe {
+        for u in 0..units {
+            for h in 0..2 {
+                let mut wv = [_mm512_setzero_ps(); R];
+                for (i, w) in wv.iter_mut().enumerate() {
+                    *w = *buf.add((i * units + u) * 2 + h);
+                }
+                for c in 0..T {
+                    let xv = _mm512_loadu_ps(x.add(c * cols + 32 * u + 16 * h));
+                    for i in 0..R {
+                        acc[i][c] = _mm512_add_ps(acc[i][c], _mm512_mul_ps(wv[i], xv));
+                    }
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (c, a) in row.iter().enumerate() {
+                let lo = _mm512_castps512_ps256(*a);
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
+                *out.add(i * stride + c) = reduce(lo, hi);
+            }
+        }
     }
 }
 
