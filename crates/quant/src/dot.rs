@@ -5,19 +5,21 @@
 //!
 //! Every (row, column) value is computed the same way, whatever the path:
 //! [`LANES`] = 16 f32 accumulators, lane `l` summing `w[i]·x[i]` for `i ≡ l (mod 16)`
-//! in increasing `i`, each product rounded and then added (never an FMA); at the end
+//! in increasing `i`, each product fused into its lane (`fma(w, x, acc)`, one
+//! rounding: the SIMD paths' FMA instructions, the portable path's `f32::mul_add`); at the end
 //! of the row the lanes are summed by a fixed pairwise tree (8 + 8, 4 + 4, 2 + 2,
 //! 1 + 1). Weights are decoded exactly as ggml decodes them, so `w[i]` is one f32
 //! value whichever code produced it.
 //!
 //! Three paths follow that order:
-//! - **AVX-512** (x86-64 with `avx512f/bw/vl`, run-time detection; `avx512` module,
+//! - **AVX-512** (x86-64 with `avx512f/bw/vl` and `fma`, run-time detection; `avx512` module,
 //!   built with Rust ≥ 1.89): the 16 lanes of a (row, column) pair are one register;
 //!   4- and 5-bit weights are looked up in a table of the block's possible weights
 //!   (each entry computed by the scalar decoder's operations), 8-bit and 6-bit ones
 //!   converted. Four rows at once in a mat-vec; in a mat-mul, tiles of 2 rows × 4
-//!   columns (legacy types) or 1 row × 8 columns (k-quants).
-//! - **AVX2** (x86-64 with `avx2` and `f16c`; `avx2` module): the common block types
+//!   columns (legacy types) or 1 row × 8 columns (k-quants); from 9 columns, 4 rows
+//!   decoded once into a buffer and run against every column in 4 × 4 register tiles.
+//! - **AVX2** (x86-64 with `avx2`, `f16c` and `fma`; `avx2` module): the common block types
 //!   are decoded straight into registers, 32 weights at a time, four rows at once in a
 //!   mat-vec (independent add chains, one x load per four rows) and four columns at
 //!   once in a mat-mul (one decode per four columns); the 16 lanes are two registers.
@@ -30,7 +32,8 @@
 //! features nor on how rows and columns are grouped into tiles and rayon tasks.
 //!
 //! Batch invariance follows: the value for (row, column) depends only on that row and
-//! that column, and Rust neither reassociates nor contracts f32 arithmetic, so `matmul`
+//! that column, and Rust neither reassociates nor contracts f32 arithmetic (the FMAs
+//! are written out, never left to the compiler), so `matmul`
 //! column j is bit-identical to `matvec` of column j and to `dot_row`, for any number
 //! of columns or threads.
 
@@ -292,15 +295,36 @@ impl RowKernel {
     }
 }
 
-/// `acc[l] += w[i]·x[i]` for i ≡ l (mod LANES), in increasing i. Plain multiply then
-/// add: an FMA would change the result with the target's features.
+/// `acc[l] = fma(w[i], x[i], acc[l])` for i ≡ l (mod LANES), in increasing i: one
+/// rounding per weight, as the SIMD paths' FMA instructions, so every path gives the
+/// same bits. (Multiply-then-add would also agree everywhere, at half the SIMD paths'
+/// arithmetic rate: a prompt is bound by it.) Where the CPU has FMA the loop is
+/// compiled for it; elsewhere `mul_add` is libm's exact `fmaf`, slower but the same.
 #[inline(always)]
 fn accumulate(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the feature was just detected.
+        unsafe { accumulate_fma(acc, w, x) };
+        return;
+    }
+    accumulate_lanes(acc, w, x);
+}
+
+/// [`accumulate`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn accumulate_fma(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
+    accumulate_lanes(acc, w, x);
+}
+
+#[inline(always)]
+fn accumulate_lanes(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
     let mut wg = w.chunks_exact(LANES);
     let mut xg = x.chunks_exact(LANES);
     for (wl, xl) in (&mut wg).zip(&mut xg) {
         for l in 0..LANES {
-            acc[l] += wl[l] * xl[l];
+            acc[l] = wl[l].mul_add(xl[l], acc[l]);
         }
     }
     // Only plain float rows have lengths that are not a multiple of LANES.
@@ -308,7 +332,7 @@ fn accumulate(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
         .iter_mut()
         .zip(wg.remainder().iter().zip(xg.remainder()))
     {
-        *a += w * x;
+        *a = w.mul_add(*x, *a);
     }
 }
 

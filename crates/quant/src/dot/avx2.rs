@@ -6,11 +6,12 @@
 //! and is added into accumulator register `k mod 2` of its (row, column) pair: lanes
 //! 0–7 of the portable kernel in register 0, lanes 8–15 in register 1. Each weight is
 //! produced by the integer and f32 steps of its scalar decoder (exact integer work,
-//! then the same rounded products and sums), products are a rounded multiply then a
-//! rounded add (no FMA), and the final tree is the portable one, so every result is
-//! bit-identical to the portable path.
+//! then the same rounded products and sums), each weight meets its activation in one
+//! fused multiply-add into the accumulator, as the portable path's `f32::mul_add`, and
+//! the final tree is the portable one, so every result is bit-identical to the
+//! portable path.
 //!
-//! Only called where `avx2` and `f16c` were detected at run time ([`dots_fn`]).
+//! Only called where `avx2`, `f16c` and `fma` were detected at run time ([`dots_fn`]).
 
 use std::arch::x86_64::*;
 
@@ -30,7 +31,10 @@ const MATMUL_COLS: usize = 4;
 
 /// The AVX2 kernel of `ty`, when this CPU has AVX2 and F16C and the type has one.
 pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")) {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma"))
+    {
         return None;
     }
     let f: SimdDots = match ty {
@@ -69,7 +73,7 @@ fn dots<K: Unit>(w: &[u8], row_bytes: usize, x: &[f32], n: usize, out: &mut [f32
 /// [`dots`] after its checks. Caller: avx2 and f16c are available; `w` is whole rows of
 /// `row_bytes` (a non-zero multiple of `K::TS`), `x` is n columns of `cols` weights,
 /// `out` holds rows · n values.
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn dots_avx2<K: Unit>(
     w: &[u8],
     row_bytes: usize,
@@ -123,7 +127,7 @@ unsafe fn dots_avx2<K: Unit>(
 /// `w + r·row_bytes`, a whole number of blocks; column c (< T) is `cols` floats at
 /// `x + c·cols`, `cols` being the weights in a row; `out + r·stride + c` is writable.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn tile<K: Unit, const R: usize, const T: usize>(
     w: *const u8,
     row_bytes: usize,
@@ -148,8 +152,8 @@ unsafe fn tile<K: Unit, const R: usize, const T: usize>(
                     for (c, a) in local.iter_mut().enumerate() {
                         let xs = x.add(c * cols + b * K::BS + 32 * u);
                         for (k, wk) in q.iter().enumerate() {
-                            let p = _mm256_mul_ps(*wk, _mm256_loadu_ps(xs.add(8 * k)));
-                            a[k & 1] = _mm256_add_ps(a[k & 1], p);
+                            let xv = _mm256_loadu_ps(xs.add(8 * k));
+                            a[k & 1] = _mm256_fmadd_ps(*wk, xv, a[k & 1]);
                         }
                     }
                 });

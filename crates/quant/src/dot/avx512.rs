@@ -2,9 +2,9 @@
 //! column) pair in one `__m512`, and 4- and 5-bit weights looked up in per-block tables
 //! (see `units`). Same order as the portable kernel, so bit-identical to it.
 //!
-//! A unit of 32 weights arrives as two registers, weights 0–15 and 16–31, each added
-//! into the pair's accumulator after its product: lane l takes weight 32u + l, then
-//! 32u + 16 + l, in increasing order as the portable lanes do.
+//! A unit of 32 weights arrives as two registers, weights 0–15 and 16–31, each
+//! multiplied into the pair's accumulator by one FMA: lane l takes weight 32u + l,
+//! then 32u + 16 + l, in increasing order as the portable lanes do.
 //!
 //! Built only with Rust ≥ 1.89 (`lamina_avx512`, set by the build script) and used
 //! only where `avx512f`, `avx512bw` and `avx512vl` are detected at run time.
@@ -41,7 +41,8 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("f16c");
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma");
     if !features {
         return None;
     }
@@ -80,7 +81,7 @@ fn dots<K: Unit512>(w: &[u8], row_bytes: usize, x: &[f32], n: usize, out: &mut [
 /// [`dots`] after its checks. Caller: the features of [`dots_fn`] are available; `w` is
 /// whole rows of `row_bytes` (a non-zero multiple of `K::TS`), `x` is n columns of
 /// `cols` weights, `out` holds rows · n values.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 unsafe fn dots_avx512<K: Unit512>(
     w: &[u8],
     row_bytes: usize,
@@ -141,11 +142,11 @@ unsafe fn dots_avx512<K: Unit512>(
 /// feeding R rows. The tiles instead decode a row once per tile of columns: for a
 /// 128-token prompt that is 16 to 32 decodes of every weight where this makes one.
 /// Each output sees the operations of [`tile`] in the same order (unit by unit, its
-/// weights 0–15 then 16–31, a product then an add), so the bits are the same.
+/// weights 0–15 then 16–31, a fused multiply-add each), so the bits are the same.
 ///
 /// Caller: as for [`matmul_tiles`], with `rows` a multiple of R.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 unsafe fn matmul_decoded<K: Unit512, const R: usize>(
     w: *const u8,
     rows: usize,
@@ -209,7 +210,7 @@ unsafe fn matmul_decoded<K: Unit512, const R: usize>(
 /// Caller: avx512f is available; `buf` holds R·units·2 registers; columns c < T hold
 /// `units`·32 floats; the outputs are writable.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 unsafe fn decoded_tile<const R: usize, const T: usize>(
     buf: *const __m512,
     units: usize,
@@ -231,7 +232,7 @@ unsafe fn decoded_tile<const R: usize, const T: usize>(
                 for c in 0..T {
                     let xv = _mm512_loadu_ps(x.add(c * cols + 32 * u + 16 * h));
                     for i in 0..R {
-                        acc[i][c] = _mm512_add_ps(acc[i][c], _mm512_mul_ps(wv[i], xv));
+                        acc[i][c] = _mm512_fmadd_ps(wv[i], xv, acc[i][c]);
                     }
                 }
             }
@@ -251,7 +252,7 @@ unsafe fn decoded_tile<const R: usize, const T: usize>(
 ///
 /// Caller: as for [`dots_avx512`], with `w`, `x` and `out` its buffers' pointers.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 unsafe fn matmul_tiles<K: Unit512, const R: usize, const T: usize>(
     w: *const u8,
     rows: usize,
@@ -282,7 +283,7 @@ unsafe fn matmul_tiles<K: Unit512, const R: usize, const T: usize>(
 /// Caller: as for [`tile`] with R rows at `w`, n columns at `x`, and `out` the R·n
 /// row-major results of these rows.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 unsafe fn row_group<K: Unit512, const R: usize, const T: usize>(
     w: *const u8,
     row_bytes: usize,
@@ -318,7 +319,7 @@ unsafe fn row_group<K: Unit512, const R: usize, const T: usize>(
 /// at `w + r·row_bytes`, a whole number of blocks; column c (< T) is `cols` floats at
 /// `x + c·cols`, `cols` being the weights in a row; `out + r·stride + c` is writable.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 unsafe fn tile<K: Unit512, const R: usize, const T: usize>(
     w: *const u8,
     row_bytes: usize,
@@ -342,8 +343,8 @@ unsafe fn tile<K: Unit512, const R: usize, const T: usize>(
                 K::units(bp, |u, q| {
                     for (c, a) in local.iter_mut().enumerate() {
                         let xs = x.add(c * cols + b * K::BS + 32 * u);
-                        *a = _mm512_add_ps(*a, _mm512_mul_ps(q[0], _mm512_loadu_ps(xs)));
-                        *a = _mm512_add_ps(*a, _mm512_mul_ps(q[1], _mm512_loadu_ps(xs.add(16))));
+                        *a = _mm512_fmadd_ps(q[0], _mm512_loadu_ps(xs), *a);
+                        *a = _mm512_fmadd_ps(q[1], _mm512_loadu_ps(xs.add(16)), *a);
                     }
                 });
                 *row_acc = local;
