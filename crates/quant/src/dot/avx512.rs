@@ -211,6 +211,9 @@ unsafe fn matmul_decoded<K: Unit512, const R: usize>(
 /// `units`·32 floats; the outputs are writable.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+// Indexed loops: the tile is written as the register block it becomes, each
+// accumulator named by its (row, column).
+#[allow(clippy::needless_range_loop)]
 unsafe fn decoded_tile<const R: usize, const T: usize>(
     buf: *const __m512,
     units: usize,
