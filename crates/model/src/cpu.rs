@@ -363,18 +363,17 @@ impl<'a> CpuModel<'a> {
             let lo = blk.window.first(p);
             let qh = &q[t * qd + head * hd..][..hd];
             let kvh = head / group;
-            let mut scores: Vec<f32> = (lo..=p)
-                .map(|j| {
-                    let kj = &kc[j * kvd + kvh * hd..][..hd];
-                    qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * blk.attn_scale
-                })
-                .collect();
+            let koff = kvh * hd;
+            let mut scores = vec![0.0f32; p + 1 - lo];
+            lamina_quant::attention_scores(
+                qh,
+                &kc[lo * kvd + koff..],
+                kvd,
+                blk.attn_scale,
+                &mut scores,
+            );
             ops::softmax(&mut scores);
-            out.fill(0.0);
-            for (j, s) in (lo..=p).zip(&scores) {
-                let vj = &vc[j * kvd + kvh * hd..][..hd];
-                out.iter_mut().zip(vj).for_each(|(o, v)| *o += s * v);
-            }
+            lamina_quant::attention_values(&scores, &vc[lo * kvd + koff..], kvd, out);
         });
         let mut o = vec![0.0f32; n * e];
         l.wo.matmul(&attn, n, &mut o)?;

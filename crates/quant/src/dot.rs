@@ -295,6 +295,97 @@ impl RowKernel {
     }
 }
 
+/// `a · b` over their common length in the kernels' order (16 lanes of FMAs, the
+/// pairwise tree).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut acc = [0.0f32; LANES];
+    accumulate(&mut acc, &a[..n], &b[..n]);
+    reduce(&acc)
+}
+
+/// Attention scores: `out[j] = scale · (q · k_j)` for the rows `k_j =
+/// keys[j·stride ..][..q.len()]`, `j < out.len()`, each product in
+/// [`dot_f32`]'s order. One call for a head's whole context, compiled for FMA
+/// where the CPU has it: per key, a call and a feature check cost as much as
+/// the 64-value product itself.
+pub fn attention_scores(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the feature was just detected.
+        unsafe { scores_fma(q, keys, stride, scale, out) };
+        return;
+    }
+    scores_body(q, keys, stride, scale, out);
+}
+
+/// [`attention_scores`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn scores_fma(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    scores_body(q, keys, stride, scale, out);
+}
+
+#[inline(always)]
+fn scores_body(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    let d = q.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        let k = &keys[j * stride..][..d];
+        let mut acc = [0.0f32; LANES];
+        accumulate_lanes(&mut acc, q, k);
+        *o = reduce(&acc) * scale;
+    }
+}
+
+/// `out = Σ_j p[j] · v_j` for the rows `v_j = values[j·stride ..][..out.len()]`, each
+/// element a chain of FMAs in increasing j (`out` is zeroed first). Compiled for FMA
+/// where the CPU has it, four rows a pass so `out` is loaded and stored a quarter as
+/// often; the chain, and so the bits, do not depend on that grouping.
+pub fn attention_values(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the feature was just detected.
+        unsafe { values_fma(p, values, stride, out) };
+        return;
+    }
+    values_body(p, values, stride, out);
+}
+
+/// [`attention_values`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn values_fma(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
+    values_body(p, values, stride, out);
+}
+
+#[inline(always)]
+fn values_body(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
+    let d = out.len();
+    out.fill(0.0);
+    let row = |j: usize| &values[j * stride..][..d];
+    let mut j = 0;
+    while j + 4 <= p.len() {
+        let (v0, v1, v2, v3) = (row(j), row(j + 1), row(j + 2), row(j + 3));
+        let (p0, p1, p2, p3) = (p[j], p[j + 1], p[j + 2], p[j + 3]);
+        for i in 0..d {
+            let mut o = out[i];
+            o = p0.mul_add(v0[i], o);
+            o = p1.mul_add(v1[i], o);
+            o = p2.mul_add(v2[i], o);
+            o = p3.mul_add(v3[i], o);
+            out[i] = o;
+        }
+        j += 4;
+    }
+    while j < p.len() {
+        let v = row(j);
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = p[j].mul_add(*x, *o);
+        }
+        j += 1;
+    }
+}
+
 /// `acc[l] = fma(w[i], x[i], acc[l])` for i ≡ l (mod LANES), in increasing i: one
 /// rounding per weight, as the SIMD paths' FMA instructions, so every path gives the
 /// same bits. (Multiply-then-add would also agree everywhere, at half the SIMD paths'

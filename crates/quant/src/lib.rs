@@ -25,7 +25,7 @@ mod kquants;
 mod legacy;
 mod ternary;
 
-pub use dot::SIMD_LIMIT_VAR;
+pub use dot::{attention_scores, attention_values, dot_f32, SIMD_LIMIT_VAR};
 pub use error::QuantError;
 pub use lamina_gguf::GgmlType;
 

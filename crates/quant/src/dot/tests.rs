@@ -143,3 +143,56 @@ fn simd_kernels_reject_wrong_shapes() {
         assert!(!simd(&w, 0, &x, 1, &mut out), "{ty}: empty rows");
     }
 }
+
+/// Uniform in [-1, 1): the attention helpers see activations, not specials.
+fn uniform(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        .collect()
+}
+
+#[test]
+fn attention_scores_are_strided_dot_products_in_the_kernels_order() {
+    let mut rng = Rng(0xA77E_0001);
+    for (d, stride, n) in [(64, 192, 37), (256, 256, 5), (16, 48, 1)] {
+        let q = uniform(&mut rng, d);
+        let keys = uniform(&mut rng, (n - 1) * stride + d);
+        let mut got = vec![f32::NAN; n];
+        super::attention_scores(&q, &keys, stride, 0.125, &mut got);
+        for (j, g) in got.iter().enumerate() {
+            let k = &keys[j * stride..][..d];
+            // The same bits as the kernels' dot product, then the scale.
+            assert_eq!(g.to_bits(), (super::dot_f32(&q, k) * 0.125).to_bits());
+            let exact: f64 = q
+                .iter()
+                .zip(k)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                .sum();
+            assert!(
+                (f64::from(*g) - exact * 0.125).abs() < 1e-5,
+                "{g} vs {}",
+                exact * 0.125
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_values_are_an_fma_chain_in_key_order() {
+    let mut rng = Rng(0xA77E_0002);
+    for (d, stride, n) in [(64, 192, 37), (256, 256, 4), (8, 8, 3), (64, 64, 1)] {
+        let p = uniform(&mut rng, n);
+        let values = uniform(&mut rng, (n - 1) * stride + d);
+        let mut got = vec![f32::NAN; d];
+        super::attention_values(&p, &values, stride, &mut got);
+        for (i, g) in got.iter().enumerate() {
+            // Whatever the grouping of keys per pass, one chain per element.
+            let chain = (0..n).fold(0.0f32, |o, j| p[j].mul_add(values[j * stride + i], o));
+            assert_eq!(g.to_bits(), chain.to_bits(), "element {i} of {d}, {n} keys");
+            let exact: f64 = (0..n)
+                .map(|j| f64::from(p[j]) * f64::from(values[j * stride + i]))
+                .sum();
+            assert!((f64::from(*g) - exact).abs() < 1e-5);
+        }
+    }
+}
