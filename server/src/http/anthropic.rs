@@ -30,12 +30,11 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
-use lamina_chat::RenderOptions;
 use lamina_engine::{Event, Events, FinishReason, ModelInfo, Summary};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect, job};
+use super::generate::{collect, job, render_chat};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::AppState;
@@ -254,23 +253,7 @@ fn tools(b: &Body) -> Result<Option<Value>> {
 /// The prompt tokens of a request (rendered in the bounded pool).
 async fn prompt(st: &AppState, info: &Arc<ModelInfo>, b: &Body) -> Result<Vec<u32>> {
     let messages = Value::Array(messages(b)?);
-    let tools = tools(b)?;
-    let info2 = info.clone();
-    let tokens = st
-        .prepare
-        .run(move || {
-            let prompt = info2.template.render_prompt(
-                &messages,
-                &RenderOptions {
-                    tools: tools.as_ref(),
-                    add_generation_prompt: true,
-                    ..RenderOptions::default()
-                },
-            )?;
-            Ok(info2.encode_prompt(&prompt))
-        })
-        .await?;
-    Ok(tokens)
+    Ok(render_chat(st, info, messages, tools(b)?, None).await?)
 }
 
 /// Sampling from Anthropic's fields, through the OpenAI route's checks:

@@ -63,13 +63,25 @@ pub async fn chat(
     let messages = params::messages(&b)?;
     let tools = params::tools(&b)?.cloned();
     let kwargs = params::template_kwargs(&b)?.cloned();
-    let info2 = info.clone();
-    // Rendering and tokenizing are CPU work bounded by the body limit and
-    // the template's limits; they run in the bounded pool.
-    let prompt = st
-        .prepare
+    let prompt = render_chat(&st, &info, messages, tools, kwargs).await?;
+    run(&st, &info, prompt, s, "messages", Api::Chat).await
+}
+
+/// Chat messages rendered by the model's template (with the generation
+/// prompt) and tokenized: CPU work bounded by the body limit and the
+/// template's limits, run in the bounded pool. Every chat-shaped route
+/// (OpenAI's, Anthropic's, Ollama's) renders through here.
+pub async fn render_chat(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    messages: Value,
+    tools: Option<Value>,
+    kwargs: Option<serde_json::Map<String, Value>>,
+) -> Result<Vec<u32>, ApiError> {
+    let info = info.clone();
+    st.prepare
         .run(move || {
-            let prompt = info2.template.render_prompt(
+            let prompt = info.template.render_prompt(
                 &messages,
                 &RenderOptions {
                     tools: tools.as_ref(),
@@ -78,10 +90,9 @@ pub async fn chat(
                     ..RenderOptions::default()
                 },
             )?;
-            Ok(info2.encode_prompt(&prompt))
+            Ok(info.encode_prompt(&prompt))
         })
-        .await?;
-    run(&st, &info, prompt, s, "messages", Api::Chat).await
+        .await
 }
 
 pub async fn completion(

@@ -23,12 +23,11 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
-use lamina_chat::RenderOptions;
 use lamina_engine::{Event, Events, FinishReason, ModelInfo, Summary};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect, job};
+use super::generate::{collect, job, render_chat};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::AppState;
@@ -216,30 +215,6 @@ fn chat_messages(b: &Body) -> Result<Value> {
     Ok(params::messages(&Body(wrapped))?)
 }
 
-/// Renders `messages` with the model's template and tokenizes the prompt.
-async fn render(
-    st: &AppState,
-    info: &Arc<ModelInfo>,
-    messages: Value,
-    tools: Option<Value>,
-) -> Result<Vec<u32>> {
-    let info2 = info.clone();
-    Ok(st
-        .prepare
-        .run(move || {
-            let prompt = info2.template.render_prompt(
-                &messages,
-                &RenderOptions {
-                    tools: tools.as_ref(),
-                    add_generation_prompt: true,
-                    ..RenderOptions::default()
-                },
-            )?;
-            Ok(info2.encode_prompt(&prompt))
-        })
-        .await?)
-}
-
 /// Which route a request came to: the shape of each streamed line.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -325,7 +300,7 @@ pub async fn chat(
     let s = sampling(&st, &info, &b)?;
     let messages = chat_messages(&b)?;
     let tools = params::tools(&b)?.cloned();
-    let prompt = render(&st, &info, messages, tools).await?;
+    let prompt = render_chat(&st, &info, messages, tools, None).await?;
     let a = Answer {
         route: Route::Chat,
         model: model_name(&st, &info),
@@ -386,7 +361,7 @@ pub async fn generate(
             messages.push(json!({"role": "system", "content": system}));
         }
         messages.push(json!({"role": "user", "content": text}));
-        render(&st, &info, Value::Array(messages), None).await?
+        render_chat(&st, &info, Value::Array(messages), None, None).await?
     };
     let prompt: Vec<u32> = context.into_iter().chain(new).collect();
     let a = Answer {

@@ -154,6 +154,35 @@ impl Drop for Server {
     }
 }
 
+/// Runs `<package>_client.py` (beside this file) against a server started
+/// with `args` and the API key `test-key`: the official Python client of an
+/// API, driven as its users drive it. The script prints one line per check
+/// and exits non-zero if any failed.
+fn python_client_checks(package: &str, args: &[&str]) {
+    let probe = Command::new("python3")
+        .args(["-c", &format!("import {package}")])
+        .output();
+    assert!(
+        probe.is_ok_and(|o| o.status.success()),
+        "python3 with the `{package}` package is needed: run scripts/install-deps.sh"
+    );
+    let server = Server::start(args, &[("LAMINA_API_KEY", "test-key")]);
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/serve/{package}_client.py"));
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{}", server.port))
+        .arg("test-key")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{package} client checks failed:\n{text}"
+    );
+}
+
 /// A streamed request for a long story, read up to its first content
 /// delta: the server is decoding it when this returns.
 fn stream_story(

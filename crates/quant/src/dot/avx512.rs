@@ -242,9 +242,7 @@ unsafe fn decoded_tile<const R: usize, const T: usize>(
         }
         for (i, row) in acc.iter().enumerate() {
             for (c, a) in row.iter().enumerate() {
-                let lo = _mm512_castps512_ps256(*a);
-                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
-                *out.add(i * stride + c) = reduce(lo, hi);
+                *out.add(i * stride + c) = reduce512(*a);
             }
         }
     }
@@ -356,12 +354,20 @@ unsafe fn tile<K: Unit512, const R: usize, const T: usize>(
     }
     for (r, row) in acc.iter().enumerate() {
         for (c, a) in row.iter().enumerate() {
-            let lo = _mm512_castps512_ps256(*a);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(*a)));
             // SAFETY: r < R and c < T, inside `out` by the caller's contract.
-            unsafe { *out.add(r * stride + c) = reduce(lo, hi) };
+            unsafe { *out.add(r * stride + c) = reduce512(*a) };
         }
     }
+}
+
+/// The 16 lanes of a (row, column) pair summed by the portable tree (its halves
+/// as the AVX2 kernels' two registers).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+fn reduce512(a: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(a);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+    reduce(lo, hi)
 }
 
 /// Prefetches the cache lines [`PREFETCH_AHEAD`] bytes past the block at `bp`.
