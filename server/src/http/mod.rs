@@ -140,6 +140,23 @@ impl AppState {
 
     /// Tokens to generate for a request that names no limit: `-n` when
     /// given, never past the room left in a slot or the server's cap.
+    /// Sampling from OpenAI chat fields (`temperature`, `max_tokens`, `stop`
+    /// …) that another API's request was translated into, with the chat
+    /// route's checks and the server's defaults.
+    pub fn chat_sampling(
+        &self,
+        info: &ModelInfo,
+        fields: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<params::Sampling, ApiError> {
+        params::sampling(
+            &params::Body(fields),
+            info,
+            self.engine.max_tokens_cap(),
+            params::Api::Chat,
+            &self.options.sampler,
+        )
+    }
+
     pub fn default_max_tokens(&self, info: &ModelInfo, prompt_len: usize) -> usize {
         let room = self.engine.default_max_tokens(info, prompt_len);
         self.options.n_predict.map_or(room, |n| n.min(room))

@@ -28,7 +28,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::generate::{collect, job, render_chat};
-use super::params::{self, Api, Body, Sampling};
+use super::params::{self, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::AppState;
 
@@ -157,14 +157,7 @@ fn sampling(st: &AppState, info: &ModelInfo, b: &Body) -> Result<Sampling> {
             ))
         }
     }
-    let body = Body(o);
-    Ok(params::sampling(
-        &body,
-        info,
-        st.engine.max_tokens_cap(),
-        Api::Chat,
-        &st.options.sampler,
-    )?)
+    Ok(st.chat_sampling(info, o)?)
 }
 
 /// Ollama chat messages as the template takes them: `images` refused,
