@@ -7,8 +7,9 @@
 //! are joined, an assistant's `tool_use` blocks become `tool_calls`, a
 //! user's `tool_result` blocks become `tool` messages, and `tools`
 //! (`name`, `description`, `input_schema`) become OpenAI function tools for
-//! the template. `thinking` blocks from earlier turns are left out, as the
-//! API does. Images and documents are refused with a 400 that says so: no
+//! the template. An assistant's `thinking` blocks reach the template as
+//! `reasoning_content` (as llama-server passes them), for templates that
+//! keep reasoning inside a tool loop. Images and documents are refused with a 400 that says so: no
 //! model Lamina serves reads them. The answer is one text block; a model's
 //! tool call arrives as text in it (Lamina does not parse tool calls out of
 //! the output yet, on any API).
@@ -171,6 +172,7 @@ fn messages(b: &Body) -> Result<Vec<Value>> {
             }
         };
         let (mut text, mut calls, mut results) = (String::new(), Vec::new(), Vec::new());
+        let mut thinking = String::new();
         for (j, block) in blocks.iter().enumerate() {
             let bat = format!("{at}.content[{j}]");
             match block_type(block) {
@@ -178,8 +180,17 @@ fn messages(b: &Body) -> Result<Vec<Value>> {
                     Some(t) => text.push_str(t),
                     None => return Err(invalid(&bat, format!("{bat}.text must be a string"))),
                 },
-                // Earlier turns' reasoning: the API drops it from the prompt.
-                Some("thinking" | "redacted_thinking") => {}
+                // An assistant turn's reasoning goes to the template as
+                // `reasoning_content`, as llama-server passes it: templates
+                // that show reasoning (Qwen3's) keep it where it belongs,
+                // after the last user turn in a tool loop, and drop the rest.
+                Some("thinking") => {
+                    if let Some(t) = block.get("thinking").and_then(Value::as_str) {
+                        thinking.push_str(t);
+                    }
+                }
+                // Encrypted reasoning: nothing a local template can show.
+                Some("redacted_thinking") => {}
                 Some("tool_use") if role == "assistant" => {
                     let name = block
                         .get("name")
@@ -210,11 +221,17 @@ fn messages(b: &Body) -> Result<Vec<Value>> {
         // Tool results answer the calls of the turn before, so they come
         // first; text the user wrote beside them follows.
         out.extend(results);
-        if role == "assistant" && !calls.is_empty() {
-            out.push(json!({"role": "assistant", "content": text, "tool_calls": calls}));
+        let mut msg = if role == "assistant" && !calls.is_empty() {
+            json!({"role": "assistant", "content": text, "tool_calls": calls})
         } else if !text.is_empty() || role == "assistant" {
-            out.push(json!({"role": role, "content": text}));
+            json!({"role": role, "content": text})
+        } else {
+            continue;
+        };
+        if role == "assistant" && !thinking.is_empty() {
+            msg["reasoning_content"] = json!(thinking);
         }
+        out.push(msg);
     }
     Ok(out)
 }
@@ -531,6 +548,7 @@ mod tests {
             json!({"role": "user", "content": "Weather in Paris?"})
         );
         assert_eq!(m[2]["content"], "Checking.");
+        assert_eq!(m[2]["reasoning_content"], "call the tool");
         assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "get_weather");
         assert_eq!(
             m[2]["tool_calls"][0]["function"]["arguments"],
