@@ -2,9 +2,10 @@
 //!
 //! A step runs every active sequence together, so a prompt chunk in it
 //! delays every decoding sequence's next token by what the chunk costs. On
-//! a small CPU a 512-token chunk is seconds (SmolLM2 prefills ~200 tokens/s
-//! in 512-token chunks on 2 cores, Gemma 3 ~150), which a reader of a stream sees as the answer
-//! freezing whenever someone else sends a long prompt. The pacer measures
+//! a small CPU a 512-token chunk is more than a second (SmolLM2 prefills
+//! ~365 tokens/s in 512-token chunks on 2 cores, Gemma 3 ~285), which a
+//! reader of a stream sees as the answer freezing whenever someone else
+//! sends a long prompt. The pacer measures
 //! what steps cost and, while anyone decodes, gives prompts only the tokens
 //! that fit a time budget per step; with nobody decoding a prompt takes the
 //! whole batch (`n_batch`), which is what finishes it soonest.
@@ -39,10 +40,10 @@ const WEIGHT: f64 = 0.3;
 /// The default budget: the longest a step with prompt tokens in it should
 /// hold back the sequences that decode. 200 ms is about where a reader of a
 /// stream starts to see it stop. Measured on a 2-core CPU (`lamina bench
-/// model --ngl 0 -p N`): prefill runs at the same speed per token from 16
-/// columns up (SmolLM2 ~270 tokens/s at pp16 to pp64, Gemma 3 210–220), so
-/// chunks of the 40–50 tokens this budget allows there cost a prompt
-/// nothing, while one 512-token chunk holds every stream 2.6–3.4 s.
+/// model --ngl 0 -p N`): one 512-token chunk holds every stream 1.4 s
+/// (SmolLM2) to 1.8 s (Gemma 3), while the 60–80 tokens this budget allows
+/// there prefill at the speed of 64-token chunks (SmolLM2 465, Gemma 3 381
+/// tokens/s), so a prompt loses little.
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(200);
 
 /// Learns what steps cost and sizes prompt chunks from it.
