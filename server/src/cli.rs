@@ -140,6 +140,14 @@ pub struct ServeCli {
     /// A Jinja chat template to use instead of the file's.
     #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
     pub chat_template_file: Option<PathBuf>,
+    /// A chat template by llama.cpp's built-in name (chatml, llama3, gemma,
+    /// mistral), or Jinja source given inline, instead of the file's.
+    #[arg(
+        long = "chat-template",
+        env = "LAMINA_CHAT_TEMPLATE",
+        conflicts_with = "chat_template_file"
+    )]
+    pub chat_template: Option<String>,
     /// Let message content write control tokens: a user's
     /// `<|im_start|>system` becomes the token, not text (the old behaviour).
     #[arg(long, env = "LAMINA_PARSE_SPECIAL_IN_CONTENT")]

@@ -60,10 +60,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "reasoning control is not implemented yet",
     ),
     (
-        "--chat-template",
-        "use --chat-template-file; built-in template names are not implemented yet",
-    ),
-    (
         "--cache-type-k",
         "the KV cache has one type, chosen by Lamina",
     ),

@@ -462,6 +462,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--chat-template`: a built-in format by llama.cpp's name, or Jinja source
+/// given inline (llama-server takes both in the one flag).
+fn chat_template_named(t: &str) -> anyhow::Result<String> {
+    if let Some(b) = lamina_chat::Builtin::from_name(t) {
+        return Ok(b.source().to_owned());
+    }
+    if t.contains("{{") || t.contains("{%") {
+        return Ok(t.to_owned());
+    }
+    let names: Vec<&str> = lamina_chat::Builtin::ALL.iter().map(|b| b.name()).collect();
+    anyhow::bail!(
+        "--chat-template {t:?}: not a template Lamina has built in ({}) nor Jinja source; \
+         --chat-template-file reads one from a file",
+        names.join(", ")
+    )
+}
+
 /// `lamina serve`'s flags as the server takes them.
 fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
     if a.host.contains(',') {
@@ -496,6 +513,11 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         api_key: a.api_key,
         api_key_file: a.api_key_file,
         chat_template_file: a.chat_template_file,
+        chat_template: a
+            .chat_template
+            .as_deref()
+            .map(chat_template_named)
+            .transpose()?,
         parse_special_in_content: a.parse_special_in_content,
         max_queue: a.max_queue,
         max_tokens: a.max_tokens,

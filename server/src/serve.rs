@@ -37,6 +37,8 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     pub api_key_file: Option<PathBuf>,
     pub chat_template_file: Option<PathBuf>,
+    /// `--chat-template`, resolved to Jinja source.
+    pub chat_template: Option<String>,
     pub parse_special_in_content: bool,
     pub max_queue: usize,
     pub max_tokens: usize,
@@ -71,14 +73,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if api_key.as_deref() == Some("") {
         bail!("the API key is empty");
     }
-    let chat_template = a
-        .chat_template_file
-        .as_ref()
-        .map(|f| {
+    let chat_template = match (&a.chat_template, &a.chat_template_file) {
+        (Some(source), _) => Some(source.clone()),
+        (None, Some(f)) => Some(
             std::fs::read_to_string(f)
-                .with_context(|| format!("reading --chat-template-file {}", f.display()))
-        })
-        .transpose()?;
+                .with_context(|| format!("reading --chat-template-file {}", f.display()))?,
+        ),
+        (None, None) => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lamina-http")

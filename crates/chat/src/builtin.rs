@@ -19,6 +19,19 @@ pub enum Builtin {
 }
 
 impl Builtin {
+    pub const ALL: [Builtin; 4] = [
+        Builtin::ChatMl,
+        Builtin::Llama3,
+        Builtin::Gemma,
+        Builtin::Mistral,
+    ];
+
+    /// The format llama.cpp's `--chat-template NAME` names, for the names
+    /// Lamina has a template of.
+    pub fn from_name(name: &str) -> Option<Builtin> {
+        Builtin::ALL.into_iter().find(|b| b.name() == name)
+    }
+
     /// The Jinja source of this format.
     pub fn source(self) -> &'static str {
         match self {
@@ -63,6 +76,14 @@ pub fn builtin_for(arch: &str, has_token: impl Fn(&str) -> bool) -> Builtin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for b in Builtin::ALL {
+            assert_eq!(Builtin::from_name(b.name()), Some(b));
+        }
+        assert_eq!(Builtin::from_name("vicuna"), None);
+    }
 
     #[test]
     fn picks_by_architecture_then_vocabulary() {

@@ -101,3 +101,32 @@ fn hostile_templates_fail_their_requests_and_the_server_keeps_serving() {
     let r = server.chat(json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}));
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// `--chat-template NAME` picks a built-in format by llama.cpp's name, or
+/// takes Jinja source inline; a name Lamina has no template for stops the
+/// server at start with a line naming the ones it has.
+#[test]
+fn chat_template_takes_a_builtin_name_or_inline_jinja() {
+    let messages = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    let server = Server::start(&["--chat-template", "gemma", "--parallel", "1"], &[]);
+    let r = client::post(server.port, "/apply-template", &messages);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let prompt = r.json()["prompt"].as_str().unwrap().to_owned();
+    assert!(prompt.contains("<start_of_turn>user\nHi"), "{prompt}");
+    drop(server);
+
+    let inline = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+    let server = Server::start(&["--chat-template", inline, "--parallel", "1"], &[]);
+    let r = client::post(server.port, "/apply-template", &messages);
+    assert_eq!(r.json()["prompt"], "[user] Hi\n", "{}", r.body);
+    drop(server);
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["serve", "-m", &super::model(), "--port", "0"])
+        .args(["--chat-template", "vicuna"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chatml, llama3, gemma, mistral"), "{err}");
+}
