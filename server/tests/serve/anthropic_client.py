@@ -6,12 +6,11 @@ anthropic_client.py BASE_URL API_KEY.
 Prints one line per check and exits non-zero if any failed.
 """
 
-import json
 import sys
-import urllib.error
-import urllib.request
 
 import anthropic
+
+import client_checks
 
 BASE, KEY = sys.argv[1], sys.argv[2]
 # The server runs with --temp 0: this client has no temperature field.
@@ -26,12 +25,7 @@ TOOLS = [{
 
 
 def openai_chat(body):
-    """The OpenAI route's answer to the same conversation, without an SDK."""
-    data = json.dumps(body).encode()
-    h = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
-    req = urllib.request.Request(BASE + "/v1/chat/completions", data=data, headers=h)
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read().decode())
+    return client_checks.openai_chat(BASE, KEY, body)
 
 
 def same_answer_as_the_openai_route():
@@ -133,13 +127,4 @@ CHECKS = [
     max_tokens_and_stop_sequences, tools_and_results, errors_in_anthropic_shape,
 ]
 
-failed = 0
-for check in CHECKS:
-    try:
-        check()
-        print(f"ok   {check.__name__}")
-    except Exception as e:  # noqa: BLE001 - every failure is reported
-        failed += 1
-        print(f"FAIL {check.__name__}: {e!r}")
-print(f"anthropic client: {len(CHECKS) - failed} of {len(CHECKS)} checks passed")
-sys.exit(1 if failed else 0)
+client_checks.run("anthropic", CHECKS)

@@ -8,9 +8,10 @@ Prints one line per check and exits non-zero if any failed.
 
 import json
 import sys
-import urllib.request
 
 import ollama
+
+import client_checks
 
 BASE, KEY = sys.argv[1], sys.argv[2]
 client = ollama.Client(host=BASE, headers={"Authorization": f"Bearer {KEY}"})
@@ -19,12 +20,7 @@ GREEDY = {"temperature": 0, "num_predict": 12}
 
 
 def openai_chat(body):
-    """The OpenAI route's answer to the same conversation, without an SDK."""
-    data = json.dumps(body).encode()
-    h = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
-    req = urllib.request.Request(BASE + "/v1/chat/completions", data=data, headers=h)
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read().decode())
+    return client_checks.openai_chat(BASE, KEY, body)
 
 
 def chat_answers_as_the_openai_route():
@@ -121,13 +117,4 @@ CHECKS = [
     generate_and_its_context, json_format, list_show_ps, errors_as_ollama_sends_them,
 ]
 
-failed = 0
-for check in CHECKS:
-    try:
-        check()
-        print(f"ok   {check.__name__}")
-    except Exception as e:  # noqa: BLE001 - every failure is reported
-        failed += 1
-        print(f"FAIL {check.__name__}: {e!r}")
-print(f"ollama client: {len(CHECKS) - failed} of {len(CHECKS)} checks passed")
-sys.exit(1 if failed else 0)
+client_checks.run("ollama", CHECKS)

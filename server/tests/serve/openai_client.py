@@ -14,6 +14,8 @@ import urllib.request
 
 import openai
 
+import client_checks
+
 BASE, KEY = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
@@ -190,13 +192,4 @@ CHECKS = [
     eight_concurrent_streams, disconnect_mid_stream,
 ]
 
-failed = 0
-for check in CHECKS:
-    try:
-        check()
-        print(f"ok   {check.__name__}")
-    except Exception as e:  # noqa: BLE001 - every failure is reported
-        failed += 1
-        print(f"FAIL {check.__name__}: {e!r}")
-print(f"openai client: {len(CHECKS) - failed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+client_checks.run("openai", CHECKS)
