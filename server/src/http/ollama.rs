@@ -160,6 +160,18 @@ fn sampling(st: &AppState, info: &ModelInfo, b: &Body) -> Result<Sampling> {
     Ok(st.chat_sampling(info, o)?)
 }
 
+/// A 400 for a non-empty `images` list at `param`: no model Lamina serves
+/// reads images (an empty list is what some clients always send).
+fn refuse_images(images: Option<&Value>, param: &str) -> Result<()> {
+    if images.is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) {
+        return Err(invalid(
+            param,
+            "image input is not supported by this server",
+        ));
+    }
+    Ok(())
+}
+
 /// Ollama chat messages as the template takes them: `images` refused,
 /// `tool_calls` and tool results passed through.
 fn chat_messages(b: &Body) -> Result<Value> {
@@ -176,14 +188,7 @@ fn chat_messages(b: &Body) -> Result<Value> {
                 format!("messages[{i}] must be an object"),
             ));
         };
-        if m.get("images")
-            .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-        {
-            return Err(invalid(
-                format!("messages[{i}].images"),
-                "image input is not supported by this server",
-            ));
-        }
+        refuse_images(m.get("images"), &format!("messages[{i}].images"))?;
         let mut m = m.clone();
         m.remove("images");
         // Ollama's tool calls carry `arguments` as an object; the chat
@@ -311,14 +316,7 @@ pub async fn generate(
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
     let s = sampling(&st, &info, &b)?;
-    if b.get("images")
-        .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-    {
-        return Err(invalid(
-            "images",
-            "image input is not supported by this server",
-        ));
-    }
+    refuse_images(b.get("images"), "images")?;
     for (field, what) in [
         ("suffix", "fill-in-the-middle (suffix)"),
         ("template", "a per-request template (Ollama's Go templates)"),
