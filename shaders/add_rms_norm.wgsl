@@ -17,21 +17,17 @@
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<uniform> p: NormParams;
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> rms_red: array<f32, 64>;
 
-// The mean-square reduction of rms_norm.wgsl, over values `v` this
-// invocation summed; returns 1 / sqrt(mean + eps) to every invocation.
+#include "common/rms.wgsl"
+
+// The canonical reduction (common/rms.wgsl) of this invocation's partial;
+// returns 1 / sqrt(mean + eps) to every invocation.
 fn inv_rms(partial: f32, li: u32) -> f32 {
-    red[li] = partial;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (li < k) {
-            red[li] = red[li] + red[li + k];
-        }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
-    // Every invocation has read red[0] before anyone reuses `red`.
+    rms_red[li] = partial;
+    rms_tree(li, 1u);
+    let scale = rms_scale(0u, p.dim, p.eps);
+    // Every invocation has read the root before anyone reuses `rms_red`.
     workgroupBarrier();
     return scale;
 }
@@ -43,7 +39,7 @@ fn branch(base: u32, i: u32, pre_scale: f32) -> f32 {
     return b[base + i];
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -59,20 +55,20 @@ fn main(
     var pre_scale = 1.0;
     if ({{PRE}}u == 1u) {
         var t = 0.0;
-        for (var i = li; i < p.dim; i += 256u) {
+        for (var i = li; i < p.dim; i += RMS_P) {
             let v = b[base + i];
             t = fma(v, v, t);
         }
         pre_scale = inv_rms(t, li);
     }
     var t = 0.0;
-    for (var i = li; i < p.dim; i += 256u) {
+    for (var i = li; i < p.dim; i += RMS_P) {
         let v = a[base + i] + branch(base, i, pre_scale);
         s_out[base + i] = v;
         t = fma(v, v, t);
     }
     let scale = inv_rms(t, li);
-    for (var i = li; i < p.dim; i += 256u) {
+    for (var i = li; i < p.dim; i += RMS_P) {
         let v = a[base + i] + branch(base, i, pre_scale);
         y[base + i] = (v * scale) * nw[i];
     }

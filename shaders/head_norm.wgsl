@@ -2,7 +2,7 @@
 // (qwen3, gemma3), one workgroup per head: token t's row of `stride` values
 // holds n_head query heads, then n_kv_head key heads, then the values
 // (not touched). Query heads are scaled by qw, key heads by kw; y has the
-// same layout as x. The reduction is rms_norm.wgsl's.
+// same layout as x. The reduction is rms_norm.wgsl's (common/rms.wgsl).
 
 #include "common/params.wgsl"
 
@@ -12,9 +12,11 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> p: HeadNormParams;
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> rms_red: array<f32, 64>;
 
-@compute @workgroup_size(256)
+#include "common/rms.wgsl"
+
+@compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -29,20 +31,14 @@ fn main(
     let h = row % heads;
     let base = p.base + t * p.stride + h * p.head_dim;
     var s = 0.0;
-    for (var i = li; i < p.head_dim; i += 256u) {
+    for (var i = li; i < p.head_dim; i += RMS_P) {
         let v = x[base + i];
         s = fma(v, v, s);
     }
-    red[li] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (li < k) {
-            red[li] = red[li] + red[li + k];
-        }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(red[0] / f32(p.head_dim) + p.eps);
-    for (var i = li; i < p.head_dim; i += 256u) {
+    rms_red[li] = s;
+    rms_tree(li, 1u);
+    let scale = rms_scale(0u, p.head_dim, p.eps);
+    for (var i = li; i < p.head_dim; i += RMS_P) {
         var w = kw[i];
         if (h < p.n_head) {
             w = qw[i];

@@ -42,9 +42,20 @@
 
 // x4(i): activations i .. i + 3 (i a multiple of 4 for `uniform`); x1(i).
 #include "common/x_{{XSRC}}.wgsl"
+#include "common/xnorm_{{NORM}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/act.wgsl"
+
+// ADD = {{ADD}}: the product is added to what y holds (the residual add,
+// y + v as binary.wgsl's a + b). NORM = {{NORM}}: the activations are
+// normed in a prologue (common/xnorm_on.wgsl).
+fn add_epilogue(i: u32, v: f32) -> f32 {
+    if (ADD) {
+        return y[i] + v;
+    }
+    return v;
+}
 
 // Weight j of a decoded unit, with selects rather than a
 // run-time index into the arrays, so they can stay in registers.
@@ -68,10 +79,12 @@ const TEAMS: u32 = WG / TPR;
 const ROWS: u32 = TEAMS * RPT;
 const NACC: u32 = RPT * MAXC * V;
 const GLU_ON: bool = {{GLU_ON}};
+const ADD: bool = {{ADD}};
 
-// Team partials of output (local row, column) o at o * TPR + t; only used
-// when TPR > 1 ({{WGMEM}} values, 1 when unused).
-var<workgroup> wgmem: array<f32, {{WGMEM}}>;
+// Team partials of output (local row, column) o at o * TPR + t when TPR > 1,
+// and first the norm prologue's partials (common/rms.wgsl, which names it):
+// {{WGMEM}} values, 1 when unused.
+var<workgroup> rms_red: array<f32, {{WGMEM}}>;
 
 
 @compute @workgroup_size({{WG}})
@@ -80,6 +93,7 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
+    norm_prologue(li);
     let team = li / TPR;
     let t = li % TPR;
     let wg_id = wid.x + wid.y * nwg.x;
@@ -123,7 +137,7 @@ fn main(
             var s: array<f32, RPT>;
             if (k0 + 32u <= p.k) {
                 for (var i = 0u; i < 8u; i++) {
-                    let xv = x4(xb + 4u * i);
+                    let xv = xn4(xb + 4u * i, k0 + 4u * i, c);
                     for (var rr = 0u; rr < RPT; rr++) {
                         let v = wv[rr][i];
                         s[rr] = fma(v.x, xv.x, s[rr]);
@@ -136,7 +150,7 @@ fn main(
                 // A float row's short last unit: its valid weights only.
                 let n = p.k - k0;
                 for (var j = 0u; j < n; j++) {
-                    let xv = x1(xb + j);
+                    let xv = xn1(xb + j, k0 + j, c);
                     for (var rr = 0u; rr < RPT; rr++) {
                         s[rr] = fma(pick(wv[rr], j), xv, s[rr]);
                     }
@@ -172,7 +186,8 @@ fn main(
             let r = r0 + rr * TEAMS + team;
             for (var c = 0u; c < MAXC; c++) {
                 if (c < p.ncols && r < p.rows) {
-                    y[p.y_offset + c * p.y_stride + p.row_offset + r] = acc[(rr * MAXC + c) * V];
+                    let i = p.y_offset + c * p.y_stride + p.row_offset + r;
+                    y[i] = add_epilogue(i, acc[(rr * MAXC + c) * V]);
                 }
             }
         }
@@ -181,7 +196,7 @@ fn main(
         for (var rr = 0u; rr < RPT; rr++) {
             for (var c = 0u; c < MAXC; c++) {
                 let o = (rr * TEAMS + team) * MAXC + c;
-                wgmem[o * TPR + t] = acc[(rr * MAXC + c) * V];
+                rms_red[o * TPR + t] = acc[(rr * MAXC + c) * V];
             }
         }
         workgroupBarrier();
@@ -202,7 +217,8 @@ fn main(
             let r = r0 + o / MAXC;
             let c = o % MAXC;
             if (c < p.ncols && r < p.rows) {
-                y[p.y_offset + c * p.y_stride + p.row_offset + r] = team_tree(o);
+                let i = p.y_offset + c * p.y_stride + p.row_offset + r;
+                y[i] = add_epilogue(i, team_tree(o));
             }
         }
     }
@@ -212,7 +228,7 @@ fn main(
 fn team_tree(o: u32) -> f32 {
     var v: array<f32, TPR>;
     for (var l = 0u; l < TPR; l++) {
-        v[l] = wgmem[o * TPR + l];
+        v[l] = rms_red[o * TPR + l];
     }
     for (var h = TPR / 2u; h > 0u; h >>= 1u) {
         for (var l = 0u; l < h; l++) {

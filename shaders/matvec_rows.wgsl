@@ -14,6 +14,9 @@
 // s = 16 .. 1, with 6 values per output in registers instead of 32 in
 // per-invocation memory (which a software rasteriser indexes lane by lane).
 //
+// NORM = {{NORM}}: the activations are normed in a prologue
+// (common/xnorm_on.wgsl).
+//
 // GLU = {{GLU}}: with an activation (silu, gelu_tanh) W is a stacked
 // [gate; up] weight of p.rows = 2 * half rows, RPT is 2, and a thread's two
 // rows are gate row r and up row r + half; it writes y[r] = act(gate) * up,
@@ -36,10 +39,21 @@
 @group(0) @binding({{PB}}) var<uniform> p: MatParams;
 
 #include "common/x_{{XSRC}}.wgsl"
+#include "common/xnorm_{{NORM}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/act.wgsl"
 #include "common/unit_x_{{SG}}.wgsl"
+
+// ADD = {{ADD}}: the product is added to what y holds (the residual add
+// after the attention output and down projections, y + v as binary.wgsl's
+// a + b), one dispatch fewer.
+fn add_epilogue(i: u32, v: f32) -> f32 {
+    if (ADD) {
+        return y[i] + v;
+    }
+    return v;
+}
 
 fn pick(u: array<vec4<f32>, 8>, j: u32) -> f32 {
     let q = j >> 2u;
@@ -51,12 +65,16 @@ fn pick(u: array<vec4<f32>, 8>, j: u32) -> f32 {
     return select(select(v.x, v.y, e == 1u), select(v.z, v.w, e == 3u), e >= 2u);
 }
 
+// The norm prologue's partials ({{WGMEM}} values, 1 when unused).
+var<workgroup> rms_red: array<f32, {{WGMEM}}>;
+
 const MAXC: u32 = {{MAXC}}u;
 const RPT: u32 = {{RPT}}u;
 const WG: u32 = {{WG}}u;
 const ROWS: u32 = WG * RPT;
 const NO: u32 = RPT * MAXC;
 const GLU_ON: bool = {{GLU_ON}};
+const ADD: bool = {{ADD}};
 // Unit groups (WALK = groups): UG adjacent units decoded from one load of
 // their shared words; CLB = log2(32 / UG).
 const UG: u32 = {{UG}}u;
@@ -75,7 +93,7 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
         let xb = p.x_offset + c * p.x_stride + k0;
         var s: array<f32, RPT>;
         if (k0 + 32u <= p.k) {
-            let xs = unit_x(xb, sgl);
+            let xs = unit_x(xb, k0, c, sgl);
             for (var i = 0u; i < 8u; i++) {
                 let xv = xs[i];
                 for (var rr = 0u; rr < RPT; rr++) {
@@ -90,7 +108,7 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
             // A float row's short last unit: its valid weights only.
             let n = p.k - k0;
             for (var jj = 0u; jj < n; jj++) {
-                let xv = x1(xb + jj);
+                let xv = xn1(xb + jj, k0 + jj, c);
                 for (var rr = 0u; rr < RPT; rr++) {
                     s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
                 }
@@ -110,6 +128,7 @@ fn main(
     @builtin(local_invocation_index) li: u32,
     {{SG_PARAM}}
 ) {
+    norm_prologue(li);
     let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;
     // Output rows: p.rows, or the `half` gate rows of a GLU.
@@ -142,7 +161,8 @@ fn main(
         let r = r0 + rr * WG + li;
         for (var c = 0u; c < MAXC; c++) {
             if (c < p.ncols && r < p.rows) {
-                y[p.y_offset + c * p.y_stride + p.row_offset + r] = root[rr * MAXC + c];
+                let i = p.y_offset + c * p.y_stride + p.row_offset + r;
+                y[i] = add_epilogue(i, root[rr * MAXC + c]);
             }
         }
     }

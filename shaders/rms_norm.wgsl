@@ -1,5 +1,6 @@
 // RMSNorm with weight, one workgroup per row:
-// y = x * (1 / sqrt(mean(x^2) + eps)) * weight, as ggml's rms_norm then mul.
+// y = x * (1 / sqrt(mean(x^2) + eps)) * weight, as ggml's rms_norm then mul,
+// in the canonical reduction order of common/rms.wgsl.
 
 #include "common/params.wgsl"
 
@@ -8,9 +9,11 @@
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: NormParams;
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> rms_red: array<f32, 64>;
 
-@compute @workgroup_size(256)
+#include "common/rms.wgsl"
+
+@compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -22,20 +25,14 @@ fn main(
     }
     let base = row * p.dim;
     var s = 0.0;
-    for (var i = li; i < p.dim; i += 256u) {
+    for (var i = li; i < p.dim; i += RMS_P) {
         let v = x[base + i];
         s = fma(v, v, s);
     }
-    red[li] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (li < k) {
-            red[li] = red[li] + red[li + k];
-        }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(red[0] / f32(p.dim) + p.eps);
-    for (var i = li; i < p.dim; i += 256u) {
+    rms_red[li] = s;
+    rms_tree(li, 1u);
+    let scale = rms_scale(0u, p.dim, p.eps);
+    for (var i = li; i < p.dim; i += RMS_P) {
         y[base + i] = (x[base + i] * scale) * nw[i];
     }
 }

@@ -11,9 +11,9 @@ struct MatParams {
     x_stride: u32,
     y_offset: u32,    // outputs: column c starts at y_offset + c * y_stride
     y_stride: u32,
+    eps: f32,         // the norm prologue's epsilon (NORM = on)
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 struct RowsParams {

@@ -1,9 +1,12 @@
-// The 32 activations of a unit from x[xb ..], one vec4 per subgroup
-// invocation (lane % 8) broadcast to all: the same values as unit_x_off.wgsl.
-// Every invocation of the subgroup must call it together.
+// The 32 activations of a unit from x[xb ..] (elements k0 .. of column
+// c's row, for the norm prologue), one vec4 per subgroup invocation
+// (lane % 8) broadcast to all: the same values as unit_x_off.wgsl, and the
+// norm applied before the broadcast, once per value. Every invocation of
+// the subgroup must call it together.
 
-fn unit_x(xb: u32, lane: u32) -> array<vec4<f32>, 8> {
-    let mine = x4(xb + 4u * (lane & 7u));
+fn unit_x(xb: u32, k0: u32, c: u32, lane: u32) -> array<vec4<f32>, 8> {
+    let q = 4u * (lane & 7u);
+    let mine = xn4(xb + q, k0 + q, c);
     return array<vec4<f32>, 8>(
         subgroupBroadcast(mine, 0u),
         subgroupBroadcast(mine, 1u),

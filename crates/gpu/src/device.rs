@@ -154,6 +154,11 @@ pub struct GpuOptions {
     pub max_storage_buffer_binding_size: Option<u64>,
     /// Do not request `SHADER_F16` and `SUBGROUP` even where available.
     pub portable: bool,
+    /// Fold the RMSNorm into the products that consume it and the residual
+    /// add into the products that feed it ([`Gpu::norm_prologue`]); `None`
+    /// takes `LAMINA_GPU_NORM_PROLOGUE` (0 or 1) if set, else the device's
+    /// default.
+    pub norm_prologue: Option<bool>,
 }
 
 fn instance() -> wgpu::Instance {
@@ -205,6 +210,7 @@ pub struct Gpu {
     escaped: Arc<Mutex<Escaped>>,
     matvec: Option<crate::ops::MatvecShape>,
     lane_broadcast: bool,
+    norm_prologue: bool,
     /// Per-kernel (dispatches, seconds) when `LAMINA_GPU_PROFILE` is set.
     pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
     /// Dispatches and submissions since the device was opened.
@@ -321,6 +327,28 @@ impl Gpu {
         // Buffers are also bounded by max_buffer_size; weights are split to fit both.
         binding_limit = binding_limit.min(device_limits.max_buffer_size);
 
+        // A hardware GPU pays a few microseconds per dispatch (a barrier
+        // between dependent ones), and the prologue's reduction is a few
+        // hundred cycles of a workgroup beside its weight stream. A
+        // CPU-backed device runs the prologue's partial sums as per-lane
+        // loads and its tree as coroutine switches in every workgroup: on
+        // lavapipe, SmolLM2 decoding fell from 20.3-20.6 to 18.7-19.5
+        // tokens/s and a 128-token prompt from 72-78 to 62-64 with it, so
+        // there the norms stay separate kernels.
+        let norm_prologue = match (
+            opts.norm_prologue,
+            std::env::var("LAMINA_GPU_NORM_PROLOGUE"),
+        ) {
+            (Some(on), _) => on,
+            (None, Ok(v)) if v == "0" || v == "1" => v == "1",
+            (None, Ok(v)) => {
+                return Err(GpuError::RequestDevice {
+                    adapter: info.name.clone(),
+                    message: format!("LAMINA_GPU_NORM_PROLOGUE={v:?} is not 0 or 1"),
+                })
+            }
+            (None, Err(_)) => info.device_type != "cpu",
+        };
         let lane_broadcast = device.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && std::env::var_os("LAMINA_GPU_NO_LANE_BROADCAST").is_none();
@@ -334,6 +362,7 @@ impl Gpu {
             escaped,
             matvec,
             lane_broadcast,
+            norm_prologue,
             dispatched: Default::default(),
             submitted: Default::default(),
             profile: std::env::var_os("LAMINA_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
@@ -382,6 +411,14 @@ impl Gpu {
     /// invocations (`LAMINA_GPU_NO_LANE_BROADCAST` turns it off, to compare).
     pub fn lane_broadcast(&self) -> bool {
         self.lane_broadcast
+    }
+
+    /// Whether the forward pass folds each RMSNorm into the products that
+    /// consume it and the residual adds into the products that feed them
+    /// (`lamina_gpu::Fuse`), where those products run the mat-vec or
+    /// small-N kernels: two dispatches fewer per block, the same bits.
+    pub fn norm_prologue(&self) -> bool {
+        self.norm_prologue
     }
 
     /// The adapter this device was opened on.

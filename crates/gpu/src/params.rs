@@ -20,7 +20,9 @@ pub(crate) struct MatParams {
     pub x_stride: u32,
     pub y_offset: u32,
     pub y_stride: u32,
-    pub _pad: [u32; 3],
+    /// The norm prologue's epsilon ([`crate::Fuse::norm`]).
+    pub eps: f32,
+    pub _pad: [u32; 2],
 }
 
 /// `RowsParams`: row lookup from one weight chunk holding rows

@@ -62,12 +62,23 @@ pub(crate) fn weight_defs(
     spec: crate::shader::KernelSpec,
     ty: GgmlType,
 ) -> crate::shader::KernelSpec {
+    weight_defs_with(spec, ty, 0)
+}
+
+/// [`weight_defs`] for a kernel with `extra` more storage bindings after
+/// the weight's (the mat-vec's norm weight): the first of them is `NB`, and
+/// the parameters follow them.
+pub(crate) fn weight_defs_with(
+    spec: crate::shader::KernelSpec,
+    ty: GgmlType,
+    extra: usize,
+) -> crate::shader::KernelSpec {
     let spec = spec.def("TYPE", shader_file(ty).unwrap_or("none"));
-    if binds_twice(ty) {
-        spec.def("W4", "on").def("PB", "4")
-    } else {
-        spec.def("W4", "off").def("PB", "3")
-    }
+    let n = weight_bindings(ty);
+    let spec = spec
+        .def("W4", if binds_twice(ty) { "on" } else { "off" })
+        .def("NB", n.to_string());
+    spec.def("PB", (n + extra).to_string())
 }
 
 /// Whether dispatches of a `ty` weight bind its buffer a second time (as

@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Gate, Gpu, MatmulKernel, QkvLayout, Rope, Tensor, TokenRow,
+    Attention, Batch, Columns, Fuse, Gate, Gpu, MatmulKernel, QkvLayout, Rope, Tensor, TokenRow,
     TokenTable, Weight,
 };
 
@@ -54,29 +54,29 @@ impl Stacked {
     }
 
     /// `y = W x` for `n` packed columns of `x`; `y` gets `rows` values per
-    /// column.
+    /// column. With a `fuse`, each part's dispatch folds it in (only where
+    /// [`Batch::fuses`]).
     fn record(
         &self,
         b: &mut Batch<'_>,
         x: &Tensor,
         y: &Tensor,
         n: usize,
+        fuse: Option<Fuse<'_>>,
     ) -> Result<(), lamina_gpu::GpuError> {
         let mut at = 0;
         for w in &self.parts {
-            b.matmul_strided(
-                MatmulKernel::Auto,
-                w,
-                x,
-                y,
-                Columns {
-                    n,
-                    x_offset: 0,
-                    x_stride: w.cols(),
-                    y_offset: at,
-                    y_stride: self.rows,
-                },
-            )?;
+            let cols = Columns {
+                n,
+                x_offset: 0,
+                x_stride: w.cols(),
+                y_offset: at,
+                y_stride: self.rows,
+            };
+            match fuse {
+                Some(f) => b.matmul_fused(w, x, y, cols, f)?,
+                None => b.matmul_strided(MatmulKernel::Auto, w, x, y, cols)?,
+            }
             at += w.rows();
         }
         Ok(())
@@ -618,26 +618,32 @@ impl<'a> HybridModel<'a> {
         let s = &*s;
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
-        // Each block leaves the hidden state where it found it (in `x`) and
-        // the next block's normed input in `h`: the residual add at its end
-        // is fused with the RMSNorm that follows (the next block's, or the
-        // head's), so only the first norm runs alone.
+        // Each block leaves the hidden state where it found it (in `x`). A
+        // fused block (record_layer) norms its inputs in its products'
+        // prologues; an unfused one ends in a residual add fused with the
+        // RMSNorm that follows (the next block's, or the head's) and leaves
+        // that normed input in `h`. `normed` says whether `h` holds it.
         let cur = &s.x;
         let e = c.n_embd;
-        let first_norm = self.layers.first().map_or(&head.norm, |l| &l.attn_norm);
-        b.rms_norm(cur, first_norm, &s.h, e, c.rms_eps)
-            .map_err(gpu_err)?;
+        let mut normed = false;
         let before = b.len();
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
             let next_norm = self.layers.get(i + 1).map_or(&head.norm, |l| &l.attn_norm);
-            self.record_layer(&mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments)
+            normed = self
+                .record_layer(
+                    &mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments, normed,
+                )
                 .map_err(gpu_err)?;
         }
         self.block_dispatches.fetch_add(
             (b.len() - before) as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
+        if !normed {
+            b.rms_norm(cur, &head.norm, &s.h, e, c.rms_eps)
+                .map_err(gpu_err)?;
+        }
         // `h` now holds the head's RMSNorm of every token.
         let logits = &s.logits;
         let m = if let [_] = segments {
@@ -685,14 +691,22 @@ impl<'a> HybridModel<'a> {
         g.read_f32_range(logits, 0, m * c.n_vocab).map_err(gpu_err)
     }
 
-    /// Records one block: `cur` holds the hidden state on entry and on exit,
-    /// `s.h` its attention RMSNorm on entry and its `next_norm` on exit;
-    /// `spare` is scratch of the same size. Eight dispatches for a llama
-    /// block when decoding (QKV, RoPE + cache writes, attention, o, add +
-    /// norm, gate/up + activation, down, add + norm), one more for per-head
-    /// norms or biases, one more for the activation when gate and up differ
-    /// in type or a prompt chunk runs the tiled kernel; RoPE and attention
-    /// once per run of sequences whose caches share buffers.
+    /// Records one block: `cur` holds the hidden state on entry and on exit;
+    /// `spare` is scratch of the same size. Returns whether `s.h` then holds
+    /// the hidden state normed by `next_norm`; `normed` says whether it
+    /// holds this block's attention norm on entry.
+    ///
+    /// Where the products run the mat-vec or small-N kernels (decoding, and
+    /// every step on a CPU-backed device) and the block has no post-norms,
+    /// six dispatches: QKV with the attention norm in its prologue, RoPE +
+    /// cache writes, attention, o with the residual add in its epilogue,
+    /// gate/up with the feed-forward norm in its prologue and the
+    /// activation in its epilogue, down with the residual add. Otherwise
+    /// (tiled prompt products, gemma3's post-norms) the norms run as
+    /// add + norm kernels, eight dispatches. One more for per-head norms
+    /// or biases, one more for the activation when gate and up differ in
+    /// type; RoPE and attention once per run of sequences whose caches
+    /// share buffers. Either way the same bits.
     #[allow(clippy::too_many_arguments)]
     fn record_layer(
         &self,
@@ -706,7 +720,8 @@ impl<'a> HybridModel<'a> {
         spare: &Tensor,
         n: usize,
         segments: &[Segment<'_>],
-    ) -> Result<(), lamina_gpu::GpuError> {
+        normed: bool,
+    ) -> Result<bool, lamina_gpu::GpuError> {
         let c = &self.cpu.config;
         let blk = Block::new(c, il);
         let (e, hd) = (c.n_embd, c.head_dim);
@@ -715,7 +730,27 @@ impl<'a> HybridModel<'a> {
             n_kv_head: c.n_head_kv,
             head_dim: hd,
         };
-        l.qkv.record(b, &s.h, &s.qkv, n)?;
+        let fused_gate_up = match &l.gate_up.parts[..] {
+            [w] if b.glu_fuses(w, n) => Some(w),
+            _ => None,
+        };
+        let fused = b.fuses(n)
+            && b.gpu().norm_prologue()
+            && l.post_attn_norm.is_none()
+            && l.post_ffn_norm.is_none()
+            && fused_gate_up.is_some();
+        if fused {
+            let norm = Fuse {
+                norm: Some((&l.attn_norm, blk.eps)),
+                add: false,
+            };
+            l.qkv.record(b, cur, &s.qkv, n, Some(norm))?;
+        } else {
+            if !normed {
+                b.rms_norm(cur, &l.attn_norm, &s.h, e, blk.eps)?;
+            }
+            l.qkv.record(b, &s.h, &s.qkv, n, None)?;
+        }
         // Biases (qwen2), then per-head norms of q and k (qwen3, gemma3):
         // `v_src` holds the values, `qk_src` the queries and keys.
         let mut v_src = &s.qkv;
@@ -770,24 +805,34 @@ impl<'a> HybridModel<'a> {
             b.attention_rows(&s.q, kc, vc, &s.scores, &s.attn, &a, table, seg.first)?;
             at += run;
         }
-        b.matmul(&l.wo, &s.attn, &s.o, n)?;
-        let post = l.post_attn_norm.as_ref();
-        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, blk.eps)?;
-
         let gate = match blk.activation {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
+        if let (true, Some(w)) = (fused, fused_gate_up) {
+            let add = Fuse {
+                norm: None,
+                add: true,
+            };
+            b.matmul_fused(&l.wo, &s.attn, cur, Columns::packed(n, &l.wo), add)?;
+            b.matmul_glu_normed(w, cur, &s.gu, &s.a, n, gate, (&l.ffn_norm, blk.eps))?;
+            b.matmul_fused(&l.down, &s.a, cur, Columns::packed(n, &l.down), add)?;
+            return Ok(false);
+        }
+        b.matmul(&l.wo, &s.attn, &s.o, n)?;
+        let post = l.post_attn_norm.as_ref();
+        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, blk.eps)?;
         match &l.gate_up.parts[..] {
             // One weight: the activation in the mat-vec's epilogue.
             [w] => b.matmul_glu(w, &s.h, &s.gu, &s.a, n, gate)?,
             _ => {
-                l.gate_up.record(b, &s.h, &s.gu, n)?;
+                l.gate_up.record(b, &s.h, &s.gu, n, None)?;
                 b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
             }
         }
         b.matmul(&l.down, &s.a, &s.o, n)?;
         let post = l.post_ffn_norm.as_ref();
-        b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, blk.eps)
+        b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, blk.eps)?;
+        Ok(true)
     }
 }

@@ -67,6 +67,9 @@ struct Spec {
     skip_tensor: Option<&'static str>,
     bad_shape: Option<&'static str>,
     skip_key: Option<&'static str>,
+    /// The gate weight in Q8_0 like the up weight (one stacked gate/up
+    /// product, as real files have); F32 otherwise, to cover mixed stacks.
+    gate_q8: bool,
 }
 
 impl Spec {
@@ -80,6 +83,7 @@ impl Spec {
             skip_tensor: None,
             bad_shape: None,
             skip_key: None,
+            gate_q8: false,
         }
     }
 }
@@ -162,7 +166,7 @@ fn build(spec: &Spec) -> Vec<u8> {
             w = add(w, &n("post_ffw_norm.weight"), &[E], false, &mut rng);
         }
         w = add(w, &n("ffn_norm.weight"), &[E], false, &mut rng);
-        w = add(w, &n("ffn_gate.weight"), &[E, FF], false, &mut rng);
+        w = add(w, &n("ffn_gate.weight"), &[E, FF], spec.gate_q8, &mut rng);
         w = add(w, &n("ffn_up.weight"), &[E, FF], true, &mut rng);
         w = add(w, &n("ffn_down.weight"), &[FF, E], false, &mut rng);
     }
@@ -196,6 +200,10 @@ fn cpu_logits(m: &CpuModel<'_>) -> Vec<f32> {
 }
 
 fn hybrid_logits(file: &Model, ngl: usize) -> Vec<f32> {
+    hybrid_logits_on(file, ngl, gpu())
+}
+
+fn hybrid_logits_on(file: &Model, ngl: usize, gpu: Arc<Gpu>) -> Vec<f32> {
     let cpu = CpuModel::load(file).unwrap();
     let p = plan::plan(
         file,
@@ -206,7 +214,7 @@ fn hybrid_logits(file: &Model, ngl: usize) -> Vec<f32> {
             ..PlanParams::default()
         },
     );
-    let m = HybridModel::new(cpu, p, Some(gpu())).unwrap();
+    let m = HybridModel::new(cpu, p, Some(gpu)).unwrap();
     let mut cache = m.new_cache(16).unwrap();
     let mut out = m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap();
     for t in [7, 8] {
@@ -261,6 +269,56 @@ fn qwen3_with_a_wide_head_runs_the_same_on_cpu_and_gpu() {
 fn gemma3_with_a_sliding_window_runs_the_same_on_cpu_and_gpu() {
     // A window of 3 over a 7-token sequence is active on layers 0 and 1.
     cpu_and_gpu_agree(Spec::new("gemma3"));
+}
+
+/// The blocks whose norms fold into their products (the norm prologue and
+/// add epilogue of the mat-vec kernels) give the bits of the blocks that
+/// run them as separate kernels: a prompt of five columns (small-N) and
+/// decode steps, every architecture (gemma3's post-norms keep the separate
+/// kernels either way), every layer offloaded and only some.
+#[test]
+fn folded_norms_give_the_bits_of_separate_norm_kernels() {
+    let open_gpu = |on| {
+        Arc::new(
+            Gpu::new(GpuOptions {
+                norm_prologue: Some(on),
+                ..GpuOptions::default()
+            })
+            .unwrap(),
+        )
+    };
+    let (folded, separate) = (open_gpu(true), open_gpu(false));
+    for (arch, gate_q8) in [
+        ("llama", true),
+        ("llama", false),
+        ("qwen2", true),
+        ("qwen3", true),
+        ("gemma3", true),
+    ] {
+        let file = open(&Spec {
+            gate_q8,
+            ..Spec::new(arch)
+        });
+        for ngl in [LAYERS + 1, 2] {
+            let a = hybrid_logits_on(&file, ngl, folded.clone());
+            let b = hybrid_logits_on(&file, ngl, separate.clone());
+            assert_eq!(a.len(), b.len());
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{arch} -ngl {ngl}: folded norms change the logits");
+        }
+    }
+    // And the folding happened: fewer dispatches per decode step.
+    let file = open(&Spec {
+        gate_q8: true,
+        ..Spec::new("llama")
+    });
+    let count = |gpu: Arc<Gpu>| {
+        let before = gpu.counters().0;
+        hybrid_logits_on(&file, LAYERS + 1, gpu.clone());
+        gpu.counters().0 - before
+    };
+    let (f, s) = (count(folded), count(separate));
+    assert!(f < s, "folded {f} dispatches, separate {s}");
 }
 
 #[test]

@@ -55,6 +55,8 @@ use crate::shader::KernelSpec;
 pub const MAX_SMALL_COLS: usize = 8;
 /// Lanes per output (P above).
 pub const LANES: usize = 32;
+/// Partials of the canonical RMSNorm reduction (`shaders/common/rms.wgsl`).
+const NORM_PARTIALS: u32 = 64;
 const TILED_ROWS: u32 = 4;
 const TILED_COLS: u32 = 64;
 
@@ -217,6 +219,27 @@ impl Columns {
     }
 }
 
+/// What a mat-vec or small-N dispatch folds in around its product, with the
+/// bits of the separate kernels (so a fused step equals an unfused one).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fuse<'t> {
+    /// `x` holds raw hidden states: each column is RMS-normed on load with
+    /// this weight (length `k`) and epsilon, as [`Batch::rms_norm`] norms it.
+    pub norm: Option<(&'t Tensor, f32)>,
+    /// The product is added to what `y` holds (`y + W·x`, the residual add,
+    /// [`Batch::add`]'s bits).
+    pub add: bool,
+}
+
+impl Fuse<'_> {
+    fn kind(&self) -> FuseKind {
+        FuseKind {
+            norm: self.norm.is_some(),
+            add: self.add,
+        }
+    }
+}
+
 pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, GpuError> {
     quant::shader_file(ty).ok_or(GpuError::NoKernel { ty, op })
 }
@@ -227,6 +250,7 @@ pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, 
 /// the activations from a storage buffer or (`uniform_vec4s`) a uniform
 /// window of that many vec4s; with `sg` (one thread per row, subgroups of 8
 /// or more) each unit's activations loaded once per subgroup.
+#[cfg(test)]
 pub(crate) fn matvec_spec(
     ty: GgmlType,
     maxc: usize,
@@ -235,6 +259,27 @@ pub(crate) fn matvec_spec(
     glu: Option<Gate>,
     sg: bool,
 ) -> KernelSpec {
+    matvec_spec_fused(ty, maxc, shape, uniform_vec4s, glu, sg, FuseKind::default())
+}
+
+/// What a mat-vec dispatch folds in besides the product (see [`Fuse`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FuseKind {
+    pub norm: bool,
+    pub add: bool,
+}
+
+/// [`matvec_spec`] with a norm prologue and / or an add epilogue.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matvec_spec_fused(
+    ty: GgmlType,
+    maxc: usize,
+    shape: MatvecShape,
+    uniform_vec4s: Option<u64>,
+    glu: Option<Gate>,
+    sg: bool,
+    fuse: FuseKind,
+) -> KernelSpec {
     // One thread per row has its own kernel, which keeps the canonical tree
     // in registers (matvec_rows.wgsl); teams share matvec.wgsl.
     let file = if shape.tpr == 1 {
@@ -242,14 +287,21 @@ pub(crate) fn matvec_spec(
     } else {
         "matvec.wgsl"
     };
-    let spec = quant::weight_defs(KernelSpec::new(file), ty)
+    let wgmem = if fuse.norm {
+        shape.wgmem(maxc).max(NORM_PARTIALS * maxc as u32)
+    } else {
+        shape.wgmem(maxc)
+    };
+    let spec = quant::weight_defs_with(KernelSpec::new(file), ty, usize::from(fuse.norm))
         .def("MAXC", maxc.to_string())
         .def("TPR", shape.tpr.to_string())
         .def("RPT", shape.rpt.to_string())
         .def("WG", shape.wg.to_string())
-        .def("WGMEM", shape.wgmem(maxc).to_string())
+        .def("WGMEM", wgmem.to_string())
         .def("GLU", glu.map_or("none", Gate::wgsl))
-        .def("GLU_ON", if glu.is_some() { "true" } else { "false" });
+        .def("GLU_ON", if glu.is_some() { "true" } else { "false" })
+        .def("NORM", if fuse.norm { "on" } else { "off" })
+        .def("ADD", if fuse.add { "true" } else { "false" });
     // One thread per row walks all 32 lanes itself, so it can decode a
     // group of units that share their words from one load.
     let ug = if shape.tpr == 1 {
@@ -289,10 +341,29 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
         for maxc in [1, 2, 4, MAX_SMALL_COLS] {
             v.push(matvec_spec(ty, maxc, shape, None, None, sg));
             v.push(matvec_spec(ty, maxc, shape, Some(64), None, sg));
+            for (norm, add) in [(true, false), (false, true)] {
+                let fuse = FuseKind { norm, add };
+                for window in [None, Some(64)] {
+                    v.push(matvec_spec_fused(ty, maxc, shape, window, None, sg, fuse));
+                }
+            }
+            let norm = FuseKind {
+                norm: true,
+                add: false,
+            };
             for gate in [Gate::Silu, Gate::GeluTanh] {
                 let shape = shape.for_glu();
                 v.push(matvec_spec(ty, maxc, shape, None, Some(gate), sg));
                 v.push(matvec_spec(ty, maxc, shape, Some(64), Some(gate), sg));
+                v.push(matvec_spec_fused(
+                    ty,
+                    maxc,
+                    shape,
+                    None,
+                    Some(gate),
+                    sg,
+                    norm,
+                ));
             }
         }
     }
@@ -382,12 +453,49 @@ impl Batch<'_> {
         y: &Tensor,
         cols: Columns,
     ) -> Result<(), GpuError> {
-        self.matmul_any(kernel, forced, w, x, y, cols, None)
+        self.matmul_any(kernel, forced, w, x, y, cols, None, Fuse::default())
+    }
+
+    /// The product with a norm prologue and / or an add epilogue
+    /// ([`Fuse`]); only where [`Batch::fuses`] says the product runs the
+    /// mat-vec or small-N kernel (the tiled kernel has neither).
+    pub fn matmul_fused(
+        &mut self,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        cols: Columns,
+        fuse: Fuse<'_>,
+    ) -> Result<(), GpuError> {
+        self.matmul_fused_shaped(MatmulKernel::Auto, None, w, x, y, cols, fuse)
+    }
+
+    /// [`Batch::matmul_fused`] with the kernel and thread shape forced (the
+    /// invariance tests).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_fused_shaped(
+        &mut self,
+        kernel: MatmulKernel,
+        forced: Option<MatvecShape>,
+        w: &Weight,
+        x: &Tensor,
+        y: &Tensor,
+        cols: Columns,
+        fuse: Fuse<'_>,
+    ) -> Result<(), GpuError> {
+        self.matmul_any(kernel, forced, w, x, y, cols, None, fuse)
+    }
+
+    /// Whether an `n`-column product runs the mat-vec or small-N kernel,
+    /// which take a [`Fuse`] prologue and epilogue.
+    pub fn fuses(&self, n: usize) -> bool {
+        n <= MAX_SMALL_COLS || self.small_n_everywhere()
     }
 
     /// Whether [`Batch::matmul_glu`] can run `w` as one fused dispatch per
-    /// eight columns (rather than the product and a separate activation).
-    fn glu_fuses(&self, w: &Weight, n: usize) -> bool {
+    /// eight columns (rather than the product and a separate activation),
+    /// and so take a norm prologue too.
+    pub fn glu_fuses(&self, w: &Weight, n: usize) -> bool {
         (n <= MAX_SMALL_COLS || self.small_n_everywhere())
             && w.chunks.len() == 1
             && w.rows() % 2 == 0
@@ -417,11 +525,29 @@ impl Batch<'_> {
         n: usize,
         gate: Gate,
     ) -> Result<(), GpuError> {
-        self.matmul_glu_shaped(None, w, x, gu, y, n, gate)
+        self.matmul_glu_shaped(None, w, x, gu, y, n, gate, None)
+    }
+
+    /// [`Batch::matmul_glu`] over raw hidden states, each column RMS-normed
+    /// on load with `norm` (weight, epsilon); only where
+    /// [`Batch::glu_fuses`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_glu_normed(
+        &mut self,
+        w: &Weight,
+        x: &Tensor,
+        gu: &Tensor,
+        y: &Tensor,
+        n: usize,
+        gate: Gate,
+        norm: (&Tensor, f32),
+    ) -> Result<(), GpuError> {
+        self.matmul_glu_shaped(None, w, x, gu, y, n, gate, Some(norm))
     }
 
     /// [`Batch::matmul_glu`] with the mat-vec thread shape forced (its
-    /// `rpt` becomes 2: the gate row and its up row); the invariance tests.
+    /// `rpt` becomes 2: the gate row and its up row) and an optional norm
+    /// prologue; the invariance tests.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul_glu_shaped(
         &mut self,
@@ -432,9 +558,16 @@ impl Batch<'_> {
         y: &Tensor,
         n: usize,
         gate: Gate,
+        norm: Option<(&Tensor, f32)>,
     ) -> Result<(), GpuError> {
         let ff = w.rows() / 2;
         if !self.glu_fuses(w, n) {
+            if norm.is_some() {
+                return Err(shape(
+                    "matmul_glu",
+                    format!("no fused kernel for {n} columns to take the norm prologue"),
+                ));
+            }
             // The product checks that `gu` holds it.
             self.matmul(w, x, gu, n)?;
             return self.glu_stacked_n(gu, y, ff, n, gate);
@@ -451,7 +584,8 @@ impl Batch<'_> {
         } else {
             MatmulKernel::Small
         };
-        self.matmul_any(kernel, forced, w, x, y, cols, Some(gate))
+        let fuse = Fuse { norm, add: false };
+        self.matmul_any(kernel, forced, w, x, y, cols, Some(gate), fuse)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -464,9 +598,19 @@ impl Batch<'_> {
         y: &Tensor,
         cols: Columns,
         glu: Option<Gate>,
+        fuse: Fuse<'_>,
     ) -> Result<(), GpuError> {
         const OP: &str = "matmul";
         type_file(w.ty(), OP)?;
+        if let Some((nw, _)) = fuse.norm {
+            if nw.len() != w.cols() {
+                return Err(shape(
+                    OP,
+                    format!("norm weight of {} for rows of {}", nw.len(), w.cols()),
+                ));
+            }
+            Self::distinct(OP, y, &[nw])?;
+        }
         let n = cols.n;
         if n == 0 {
             return Ok(());
@@ -503,6 +647,12 @@ impl Batch<'_> {
             MatmulKernel::Auto => MatmulKernel::Tiled,
             other => other,
         };
+        if kernel == MatmulKernel::Tiled && (fuse.norm.is_some() || fuse.add) {
+            return Err(shape(
+                OP,
+                "the tiled kernel has no norm prologue or add epilogue".into(),
+            ));
+        }
         let per = match kernel {
             MatmulKernel::MatVec => 1,
             MatmulKernel::Small => MAX_SMALL_COLS,
@@ -522,23 +672,27 @@ impl Batch<'_> {
                     x_stride: cols.x_stride as u32,
                     y_offset: (cols.y_offset + c0 * cols.y_stride) as u32,
                     y_stride: cols.y_stride as u32,
-                    _pad: [0; 3],
+                    eps: fuse.norm.map_or(0.0, |(_, eps)| eps),
+                    _pad: [0; 2],
                 };
                 // A weight whose decoder reads vec4 words is bound a second
-                // time, as those (quant::binds_twice).
+                // time, as those (quant::binds_twice); the norm weight after.
                 let n_bind = quant::weight_bindings(w.ty());
                 let all = [
-                    (&chunk.buf, None),
-                    (&x.buf, None),
-                    (&y.buf, None),
-                    (&chunk.buf, None),
+                    (&chunk.buf, 0, None),
+                    (&x.buf, 0, None),
+                    (&y.buf, 0, None),
+                    (&chunk.buf, 0, None),
                 ];
-                let buffers = &all[..n_bind];
+                let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
+                if let Some((nw, _)) = fuse.norm {
+                    ranges.push((&nw.buf, 0, None));
+                }
                 if kernel == MatmulKernel::Tiled {
                     debug_assert!(glu.is_none(), "the tiled kernel has no GLU epilogue");
                     let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(TILED_ROWS));
                     let gz = (nc as u32).div_ceil(TILED_COLS);
-                    self.push(&tiled_spec(w.ty()), buffers, &params, [gx, gy, gz])?;
+                    self.push_ranges(&tiled_spec(w.ty()), &ranges, &params, [gx, gy, gz])?;
                 } else {
                     // The smallest compiled column count that holds `nc`.
                     let maxc = nc.next_power_of_two().min(MAX_SMALL_COLS);
@@ -562,25 +716,21 @@ impl Batch<'_> {
                     let window = (ms.tpr == 1)
                         .then(|| uniform_window(self.gpu, x, &cols, c0, nc, k))
                         .flatten();
+                    let kind = fuse.kind();
                     match window {
                         Some((start, vec4s, first)) => {
-                            let spec = matvec_spec(w.ty(), maxc, ms, Some(vec4s), glu, sg);
+                            let spec =
+                                matvec_spec_fused(w.ty(), maxc, ms, Some(vec4s), glu, sg, kind);
                             let params = MatParams {
                                 x_offset: first,
                                 ..params
                             };
-                            let ranges = [
-                                (&chunk.buf, 0, None),
-                                (&x.buf, start, Some(vec4s * 16)),
-                                (&y.buf, 0, None),
-                                (&chunk.buf, 0, None),
-                            ];
-                            let ranges = &ranges[..n_bind];
-                            self.push_ranges(&spec, ranges, &params, [gx, gy, 1])?;
+                            ranges[1] = (&x.buf, start, Some(vec4s * 16));
+                            self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
                         }
                         None => {
-                            let spec = matvec_spec(w.ty(), maxc, ms, None, glu, sg);
-                            self.push(&spec, buffers, &params, [gx, gy, 1])?;
+                            let spec = matvec_spec_fused(w.ty(), maxc, ms, None, glu, sg, kind);
+                            self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
                         }
                     }
                 }

@@ -22,7 +22,7 @@ pub(crate) use fused::fused_specs;
 pub use fused::{Gate, QkvLayout};
 #[cfg(test)]
 pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
-pub use matmul::{Columns, MatmulKernel, MatvecShape, LANES, MAX_SMALL_COLS};
+pub use matmul::{Columns, Fuse, MatmulKernel, MatvecShape, LANES, MAX_SMALL_COLS};
 
 use std::sync::Arc;
 
@@ -179,6 +179,11 @@ impl<'g> Batch<'g> {
             return Err(shape(op, "the output must not be one of the inputs".into()));
         }
         Ok(())
+    }
+
+    /// The device this batch records for.
+    pub fn gpu(&self) -> &Gpu {
+        self.gpu
     }
 
     /// Number of dispatches recorded so far.

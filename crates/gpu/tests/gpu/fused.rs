@@ -134,7 +134,7 @@ fn glu_epilogue_equals_product_then_activation() {
                         common::poisoned(gpu, n * ff),
                     );
                     let mut b = gpu.batch();
-                    b.matmul_glu_shaped(shape, &w, &x, &gu2, &y, n, gate)
+                    b.matmul_glu_shaped(shape, &w, &x, &gu2, &y, n, gate, None)
                         .unwrap();
                     b.submit().unwrap();
                     same(
@@ -313,4 +313,161 @@ fn stacked_weights_equal_their_parts() {
             }
         }
     }
+}
+
+/// The mat-vec's norm prologue gives the bits of rms_norm then the product,
+/// and its add epilogue those of the product then add, for every thread
+/// shape, at 1 to 8 columns (and 11 where the small-N kernel runs in
+/// chunks), with the activations from a uniform window (k a multiple of 4)
+/// and from the storage binding (strided columns at an odd offset), for a
+/// float, a legacy and a K-quant type; also with the GLU epilogue.
+#[test]
+fn norm_prologue_and_add_epilogue_equal_the_separate_kernels() {
+    use lamina_gpu::{Fuse, MatmulKernel, MatvecShape};
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x4e0);
+    let eps = 1e-5;
+    for (ty, rows, k) in [
+        (GgmlType::F32, 70, 96),
+        (GgmlType::Q4_1, 130, 576),
+        (GgmlType::Q4K, 40, 512),
+    ] {
+        let data = common::random_weight(&mut rng, ty, rows, k);
+        let w = gpu.upload_weight(ty, rows, k, &data).unwrap();
+        let nw = gpu.upload_f32(&rng.vec(k)).unwrap();
+        // Each (columns, layout) pair compiles its own variants: the whole
+        // cross product would take minutes on a software device. Column c
+        // at 1 + c * (k + 3) is not a uniform window. Eleven columns are
+        // two small-N dispatches on a CPU-backed device; a GPU would run
+        // the tiled kernel, which takes no prologue.
+        // The float and K-quant types take the two paths' simplest cases.
+        let full = ty == GgmlType::Q4_1;
+        let mut cases = vec![(1, 0, k), (3, 1, k + 3)];
+        if full {
+            cases.extend([(1, 1, k + 3), (8, 0, k)]);
+            if gpu.adapter_info().device_type == "cpu" {
+                cases.push((11, 0, k));
+            }
+        }
+        for (n, x_offset, x_stride) in cases {
+            {
+                let xs = rng.vec(x_offset + n * x_stride);
+                let x = gpu.upload_f32(&xs).unwrap();
+                let mut packed = Vec::new();
+                for c in 0..n {
+                    let at = x_offset + c * x_stride;
+                    packed.extend_from_slice(&xs[at..at + k]);
+                }
+                let xp = gpu.upload_f32(&packed).unwrap();
+                let base = rng.vec(n * rows);
+                // Separate kernels: norm, product, add.
+                let (h, p, want_norm, want_add) = (
+                    common::poisoned(gpu, n * k),
+                    common::poisoned(gpu, n * rows),
+                    common::poisoned(gpu, n * rows),
+                    common::poisoned(gpu, n * rows),
+                );
+                let bt = gpu.upload_f32(&base).unwrap();
+                let mut b = gpu.batch();
+                b.rms_norm(&xp, &nw, &h, k, eps).unwrap();
+                b.matmul_with(MatmulKernel::MatVec, &w, &h, &want_norm, n)
+                    .unwrap();
+                b.matmul_with(MatmulKernel::MatVec, &w, &xp, &p, n).unwrap();
+                b.add(&bt, &p, &want_add).unwrap();
+                b.submit().unwrap();
+                let (want_norm, want_add) = (bits(gpu, &want_norm), bits(gpu, &want_add));
+                let cols = Columns {
+                    n,
+                    x_offset,
+                    x_stride,
+                    y_offset: 0,
+                    y_stride: rows,
+                };
+                let kernel = if n == 1 {
+                    MatmulKernel::MatVec
+                } else {
+                    MatmulKernel::Small
+                };
+                // Every thread shape for the mat-vec from the uniform window;
+                // the device's own and a team shape otherwise.
+                let shapes: Vec<Option<MatvecShape>> = if full && n == 1 && x_offset == 0 {
+                    MatvecShape::CANDIDATES.map(Some).into_iter().collect()
+                } else if full {
+                    vec![None, Some(MatvecShape::CANDIDATES[2])]
+                } else {
+                    vec![None]
+                };
+                for shape in shapes {
+                    let what =
+                        format!("{ty} {rows}x{k} n {n} x at {x_offset}+{x_stride} {shape:?}");
+                    let (normed, added) = (
+                        common::poisoned(gpu, n * rows),
+                        gpu.upload_f32(&base).unwrap(),
+                    );
+                    let mut b = gpu.batch();
+                    let norm = Fuse {
+                        norm: Some((&nw, eps)),
+                        add: false,
+                    };
+                    b.matmul_fused_shaped(kernel, shape, &w, &x, &normed, cols, norm)
+                        .unwrap();
+                    let add = Fuse {
+                        norm: None,
+                        add: true,
+                    };
+                    b.matmul_fused_shaped(kernel, shape, &w, &x, &added, cols, add)
+                        .unwrap();
+                    b.submit().unwrap();
+                    same(&format!("norm {what}"), &bits(gpu, &normed), &want_norm);
+                    same(&format!("add {what}"), &bits(gpu, &added), &want_add);
+                }
+            }
+        }
+    }
+    // The GLU epilogue behind the norm prologue.
+    let (ff, k) = (100, 576);
+    let data = common::random_weight(&mut rng, GgmlType::Q8_0, 2 * ff, k);
+    let w = gpu.upload_weight(GgmlType::Q8_0, 2 * ff, k, &data).unwrap();
+    let nw = gpu.upload_f32(&rng.vec(k)).unwrap();
+    for n in [1, 5] {
+        let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
+        let (h, gu, want, got) = (
+            common::poisoned(gpu, n * k),
+            common::poisoned(gpu, n * 2 * ff),
+            common::poisoned(gpu, n * ff),
+            common::poisoned(gpu, n * ff),
+        );
+        let mut b = gpu.batch();
+        b.rms_norm(&x, &nw, &h, k, eps).unwrap();
+        b.matmul_glu(&w, &h, &gu, &want, n, Gate::Silu).unwrap();
+        b.matmul_glu_normed(&w, &x, &gu, &got, n, Gate::Silu, (&nw, eps))
+            .unwrap();
+        b.submit().unwrap();
+        same(&format!("glu n {n}"), &bits(gpu, &got), &bits(gpu, &want));
+    }
+}
+
+/// The tiled kernel has no prologue: a fused product it would run is an
+/// error, not a silently unnormed result.
+#[test]
+fn a_fused_product_refuses_the_tiled_kernel() {
+    use lamina_gpu::{Fuse, MatmulKernel};
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x4e1);
+    let (rows, k, n) = (16, 64, 9);
+    let data = common::random_weight(&mut rng, GgmlType::Q8_0, rows, k);
+    let w = gpu.upload_weight(GgmlType::Q8_0, rows, k, &data).unwrap();
+    let nw = gpu.upload_f32(&rng.vec(k)).unwrap();
+    let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
+    let y = common::poisoned(gpu, n * rows);
+    let mut b = gpu.batch();
+    let fuse = Fuse {
+        norm: Some((&nw, 1e-5)),
+        add: false,
+    };
+    let cols = Columns::packed(n, &w);
+    let err = b
+        .matmul_fused_shaped(MatmulKernel::Tiled, None, &w, &x, &y, cols, fuse)
+        .unwrap_err();
+    assert!(err.to_string().contains("tiled"), "{err}");
 }
