@@ -62,11 +62,6 @@ impl Calls {
     pub fn finish(&mut self) -> Vec<Piece> {
         self.parser.finish()
     }
-
-    /// Whether the answer held a call.
-    pub fn called(&self) -> bool {
-        self.parser.called()
-    }
 }
 
 /// OpenAI's `tool_choice`: whether calls are parsed. `"none"` turns them
