@@ -27,7 +27,9 @@ impl Calls {
     /// (its tool choice allows calls); `None` when there is nothing to
     /// parse, so the answer is sent as it comes.
     pub fn new(info: &ModelInfo, tools: Option<&Value>, parse: bool) -> Option<Calls> {
-        let any = tools.and_then(Value::as_array).is_some_and(|t| !t.is_empty());
+        let any = tools
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty());
         if !(any && parse) {
             return None;
         }
@@ -35,10 +37,12 @@ impl Calls {
         let markers = format
             .markers()
             .iter()
-            .filter_map(|&m| match info.tokenizer.encode(m, false, true).as_slice() {
-                [id] if info.tokenizer.token_to_piece(*id).is_empty() => Some((*id, m)),
-                _ => None,
-            })
+            .filter_map(
+                |&m| match info.tokenizer.encode(m, false, true).as_slice() {
+                    [id] if info.tokenizer.token_to_piece(*id).is_empty() => Some((*id, m)),
+                    _ => None,
+                },
+            )
             .collect();
         Some(Calls {
             parser: ToolCallParser::new(format),
@@ -134,9 +138,10 @@ mod tests {
         assert!(openai_choice(None).unwrap());
         assert!(!openai_choice(Some(&json!("none"))).unwrap());
         assert!(openai_choice(Some(&json!("required"))).unwrap());
-        assert!(
-            openai_choice(Some(&json!({"type": "function", "function": {"name": "f"}}))).unwrap()
-        );
+        assert!(openai_choice(Some(
+            &json!({"type": "function", "function": {"name": "f"}})
+        ))
+        .unwrap());
         let e = openai_choice(Some(&json!("sometimes"))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
         assert!(openai_choice(Some(&json!({"type": "function"}))).is_err());

@@ -148,7 +148,10 @@ fn tool_calls_are_structured_on_every_chat_route() {
         .filter_map(|c| c["choices"].get(0))
         .map(|c| &c["delta"])
         .collect();
-    let text: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+    let text: String = deltas
+        .iter()
+        .filter_map(|d| d["content"].as_str())
+        .collect();
     assert_eq!(text, "Let me check.", "{}", r.body);
     assert!(
         deltas.iter().filter(|d| d["content"].is_string()).count() > 1,
@@ -175,10 +178,16 @@ fn tool_calls_are_structured_on_every_chat_route() {
         json!({"city": "Paris"})
     );
     assert_eq!(
-        deltas.iter().filter(|d| d.get("tool_calls").is_some()).count(),
+        deltas
+            .iter()
+            .filter(|d| d.get("tool_calls").is_some())
+            .count(),
         1
     );
-    let finish = chunks.iter().rev().find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    let finish = chunks
+        .iter()
+        .rev()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str());
     assert_eq!(finish, Some("tool_calls"));
 
     // Anthropic: the same conversation with tool_use blocks.
@@ -199,7 +208,10 @@ fn tool_calls_are_structured_on_every_chat_route() {
     assert_eq!(r.status, 200, "{}", r.body);
     let m = r.json();
     assert_eq!(m["stop_reason"], "tool_use", "{m}");
-    assert_eq!(m["content"][0], json!({"type": "text", "text": "Let me check."}));
+    assert_eq!(
+        m["content"][0],
+        json!({"type": "text", "text": "Let me check."})
+    );
     let block = &m["content"][1];
     assert_eq!(block["type"], "tool_use", "{m}");
     assert_eq!(block["name"], "get_weather");
@@ -255,8 +267,10 @@ fn tool_calls_are_structured_on_every_chat_route() {
     let mut messages = vec![];
     for _ in 0..3 {
         messages.push(json!({"role": "user", "content": QUESTION}));
-        messages.push(json!({"role": "assistant", "content": "Let me check.", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}));
+        messages.push(
+            json!({"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}),
+        );
     }
     messages.push(json!({"role": "user", "content": QUESTION}));
     let body = json!({"model": "m", "messages": messages, "tools": tools(), "stream": false,

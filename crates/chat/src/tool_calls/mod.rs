@@ -132,6 +132,9 @@ enum Stage {
         /// The first key of a bare JSON object was checked.
         key_checked: bool,
     },
+    /// Llama 3.x's `<|python_tag|>` and code: the rest of the answer is
+    /// the code, read once it ends.
+    Code(Opener),
     /// The JSON was a call; what may close it is arriving.
     Tail {
         outcome: Outcome,
@@ -223,17 +226,21 @@ impl ToolCallParser {
                             key_checked: opener != Opener::Json,
                         }
                     }
-                    HeadScan::Code if end => {
-                        let code = &self.held[marker_len(opener)..];
-                        let call = formats::code_call(code);
-                        self.give_calls(vec![call], self.held.len());
-                    }
-                    HeadScan::Code | HeadScan::Partial if !end => {
+                    HeadScan::Code => self.stage = Stage::Code(opener),
+                    HeadScan::Partial if !end => {
                         self.stage = Stage::Head(opener);
                         return;
                     }
-                    _ => self.not_a_call(opener),
+                    HeadScan::Partial | HeadScan::Invalid => self.not_a_call(opener),
                 },
+                Stage::Code(opener) if end => {
+                    let call = formats::code_call(&self.held[marker_len(opener)..]);
+                    self.give_calls(vec![call], self.held.len());
+                }
+                Stage::Code(opener) => {
+                    self.stage = Stage::Code(opener);
+                    return;
+                }
                 Stage::Json {
                     opener,
                     head,
@@ -246,8 +253,7 @@ impl ToolCallParser {
                             let value = serde_json::from_str::<Value>(&json[..n]).ok();
                             let after = head.json_at + n;
                             let close = head.close;
-                            match value.and_then(|v| formats::build(self.format, opener, head, v))
-                            {
+                            match value.and_then(|v| formats::build(self.format, opener, head, v)) {
                                 Some(outcome) => {
                                     self.stage = Stage::Tail {
                                         outcome,
@@ -263,7 +269,8 @@ impl ToolCallParser {
                                 match json::first_key(json) {
                                     None => {}
                                     Some(Some(k))
-                                        if formats::first_keys(self.format).contains(&k.as_str()) =>
+                                        if formats::first_keys(self.format)
+                                            .contains(&k.as_str()) =>
                                     {
                                         key_checked = true;
                                     }

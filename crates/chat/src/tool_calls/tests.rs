@@ -77,9 +77,13 @@ fn formats_are_told_by_the_template() {
     );
     let mistral = "{%- if message.tool_calls %}[TOOL_CALLS][{% for c in message.tool_calls %}";
     assert_eq!(ToolFormat::detect(mistral), ToolFormat::Mistral);
-    let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let chatml =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
     assert_eq!(ToolFormat::detect(chatml), ToolFormat::Generic);
-    assert_eq!(ToolFormat::Hermes.markers(), ["<tool_call>", "</tool_call>"]);
+    assert_eq!(
+        ToolFormat::Hermes.markers(),
+        ["<tool_call>", "</tool_call>"]
+    );
 }
 
 #[test]
@@ -152,7 +156,11 @@ fn malformed_calls_come_back_as_their_text() {
         "<tool_c",
         "<function=no spaces allowed>{}</function>",
     ] {
-        assert_eq!(check(ToolFormat::Hermes, answer), [text(answer)], "{answer}");
+        assert_eq!(
+            check(ToolFormat::Hermes, answer),
+            [text(answer)],
+            "{answer}"
+        );
     }
     // A good call after a broken one is still found.
     let answer = "<tool_call>oops <tool_call>{\"name\": \"f\"}</tool_call>";
@@ -172,7 +180,12 @@ fn deep_nesting_and_stray_brackets_do_not_panic() {
         "]".repeat(500)
     );
     assert_eq!(check(ToolFormat::Hermes, &deep), [text(&deep)]);
-    for answer in ["}}}]]]", "{\"name\": \"f\"}}}}", "[TOOL_CALLS]]]", "\u{fdd0}<tool_call>é{"] {
+    for answer in [
+        "}}}]]]",
+        "{\"name\": \"f\"}}}}",
+        "[TOOL_CALLS]]]",
+        "\u{fdd0}<tool_call>é{",
+    ] {
         for f in [
             ToolFormat::Hermes,
             ToolFormat::Llama3,
@@ -188,7 +201,10 @@ fn deep_nesting_and_stray_brackets_do_not_panic() {
                 })
                 .collect();
             assert!(got.len() <= 2, "{f:?} {answer}: {got:?}");
-            assert!(answer.ends_with(back.trim_start()), "{f:?} {answer}: {got:?}");
+            assert!(
+                answer.ends_with(back.trim_start()),
+                "{f:?} {answer}: {got:?}"
+            );
         }
     }
 }
@@ -200,7 +216,8 @@ fn llama3_json_answers_are_calls() {
         check(ToolFormat::Llama3, answer),
         [call("get_weather", json!({"city": "Paris"}))]
     );
-    let answer = "  {\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": true}}";
+    let answer =
+        "  {\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": true}}";
     assert_eq!(
         check(ToolFormat::Llama3, answer),
         [call("a", json!({})), call("b", json!({"x": true}))]
@@ -287,7 +304,11 @@ fn generic_json_calls_and_responses() {
         [call("f", json!({"a": "b"}))]
     );
     // Plain text, and markers of other formats, are text.
-    for answer in ["Hello!", "<tool_call>{\"name\": \"f\"}</tool_call>", "  spaced  \n"] {
+    for answer in [
+        "Hello!",
+        "<tool_call>{\"name\": \"f\"}</tool_call>",
+        "  spaced  \n",
+    ] {
         assert_eq!(check(ToolFormat::Generic, answer), [text(answer)]);
     }
 }
@@ -300,7 +321,12 @@ fn plain_answers_pass_through_unchanged() {
         ToolFormat::Mistral,
         ToolFormat::Generic,
     ] {
-        for answer in ["", "Paris is the capital of France.\n", "a < b and [c]", " é ü 😀 "] {
+        for answer in [
+            "",
+            "Paris is the capital of France.\n",
+            "a < b and [c]",
+            " é ü 😀 ",
+        ] {
             let got = check(f, answer);
             let want: Vec<Piece> = if answer.is_empty() {
                 vec![]
@@ -317,9 +343,15 @@ fn a_long_call_is_scanned_in_linear_time() {
     // 1 MiB of arguments fed a few bytes at a time: re-scanning from the
     // start on every piece would take minutes.
     let big = "x".repeat(1 << 20);
-    let answer = format!("<tool_call>{{\"name\": \"write\", \"arguments\": {{\"text\": \"{big}\"}}}}</tool_call>");
+    let answer = format!(
+        "<tool_call>{{\"name\": \"write\", \"arguments\": {{\"text\": \"{big}\"}}}}</tool_call>"
+    );
     let t0 = std::time::Instant::now();
     let pieces = streamed(ToolFormat::Hermes, &answer, 4);
-    assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t0.elapsed()
+    );
     assert_eq!(pieces, [call("write", json!({"text": big}))]);
 }
