@@ -10,6 +10,7 @@
 
 use lamina_chat::{Piece, ToolCall, ToolCallParser, ToolFormat};
 use lamina_engine::{FinishReason, ModelInfo};
+use lamina_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -34,19 +35,9 @@ impl Calls {
             return None;
         }
         let format = ToolFormat::detect(info.template.source());
-        let markers = format
-            .markers()
-            .iter()
-            .filter_map(
-                |&m| match info.tokenizer.encode(m, false, true).as_slice() {
-                    [id] if info.tokenizer.token_to_piece(*id).is_empty() => Some((*id, m)),
-                    _ => None,
-                },
-            )
-            .collect();
         Some(Calls {
             parser: ToolCallParser::new(format),
-            markers,
+            markers: hidden_markers(&info.tokenizer, format.markers()),
         })
     }
 
@@ -66,6 +57,21 @@ impl Calls {
     pub fn finish(&mut self) -> Vec<Piece> {
         self.parser.finish()
     }
+}
+
+/// The markers that are one control token each in this vocabulary: text
+/// that decoding hides, with the token that stands for it.
+pub(super) fn hidden_markers(
+    tok: &Tokenizer,
+    markers: &[&'static str],
+) -> Vec<(u32, &'static str)> {
+    markers
+        .iter()
+        .filter_map(|&m| match tok.encode(m, false, true).as_slice() {
+            [id] if tok.token_to_piece(*id).is_empty() => Some((*id, m)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// OpenAI's `tool_choice`: whether calls are parsed. `"none"` turns them
@@ -132,6 +138,27 @@ pub fn split(pieces: &[Piece]) -> (String, Vec<&ToolCall>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hidden_marker_token_reaches_the_parser_as_its_text() {
+        // Mistral's `[TOOL_CALLS]` as a control token (id 5): its text
+        // never comes as a text event, only its id.
+        let mut c = Calls {
+            parser: ToolCallParser::new(ToolFormat::Mistral),
+            markers: vec![(5, "[TOOL_CALLS]")],
+        };
+        let mut pieces = c.text("Checking.");
+        pieces.extend(c.token(7));
+        pieces.extend(c.token(5));
+        pieces.extend(c.text("get_weather[ARGS]{\"city\": "));
+        pieces.extend(c.text("\"Paris\"}"));
+        pieces.extend(c.finish());
+        let (text, calls) = split(&pieces);
+        assert_eq!(text, "Checking.");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments_json(), r#"{"city":"Paris"}"#);
+    }
 
     #[test]
     fn tool_choice_is_checked() {
