@@ -165,7 +165,8 @@ fn name_until<'a>(s: &'a str, end: &str) -> Option<&'a str> {
 
 /// Partial while `s` could still become a name followed by `end`.
 fn partial_or_invalid(s: &str, end: &str) -> HeadScan {
-    if s.contains(end) || s.len() > MAX_NAME || !is_name_prefix(s.trim_start()) {
+    // Trimmed as `name_until` trims: space before `end` is not yet wrong.
+    if s.contains(end) || s.len() > MAX_NAME || !is_name_prefix(s.trim()) {
         HeadScan::Invalid
     } else {
         HeadScan::Partial
@@ -176,8 +177,13 @@ fn is_name(s: &str) -> bool {
     !s.is_empty() && is_name_prefix(s)
 }
 
+/// A function name so far: a letter, digit or `_` first, then those and
+/// `-`, `.`, `:` (namespaced names).
 fn is_name_prefix(s: &str) -> bool {
     s.len() <= MAX_NAME
+        && s.bytes()
+            .next()
+            .is_none_or(|b| b.is_ascii_alphanumeric() || b == b'_')
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
 }

@@ -355,3 +355,78 @@ fn a_long_call_is_scanned_in_linear_time() {
     );
     assert_eq!(pieces, [call("write", json!({"text": big}))]);
 }
+
+#[test]
+fn random_answers_never_panic_and_stream_as_they_parse_whole() {
+    // Answers spliced from the pieces the formats are made of, so markers,
+    // brackets and quotes meet in every order; a fixed xorshift seed keeps
+    // the run reproducible.
+    const PARTS: [&str; 26] = [
+        "<tool_call>",
+        "</tool_call>",
+        "<function=",
+        "</function>",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "[CALL_ID]",
+        "<|python_tag|>",
+        "{",
+        "}",
+        "[",
+        "]",
+        "\"",
+        "\\",
+        "\"name\": \"f\"",
+        ", \"arguments\": ",
+        ": ",
+        ";",
+        " ",
+        "\n",
+        "é",
+        "😀",
+        "<",
+        "x",
+        "{\"name\": \"f\", \"parameters\": {\"a\": [1]}}",
+        "[{\"name\": \"g\", \"arguments\": {}}]",
+    ];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut calls = 0;
+    for _ in 0..3000 {
+        let n = (next() % 24) as usize;
+        let answer: String = (0..n)
+            .map(|_| PARTS[(next() % PARTS.len() as u64) as usize])
+            .collect();
+        for f in [
+            ToolFormat::Hermes,
+            ToolFormat::Llama3,
+            ToolFormat::Mistral,
+            ToolFormat::Generic,
+        ] {
+            let pieces = check(f, &answer);
+            calls += pieces
+                .iter()
+                .filter(|p| matches!(p, Piece::Call(_)))
+                .count();
+            // Without a call, the text is the answer itself (no part
+            // spells the generic format's `response`, which rewrites it).
+            if pieces.iter().all(|p| matches!(p, Piece::Text(_))) {
+                let back: String = pieces
+                    .iter()
+                    .filter_map(|p| match p {
+                        Piece::Text(t) => Some(t.as_str()),
+                        Piece::Call(_) => None,
+                    })
+                    .collect();
+                assert_eq!(back, answer, "{f:?}");
+            }
+        }
+    }
+    // The mix does make calls of every format, not only text.
+    assert!(calls > 100, "{calls}");
+}
