@@ -1,8 +1,11 @@
-//! Tool calls read back out of a model's answer: the inverse of rendering
-//! `tools` into the prompt, so it lives beside the templates. The format
-//! is told by the template's source ([`ToolFormat::detect`]), as llama.cpp
-//! tells it, and the parser needs nothing but text and `serde_json`, so it
-//! builds and tests without the engine or a GPU.
+//! Tool calls read back out of a model's answer.
+//!
+//! A module of `lamina-chat` rather than a crate of its own: it is the
+//! inverse of rendering `tools` into the prompt, the format is told by the
+//! template's source ([`ToolFormat::detect`]) as llama.cpp tells it, and it
+//! needs nothing this crate lacks (text and `serde_json`), so it builds and
+//! tests without the engine or a GPU; a crate would add a boundary with one
+//! user and nothing to hide behind it.
 //!
 //! [`ToolCallParser`] takes the answer as it is generated and gives back
 //! [`Piece`]s in order: text that cannot be part of a call as soon as that
