@@ -1,6 +1,6 @@
 //! Where a JSON object or array ends in text that is still arriving.
 //!
-//! A tool call's arguments can be long (a file an agent writes), and the
+//! A tool call's arguments can be long (a whole file to write), and the
 //! text comes a token at a time, so the scan resumes where it stopped
 //! instead of starting over on every token: each byte is looked at once.
 //! It only tracks brackets, strings and escapes; `serde_json` checks the
