@@ -32,9 +32,11 @@ mod environment;
 mod error;
 mod python;
 mod template;
+mod tool_calls;
 
 pub use builtin::{builtin_for, Builtin};
 pub use chrono::NaiveDateTime;
 pub use environment::Clock;
 pub use error::ChatError;
 pub use template::{ChatTemplate, Limits, Prompt, RenderOptions, TemplateConfig};
+pub use tool_calls::{parse as parse_tool_calls, Piece, ToolCall, ToolCallParser, ToolFormat};

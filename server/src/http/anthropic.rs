@@ -10,9 +10,12 @@
 //! the template. An assistant's `thinking` blocks reach the template as
 //! `reasoning_content` (as llama-server passes them), for templates that
 //! keep reasoning inside a tool loop. Images and documents are refused with a 400 that says so: no
-//! model Lamina serves reads them. The answer is one text block; a model's
-//! tool call arrives as text in it (Lamina does not parse tool calls out of
-//! the output yet, on any API).
+//! model Lamina serves reads them. The answer is a text block, or, when the
+//! request has `tools` (and `tool_choice` is not `none`) and the model
+//! calls one, its text and a `tool_use` block per call (`id`, `name`,
+//! `input`) with `stop_reason: "tool_use"`; streamed, each call is a
+//! `tool_use` block whose input comes as one `input_json_delta` once the
+//! call is complete (`tools.rs`).
 //!
 //! Errors have Anthropic's shape, `{"type": "error", "error": {"type",
 //! "message"}}`, with its error types. `x-api-key` is accepted for
@@ -31,13 +34,15 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
+use lamina_chat::{Piece, ToolCall};
 use lamina_engine::{Event, Events, FinishReason, ModelInfo, Summary};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect, job, render_chat};
+use super::generate::{collect_with, job, render_chat};
 use super::params::{Body, Sampling};
 use super::shutdown::{self, CutSignal};
+use super::tools::Calls;
 use super::AppState;
 
 /// An [`ApiError`] answered in Anthropic's error shape.
@@ -267,6 +272,53 @@ fn tools(b: &Body) -> Result<Option<Value>> {
     Ok((!out.is_empty()).then_some(Value::Array(out)))
 }
 
+/// Anthropic's `tool_choice`: whether the answer is read for calls (all
+/// but `none`; `any` and `tool` cannot force a call yet).
+fn tool_choice(b: &Body) -> Result<bool> {
+    let Some(choice) = b.get("tool_choice") else {
+        return Ok(true);
+    };
+    match choice.get("type").and_then(Value::as_str) {
+        Some("none") => Ok(false),
+        Some("auto" | "any") => Ok(true),
+        Some("tool") if choice.get("name").is_some_and(Value::is_string) => Ok(true),
+        _ => Err(invalid(
+            "tool_choice",
+            "tool_choice must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or {\"type\": \"tool\", \"name\": ...}",
+        )),
+    }
+}
+
+/// A `tool_use` block for a call.
+fn tool_use(call: &ToolCall) -> Value {
+    let id = call
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("toolu_{}", super::random_id()));
+    json!({"type": "tool_use", "id": id, "name": call.name, "input": call.arguments})
+}
+
+/// The content blocks of an answer read for tool calls.
+fn blocks(pieces: &[Piece]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for p in pieces {
+        match p {
+            Piece::Text(t) => match out.last_mut() {
+                Some(Value::Object(b)) if b.get("type").is_some_and(|v| v == "text") => {
+                    let joined = format!("{}{t}", b["text"].as_str().unwrap_or_default());
+                    b.insert("text".into(), json!(joined));
+                }
+                _ => out.push(json!({"type": "text", "text": t})),
+            },
+            Piece::Call(c) => out.push(tool_use(c)),
+        }
+    }
+    if out.is_empty() {
+        out.push(json!({"type": "text", "text": ""}));
+    }
+    out
+}
+
 /// The prompt tokens of a request (rendered in the bounded pool).
 async fn prompt(st: &AppState, info: &Arc<ModelInfo>, b: &Body) -> Result<Vec<u32>> {
     let messages = Value::Array(messages(b)?);
@@ -310,6 +362,7 @@ pub async fn messages_route(
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
     let s = sampling(&st, &info, &b)?;
+    let calls = Calls::new(&info, tools(&b)?.as_ref(), tool_choice(&b)?);
     let tokens = prompt(&st, &info, &b).await?;
     let n_prompt = tokens.len();
     let rx = st
@@ -324,16 +377,25 @@ pub async fn messages_route(
         n_prompt,
     };
     if s.stream {
-        return Ok(sse(rx, msg, st.cutoff.clone()).into_response());
+        return Ok(sse(rx, msg, st.cutoff.clone(), calls).into_response());
     }
-    let done = collect(rx, st.cutoff.clone()).await?;
-    let (reason, sequence) = msg.stop_reason(&done.text, &done.tokens, &done.summary);
+    let done = collect_with(rx, st.cutoff.clone(), calls).await?;
+    let (mut reason, mut sequence) = msg.stop_reason(&done.text, &done.tokens, &done.summary);
+    let content = match &done.pieces {
+        Some(pieces) => {
+            if pieces.iter().any(|p| matches!(p, Piece::Call(_))) && reason != "max_tokens" {
+                (reason, sequence) = ("tool_use", Value::Null);
+            }
+            blocks(pieces)
+        }
+        None => vec![json!({"type": "text", "text": done.text})],
+    };
     Ok(Json(json!({
         "id": msg.id,
         "type": "message",
         "role": "assistant",
         "model": msg.model,
-        "content": [{"type": "text", "text": done.text}],
+        "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage(&done.summary),
@@ -404,12 +466,85 @@ struct StreamState {
     tokens: Vec<u32>,
     started: bool,
     ended: bool,
+    /// The parser of the answer, when it is read for tool calls.
+    calls: Option<Calls>,
+    /// The index of the text block open now.
+    open_text: Option<usize>,
+    /// Blocks started so far.
+    n_blocks: usize,
+    called: bool,
 }
 
 impl StreamState {
     fn push(&mut self, name: &str, data: Value) {
         self.out
             .push_back(SseEvent::default().event(name).data(data.to_string()));
+    }
+
+    /// The open text block's index, starting one if none is open.
+    fn text_block(&mut self) -> usize {
+        if let Some(i) = self.open_text {
+            return i;
+        }
+        let i = self.n_blocks;
+        self.n_blocks += 1;
+        self.open_text = Some(i);
+        self.push(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i,
+                   "content_block": {"type": "text", "text": ""}}),
+        );
+        i
+    }
+
+    fn text_delta(&mut self, text: &str) {
+        let i = self.text_block();
+        self.push(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i,
+                   "delta": {"type": "text_delta", "text": text}}),
+        );
+    }
+
+    fn close_text(&mut self) {
+        if let Some(i) = self.open_text.take() {
+            self.push(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            );
+        }
+    }
+
+    /// Pieces of an answer read for calls: text deltas, and a `tool_use`
+    /// block per call with its whole input as one delta.
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.text_delta(&t),
+                Piece::Call(call) => {
+                    self.close_text();
+                    self.called = true;
+                    let i = self.n_blocks;
+                    self.n_blocks += 1;
+                    let mut block = tool_use(&call);
+                    block["input"] = json!({});
+                    self.push(
+                        "content_block_start",
+                        json!({"type": "content_block_start", "index": i, "content_block": block}),
+                    );
+                    self.push(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i,
+                               "delta": {"type": "input_json_delta",
+                                         "partial_json": call.arguments_json()}}),
+                    );
+                    self.push(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": i}),
+                    );
+                }
+            }
+        }
     }
 
     fn error(&mut self, e: &ApiError) {
@@ -422,10 +557,13 @@ impl StreamState {
 /// block (`content_block_start`, a `content_block_delta` per piece of
 /// text, `content_block_stop`), `message_delta` with the stop reason and
 /// usage, `message_stop`; an `error` event if the request fails midway.
+/// An answer read for tool calls opens its text block when text comes, and
+/// a `tool_use` block after it for each call.
 fn sse(
     rx: Events,
     msg: Message,
     cutoff: CutSignal,
+    calls: Option<Calls>,
 ) -> Sse<impl futures_util::Stream<Item = std::result::Result<SseEvent, Infallible>>> {
     let st = StreamState {
         rx,
@@ -436,6 +574,10 @@ fn sse(
         tokens: Vec::new(),
         started: false,
         ended: false,
+        calls,
+        open_text: None,
+        n_blocks: 0,
+        called: false,
     };
     let events = stream::unfold(st, |mut st| async move {
         loop {
@@ -457,11 +599,9 @@ fn sse(
                     },
                 });
                 st.push("message_start", start);
-                st.push(
-                    "content_block_start",
-                    json!({"type": "content_block_start", "index": 0,
-                           "content_block": {"type": "text", "text": ""}}),
-                );
+                if st.calls.is_none() {
+                    st.text_block();
+                }
                 continue;
             }
             let ev = tokio::select! {
@@ -472,21 +612,38 @@ fn sse(
                 }
             };
             match ev {
-                Some(Event::Token { id, .. }) => st.tokens.push(id),
+                Some(Event::Token { id, .. }) => {
+                    st.tokens.push(id);
+                    if let Some(c) = &mut st.calls {
+                        let pieces = c.token(id);
+                        st.pieces(pieces);
+                    }
+                }
                 Some(Event::Text(text)) => {
                     st.text.push_str(&text);
-                    st.push(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": 0,
-                               "delta": {"type": "text_delta", "text": text}}),
-                    );
+                    match &mut st.calls {
+                        Some(c) => {
+                            let pieces = c.text(&text);
+                            st.pieces(pieces);
+                        }
+                        None => st.text_delta(&text),
+                    }
                 }
                 Some(Event::Done(summary)) => {
-                    let (reason, sequence) = st.msg.stop_reason(&st.text, &st.tokens, &summary);
-                    st.push(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": 0}),
-                    );
+                    let (mut reason, mut sequence) =
+                        st.msg.stop_reason(&st.text, &st.tokens, &summary);
+                    if let Some(c) = &mut st.calls {
+                        let pieces = c.finish();
+                        st.pieces(pieces);
+                    }
+                    if st.called && reason != "max_tokens" {
+                        (reason, sequence) = ("tool_use", Value::Null);
+                    }
+                    // An answer with no text and no call still has its block.
+                    if st.n_blocks == 0 {
+                        st.text_block();
+                    }
+                    st.close_text();
                     st.push(
                         "message_delta",
                         json!({"type": "message_delta",

@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lamina_chat::RenderOptions;
+use lamina_chat::{Piece, RenderOptions, ToolCall};
 use lamina_engine::{Constraint, Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 
@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::stream;
+use super::tools::{self, Calls};
 use super::AppState;
 
 /// What every response and chunk of one request repeats.
@@ -62,9 +63,11 @@ pub async fn chat(
     )?;
     let messages = params::messages(&b)?;
     let tools = params::tools(&b)?.cloned();
+    let parse = tools::openai_choice(b.get("tool_choice"))?;
+    let calls = Calls::new(&info, tools.as_ref(), parse);
     let kwargs = params::template_kwargs(&b)?.cloned();
     let prompt = render_chat(&st, &info, messages, tools, kwargs).await?;
-    run(&st, &info, prompt, s, "messages", Api::Chat).await
+    run(&st, &info, prompt, s, "messages", Api::Chat, calls).await
 }
 
 /// Chat messages rendered by the model's template (with the generation
@@ -131,7 +134,7 @@ pub async fn completion(
             ))
         }
     };
-    run(&st, &info, prompt, s, "prompt", Api::Completion).await
+    run(&st, &info, prompt, s, "prompt", Api::Completion, None).await
 }
 
 /// Token ids from a JSON array, each checked against the vocabulary.
@@ -210,13 +213,16 @@ async fn run(
     s: Sampling,
     prompt_param: &'static str,
     api: Api,
+    calls: Option<Calls>,
 ) -> Result<Response, ApiError> {
     let rx = st.engine.submit(job(st, info, prompt, &s, prompt_param)?)?;
     let meta = Meta::new(st.model_id(info), api);
     if s.stream {
-        return Ok(stream::sse(rx, meta, s.include_usage, st.cutoff.clone()).into_response());
+        return Ok(
+            stream::sse(rx, meta, s.include_usage, st.cutoff.clone(), calls).into_response(),
+        );
     }
-    let done = collect(rx, st.cutoff.clone()).await?;
+    let done = collect_with(rx, st.cutoff.clone(), calls).await?;
     Ok(Json(response(&meta, &done, s.logprobs.is_some())).into_response())
 }
 
@@ -227,13 +233,34 @@ pub struct Collected {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
     pub summary: Summary,
+    /// The answer as text and tool calls, when the request's tools asked
+    /// for it to be read.
+    pub pieces: Option<Vec<Piece>>,
 }
 
-pub async fn collect(
+impl Collected {
+    /// The text outside tool calls, and the calls (none when the answer
+    /// was not read for them).
+    pub fn content_and_calls(&self) -> (String, Vec<&ToolCall>) {
+        match &self.pieces {
+            Some(p) => tools::split(p),
+            None => (self.text.clone(), Vec::new()),
+        }
+    }
+}
+
+pub async fn collect(rx: lamina_engine::Events, cutoff: CutSignal) -> Result<Collected, ApiError> {
+    collect_with(rx, cutoff, None).await
+}
+
+/// [`collect`], with the answer read for tool calls by `calls`.
+pub async fn collect_with(
     mut rx: lamina_engine::Events,
     mut cutoff: CutSignal,
+    mut calls: Option<Calls>,
 ) -> Result<Collected, ApiError> {
     let (mut text, mut logprobs, mut tokens) = (String::new(), Vec::new(), Vec::new());
+    let mut pieces = Vec::new();
     loop {
         let ev = tokio::select! {
             ev = rx.recv() => ev,
@@ -244,15 +271,28 @@ pub async fn collect(
             Event::Token { id, logprob } => {
                 tokens.push(id);
                 logprobs.extend(logprob);
+                if let Some(c) = &mut calls {
+                    pieces.extend(c.token(id));
+                }
             }
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t) => {
+                if let Some(c) = &mut calls {
+                    pieces.extend(c.text(&t));
+                }
+                text.push_str(&t);
+            }
             Event::Done(summary) => {
+                let pieces = calls.map(|mut c| {
+                    pieces.extend(c.finish());
+                    pieces
+                });
                 return Ok(Collected {
                     text,
                     tokens,
                     logprobs,
                     summary,
-                })
+                    pieces,
+                });
             }
             Event::Error(e) => return Err(e.into()),
         }
@@ -265,12 +305,29 @@ pub async fn collect(
 fn response(meta: &Meta, c: &Collected, want_logprobs: bool) -> Value {
     let finish = c.summary.finish.as_str();
     let choice = match meta.api {
-        Api::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": c.text},
-            "logprobs": want_logprobs.then(|| chat_logprobs(&c.logprobs)),
-            "finish_reason": finish,
-        }),
+        Api::Chat => {
+            let (content, calls) = c.content_and_calls();
+            let mut message = json!({"role": "assistant", "content": content});
+            let mut finish = finish;
+            if !calls.is_empty() {
+                // As OpenAI answers a call: no content unless the model
+                // wrote some beside the calls.
+                if content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = calls
+                    .iter()
+                    .map(|call| tools::openai_call(call, tools::call_id(call)))
+                    .collect();
+                finish = tools::finish_reason(c.summary.finish);
+            }
+            json!({
+                "index": 0,
+                "message": message,
+                "logprobs": want_logprobs.then(|| chat_logprobs(&c.logprobs)),
+                "finish_reason": finish,
+            })
+        }
         Api::Completion | Api::Native => json!({
             "index": 0,
             "text": c.text,

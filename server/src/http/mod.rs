@@ -30,6 +30,7 @@ pub mod shutdown;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod tools;
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};

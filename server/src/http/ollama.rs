@@ -12,6 +12,11 @@
 //! `num_gpu`, `num_thread` …) are accepted and logged as not applied: the
 //! server's command line decides those. A JSON-schema `format` and images
 //! are a 400 that says so. Errors are Ollama's `{"error": "..."}`.
+//!
+//! A chat request with `tools` has its answer read for calls (`tools.rs`):
+//! each call comes as `message.tool_calls: [{"function": {"name",
+//! "arguments"}}]` with the arguments as an object, on the final message,
+//! or streamed on a line of its own once it is complete.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,13 +28,15 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
+use lamina_chat::{Piece, ToolCall};
 use lamina_engine::{Event, Events, FinishReason, ModelInfo, Summary};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect, job, render_chat};
+use super::generate::{collect_with, job, render_chat};
 use super::params::{self, Body, Sampling};
 use super::shutdown::{self, CutSignal};
+use super::tools::Calls;
 use super::AppState;
 
 /// An [`ApiError`] answered as Ollama answers errors: `{"error": "..."}`.
@@ -240,6 +247,13 @@ impl Answer {
         v
     }
 
+    /// A streamed line that carries a call (chat only).
+    fn call_line(&self, call: &ToolCall) -> Value {
+        let mut v = self.line("");
+        v["message"]["tool_calls"] = tool_calls([call]);
+        v
+    }
+
     /// The last line: `done`, the reason, the counts and durations (ns).
     fn done(&self, text: &str, tokens: &[u32], s: &Summary) -> Value {
         let mut v = self.line(text);
@@ -266,12 +280,21 @@ impl Answer {
     }
 }
 
+/// Ollama's `tool_calls`: the arguments stay an object.
+fn tool_calls<'a>(calls: impl IntoIterator<Item = &'a ToolCall>) -> Value {
+    calls
+        .into_iter()
+        .map(|c| json!({"function": {"name": c.name, "arguments": c.arguments}}))
+        .collect()
+}
+
 async fn answer(
     st: &AppState,
     info: &Arc<ModelInfo>,
     prompt: Vec<u32>,
     s: &Sampling,
     a: Answer,
+    calls: Option<Calls>,
 ) -> Result<Response> {
     let param = match a.route {
         Route::Chat => "messages",
@@ -282,10 +305,15 @@ async fn answer(
         .submit(job(st, info, prompt, s, param)?)
         .map_err(ApiError::from)?;
     if s.stream {
-        return Ok(ndjson(rx, a, st.cutoff.clone()));
+        return Ok(ndjson(rx, a, st.cutoff.clone(), calls));
     }
-    let done = collect(rx, st.cutoff.clone()).await?;
-    Ok(Json(a.done(&done.text, &done.tokens, &done.summary)).into_response())
+    let done = collect_with(rx, st.cutoff.clone(), calls).await?;
+    let (content, calls) = done.content_and_calls();
+    let mut v = a.done(&content, &done.tokens, &done.summary);
+    if !calls.is_empty() {
+        v["message"]["tool_calls"] = tool_calls(calls);
+    }
+    Ok(Json(v).into_response())
 }
 
 pub async fn chat(
@@ -298,6 +326,8 @@ pub async fn chat(
     let s = sampling(&st, &info, &b)?;
     let messages = chat_messages(&b)?;
     let tools = params::tools(&b)?.cloned();
+    // Ollama has no `tool_choice`: tools given are tools the model may call.
+    let calls = Calls::new(&info, tools.as_ref(), true);
     let prompt = render_chat(&st, &info, messages, tools, None).await?;
     let a = Answer {
         route: Route::Chat,
@@ -305,7 +335,7 @@ pub async fn chat(
         started,
         context: None,
     };
-    answer(&st, &info, prompt, &s, a).await
+    answer(&st, &info, prompt, &s, a, calls).await
 }
 
 pub async fn generate(
@@ -361,27 +391,42 @@ pub async fn generate(
         started,
         context: Some(prompt.clone()),
     };
-    answer(&st, &info, prompt, &s, a).await
+    answer(&st, &info, prompt, &s, a, None).await
 }
 
-/// NDJSON lines as the engine's events arrive: one per piece of text, then
-/// the final line; an `{"error": ...}` line if the request fails midway.
-fn ndjson(rx: Events, a: Answer, cutoff: CutSignal) -> Response {
+/// NDJSON lines as the engine's events arrive: one per piece of text (or
+/// tool call), then the final line; an `{"error": ...}` line if the
+/// request fails midway.
+fn ndjson(rx: Events, a: Answer, cutoff: CutSignal, calls: Option<Calls>) -> Response {
     struct St {
         rx: Events,
         a: Answer,
         cutoff: CutSignal,
-        text: String,
         tokens: Vec<u32>,
         ended: bool,
+        calls: Option<Calls>,
+    }
+    impl St {
+        /// The lines of an answer's pieces.
+        fn lines(&self, pieces: Vec<Piece>) -> String {
+            let mut out = String::new();
+            for p in pieces {
+                let line = match p {
+                    Piece::Text(t) => self.a.line(&t),
+                    Piece::Call(c) => self.a.call_line(&c),
+                };
+                out.push_str(&format!("{line}\n"));
+            }
+            out
+        }
     }
     let st = St {
         rx,
         a,
         cutoff,
-        text: String::new(),
         tokens: Vec::new(),
         ended: false,
+        calls,
     };
     let lines = stream::unfold(st, |mut st| async move {
         loop {
@@ -399,15 +444,40 @@ fn ndjson(rx: Events, a: Answer, cutoff: CutSignal) -> Response {
             let line = match ev {
                 Some(Event::Token { id, .. }) => {
                     st.tokens.push(id);
-                    continue;
+                    let lines = match &mut st.calls {
+                        Some(c) => {
+                            let pieces = c.token(id);
+                            st.lines(pieces)
+                        }
+                        None => String::new(),
+                    };
+                    if lines.is_empty() {
+                        continue;
+                    }
+                    return Some((Ok(lines), st));
                 }
-                Some(Event::Text(t)) => {
-                    st.text.push_str(&t);
-                    st.a.line(&t)
-                }
+                Some(Event::Text(t)) => match &mut st.calls {
+                    Some(c) => {
+                        let pieces = c.text(&t);
+                        let lines = st.lines(pieces);
+                        if lines.is_empty() {
+                            continue;
+                        }
+                        return Some((Ok(lines), st));
+                    }
+                    None => st.a.line(&t),
+                },
                 Some(Event::Done(summary)) => {
                     st.ended = true;
-                    st.a.done("", &st.tokens, &summary)
+                    let mut lines = match &mut st.calls {
+                        Some(c) => {
+                            let pieces = c.finish();
+                            st.lines(pieces)
+                        }
+                        None => String::new(),
+                    };
+                    lines.push_str(&format!("{}\n", st.a.done("", &st.tokens, &summary)));
+                    return Some((Ok(lines), st));
                 }
                 Some(Event::Error(e)) => {
                     st.ended = true;

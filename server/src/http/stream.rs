@@ -5,6 +5,12 @@
 //! `stream_options.include_usage` asks for it, then `data: [DONE]`. Comment
 //! pings keep an idle connection open while a request waits in the queue.
 //!
+//! When the request's tools have the answer read for calls (`tools.rs`),
+//! text streams as it becomes certain not to be part of a call, and each
+//! call comes as one `delta.tool_calls` chunk (`index`, `id`, `type`,
+//! `function.name` and the whole `function.arguments`) once it is complete;
+//! the final chunk then says `finish_reason: "tool_calls"`.
+//!
 //! The stream owns the request's event receiver: when the client goes away,
 //! axum drops the stream, the receiver closes, and the engine frees the
 //! slot at its next step. When the shutdown grace runs out, the stream ends
@@ -16,6 +22,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::{self, Stream};
+use lamina_chat::Piece;
 use lamina_engine::{Event, Events, TokenLogprob};
 use serde_json::{json, Value};
 
@@ -23,6 +30,7 @@ use super::error::ApiError;
 use super::generate::{chat_logprobs, completion_logprobs, timings, usage, Meta};
 use super::params::Api;
 use super::shutdown::{self, CutSignal};
+use super::tools::{self, Calls};
 
 /// How often an idle stream gets a comment line.
 const PING: Duration = Duration::from_secs(10);
@@ -38,6 +46,10 @@ struct State {
     started: bool,
     ended: bool,
     cutoff: CutSignal,
+    /// The parser of the answer, when it is read for tool calls.
+    calls: Option<Calls>,
+    /// Tool calls sent so far.
+    n_calls: usize,
 }
 
 pub fn sse(
@@ -45,6 +57,7 @@ pub fn sse(
     meta: Meta,
     include_usage: bool,
     cutoff: CutSignal,
+    calls: Option<Calls>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let st = State {
         rx,
@@ -56,6 +69,8 @@ pub fn sse(
         out: VecDeque::new(),
         started: false,
         ended: false,
+        calls,
+        n_calls: 0,
     };
     let events = stream::unfold(st, |mut st| async move {
         loop {
@@ -82,19 +97,36 @@ pub fn sse(
                 }
             };
             match ev {
-                Some(Event::Token { logprob, .. }) => {
+                Some(Event::Token { id, logprob }) => {
                     if let Some(lp) = logprob {
                         st.want_logprobs = true;
                         st.logprobs.push(lp);
                     }
+                    if let Some(c) = &mut st.calls {
+                        let pieces = c.token(id);
+                        st.pieces(pieces);
+                    }
                 }
-                Some(Event::Text(text)) => {
-                    let delta = json!({"content": text});
-                    let c = st.chunk(delta, None);
-                    st.push(c);
-                }
+                Some(Event::Text(text)) => match &mut st.calls {
+                    Some(c) => {
+                        let pieces = c.text(&text);
+                        st.pieces(pieces);
+                    }
+                    None => {
+                        let c = st.chunk(json!({"content": text}), None);
+                        st.push(c);
+                    }
+                },
                 Some(Event::Done(summary)) => {
-                    let mut last = st.chunk(json!({}), Some(summary.finish.as_str()));
+                    let mut finish = summary.finish.as_str();
+                    if let Some(c) = &mut st.calls {
+                        let pieces = c.finish();
+                        st.pieces(pieces);
+                        if st.n_calls > 0 {
+                            finish = tools::finish_reason(summary.finish);
+                        }
+                    }
+                    let mut last = st.chunk(json!({}), Some(finish));
                     last["timings"] = timings(&summary.timings);
                     st.push(last);
                     if st.include_usage {
@@ -161,6 +193,23 @@ impl State {
         let mut c = self.base();
         c["choices"] = json!([choice]);
         c
+    }
+
+    /// Text and tool calls of an answer read for calls, as chunks.
+    fn pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            let delta = match p {
+                Piece::Text(text) => json!({"content": text}),
+                Piece::Call(call) => {
+                    let mut c = tools::openai_call(&call, tools::call_id(&call));
+                    c["index"] = json!(self.n_calls);
+                    self.n_calls += 1;
+                    json!({"tool_calls": [c]})
+                }
+            };
+            let c = self.chunk(delta, None);
+            self.push(c);
+        }
     }
 
     fn push(&mut self, v: Value) {

@@ -746,3 +746,19 @@ async fn metrics_can_be_turned_off_as_llama_server_has_them() {
     let (s, v, _) = send(router_with(options, None), get("/metrics")).await;
     assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
 }
+
+/// Tool-call markers are looked up in the real vocabulary: a text that is
+/// one control token is found (SmolLM2 has ChatML's, not a tool format's),
+/// text of ordinary tokens is not.
+#[test]
+fn hidden_markers_are_the_control_tokens_of_the_vocabulary() {
+    let lamina_engine::Status::Ready(info) = engine().status() else {
+        panic!("the engine is not ready")
+    };
+    let found = super::tools::hidden_markers(
+        &info.tokenizer,
+        &["<|im_end|>", "<tool_call>", "[TOOL_CALLS]", "Hello"],
+    );
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].1, "<|im_end|>");
+}

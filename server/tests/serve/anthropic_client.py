@@ -99,6 +99,29 @@ def tools_and_results():
     assert m.type == "message" and m.content[0].text, m
 
 
+def tool_use_blocks():
+    # The model's own template has no tool format: three turns that
+    # answered with llama.cpp's generic JSON call make the greedy model
+    # write it again, and it comes back as a tool_use block.
+    call = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'
+    turns = [m for _ in range(3) for m in (
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": call},
+    )] + [{"role": "user", "content": "What is the weather in Paris?"}]
+    m = client.messages.create(model="local", max_tokens=40, tools=TOOLS, messages=turns)
+    assert m.stop_reason == "tool_use", m
+    (block,) = m.content
+    assert block.type == "tool_use" and block.name == "get_weather", m
+    assert block.input == {"city": "Paris"} and block.id.startswith("toolu_"), m
+    with client.messages.stream(model="local", max_tokens=40, tools=TOOLS, messages=turns) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_message()
+    assert "input_json" in kinds, kinds
+    assert final.stop_reason == "tool_use", final
+    assert [b.type for b in final.content] == ["tool_use"], final
+    assert final.content[0].input == {"city": "Paris"}, final
+
+
 def errors_in_anthropic_shape():
     try:
         client.messages.create(model="local", max_tokens=8, messages=[
@@ -124,7 +147,8 @@ def errors_in_anthropic_shape():
 
 CHECKS = [
     same_answer_as_the_openai_route, system_and_turns_render_like_openai, streaming,
-    max_tokens_and_stop_sequences, tools_and_results, errors_in_anthropic_shape,
+    max_tokens_and_stop_sequences, tools_and_results, tool_use_blocks,
+    errors_in_anthropic_shape,
 ]
 
 client_checks.run("anthropic", CHECKS)

@@ -16,6 +16,7 @@ mod native;
 mod ollama;
 mod openai;
 mod templates;
+mod tool_calls;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

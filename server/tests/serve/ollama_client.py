@@ -92,6 +92,29 @@ def list_show_ps():
     assert running and running[0].context_length > 0, running
 
 
+def tool_calls_come_back():
+    # The model's own template has no tool format: three turns that
+    # answered with llama.cpp's generic JSON call make the greedy model
+    # write it again.
+    call = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'
+    turns = [m for _ in range(3) for m in (
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": call},
+    )] + [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    opts = {"temperature": 0, "num_predict": 40}
+    r = client.chat(model="m", messages=turns, tools=tools, options=opts)
+    (c,) = r.message.tool_calls
+    assert c.function.name == "get_weather" and c.function.arguments == {"city": "Paris"}, r
+    assert not r.message.content, r
+    streamed = [tc for part in client.chat(model="m", messages=turns, tools=tools,
+                                           options=opts, stream=True)
+                for tc in (part.message.tool_calls or [])]
+    assert len(streamed) == 1 and streamed[0].function.arguments == {"city": "Paris"}, streamed
+
+
 def errors_as_ollama_sends_them():
     try:
         client.chat(model="m", messages=[{"role": "user", "content": "what is it?",
@@ -114,7 +137,8 @@ def errors_as_ollama_sends_them():
 
 CHECKS = [
     chat_answers_as_the_openai_route, streamed_chat_reassembles, num_predict_and_stop,
-    generate_and_its_context, json_format, list_show_ps, errors_as_ollama_sends_them,
+    generate_and_its_context, json_format, list_show_ps, tool_calls_come_back,
+    errors_as_ollama_sends_them,
 ]
 
 client_checks.run("ollama", CHECKS)

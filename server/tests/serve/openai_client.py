@@ -186,10 +186,52 @@ def disconnect_mid_stream():
     assert non_streaming()
 
 
+# SmolLM2's own template has no tool format (llama.cpp's generic JSON one
+# applies). Three turns that answered with a generic call make the greedy
+# model write the same call again.
+CALL = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+FEW_SHOT = [m for _ in range(3) for m in (
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": CALL},
+)] + [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def tool_calls():
+    r = client.chat.completions.create(
+        model="local", messages=FEW_SHOT, tools=TOOLS, temperature=0, max_tokens=40)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", r
+    assert c.message.content is None, r
+    (call,) = c.message.tool_calls
+    assert call.type == "function" and call.id, call
+    assert call.function.name == "get_weather", call
+    assert json.loads(call.function.arguments) == {"city": "Paris"}, call
+
+    parts, calls, finish = [], [], None
+    for chunk in client.chat.completions.create(
+        model="local", messages=FEW_SHOT, tools=TOOLS, temperature=0, max_tokens=40, stream=True
+    ):
+        for ch in chunk.choices:
+            parts.append(ch.delta.content or "")
+            calls.extend(ch.delta.tool_calls or [])
+            finish = ch.finish_reason or finish
+    assert "".join(parts) == "" and finish == "tool_calls", (parts, finish)
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].id, calls
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris"}, calls
+
+    r = client.chat.completions.create(
+        model="local", messages=FEW_SHOT, tools=TOOLS, tool_choice="none",
+        temperature=0, max_tokens=40)
+    assert r.choices[0].message.content == CALL and not r.choices[0].message.tool_calls, r
+
+
 CHECKS = [
     non_streaming, streaming_with_usage, max_tokens_and_stop, seed_reproducibility,
     logprobs, completions_and_models, tokenize_round_trip, bad_requests,
-    eight_concurrent_streams, disconnect_mid_stream,
+    eight_concurrent_streams, disconnect_mid_stream, tool_calls,
 ]
 
 client_checks.run("openai", CHECKS)
