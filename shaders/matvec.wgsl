@@ -43,6 +43,7 @@
 // x4(i): activations i .. i + 3 (i a multiple of 4 for `uniform`); x1(i).
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/xnorm_{{NORM}}.wgsl"
+#include "common/rope_epi_{{ROPE}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/act.wgsl"
@@ -80,6 +81,9 @@ const ROWS: u32 = TEAMS * RPT;
 const NACC: u32 = RPT * MAXC * V;
 const GLU_ON: bool = {{GLU_ON}};
 const ADD: bool = {{ADD}};
+// ROPE = {{ROPE}}: RPT is 2 and a team's rows are a rotation pair of the
+// stacked QKV product, stored by common/rope_epi_on.wgsl.
+const ROPE_ON: bool = {{ROPE_ON}};
 
 // Team partials of output (local row, column) o at o * TPR + t when TPR > 1,
 // and first the norm prologue's partials (common/rms.wgsl, which names it):
@@ -101,7 +105,7 @@ fn main(
     // Output rows: p.rows, or the `half` gate rows of a GLU.
     let half = p.rows / 2u;
     var r0 = wg_id * ROWS;
-    if (GLU_ON) {
+    if (GLU_ON || ROPE_ON) {
         r0 = wg_id * TEAMS;
     }
     // Local row of the thread's rr-th row: rr * TEAMS + team, so that
@@ -111,7 +115,9 @@ fn main(
     for (var rr = 0u; rr < RPT; rr++) {
         // Rows past the end compute on the last row (in bounds) and are not
         // written: every invocation runs the same loop, with no divergence.
-        if (GLU_ON) {
+        if (ROPE_ON) {
+            rbase[rr] = rope_rows(min(r0 + team, half - 1u))[rr] * p.row_bytes;
+        } else if (GLU_ON) {
             rbase[rr] = (min(r0 + team, half - 1u) + rr * half) * p.row_bytes;
         } else {
             rbase[rr] = min(r0 + rr * TEAMS + team, p.rows - 1u) * p.row_bytes;
@@ -173,7 +179,14 @@ fn main(
             }
         }
     }
-    if (TPR == 1u && GLU_ON) {
+    if (TPR == 1u && ROPE_ON) {
+        let pi = r0 + team;
+        for (var c = 0u; c < MAXC; c++) {
+            if (c < p.ncols && pi < half) {
+                rope_store(pi, c, acc[c * V], acc[(MAXC + c) * V]);
+            }
+        }
+    } else if (TPR == 1u && GLU_ON) {
         let r = r0 + team;
         for (var c = 0u; c < MAXC; c++) {
             if (c < p.ncols && r < half) {
@@ -200,6 +213,17 @@ fn main(
             }
         }
         workgroupBarrier();
+        if (ROPE_ON) {
+            // Output o pairs with the second row's output o + TEAMS * MAXC.
+            for (var o = li; o < TEAMS * MAXC; o += WG) {
+                let pi = r0 + o / MAXC;
+                let c = o % MAXC;
+                if (c < p.ncols && pi < half) {
+                    rope_store(pi, c, team_tree(o), team_tree(o + TEAMS * MAXC));
+                }
+            }
+            return;
+        }
         if (GLU_ON) {
             // Output o pairs with the up row's output o + TEAMS * MAXC.
             for (var o = li; o < TEAMS * MAXC; o += WG) {

@@ -40,6 +40,7 @@
 
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/xnorm_{{NORM}}.wgsl"
+#include "common/rope_epi_{{ROPE}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/act.wgsl"
@@ -75,6 +76,9 @@ const ROWS: u32 = WG * RPT;
 const NO: u32 = RPT * MAXC;
 const GLU_ON: bool = {{GLU_ON}};
 const ADD: bool = {{ADD}};
+// ROPE = {{ROPE}}: RPT is 2 and a thread's rows are a rotation pair of the
+// stacked QKV product, stored by common/rope_epi_on.wgsl.
+const ROPE_ON: bool = {{ROPE_ON}};
 // Unit groups (WALK = groups): UG adjacent units decoded from one load of
 // their shared words; CLB = log2(32 / UG).
 const UG: u32 = {{UG}}u;
@@ -134,13 +138,15 @@ fn main(
     // Output rows: p.rows, or the `half` gate rows of a GLU.
     let half = p.rows / 2u;
     var r0 = wg_id * ROWS;
-    if (GLU_ON) {
+    if (GLU_ON || ROPE_ON) {
         r0 = wg_id * WG;
     }
     var rbase: array<u32, RPT>;
     for (var rr = 0u; rr < RPT; rr++) {
         // Rows past the end compute on the last row and are not written.
-        if (GLU_ON) {
+        if (ROPE_ON) {
+            rbase[rr] = rope_rows(min(r0 + li, half - 1u))[rr] * p.row_bytes;
+        } else if (GLU_ON) {
             rbase[rr] = (min(r0 + li, half - 1u) + rr * half) * p.row_bytes;
         } else {
             rbase[rr] = min(r0 + rr * WG + li, p.rows - 1u) * p.row_bytes;
@@ -148,6 +154,15 @@ fn main(
     }
     var root: array<f32, NO>;
 #include "common/walk_{{WALK}}.wgsl"
+    if (ROPE_ON) {
+        let pi = r0 + li;
+        for (var c = 0u; c < MAXC; c++) {
+            if (c < p.ncols && pi < half) {
+                rope_store(pi, c, root[c], root[MAXC + c]);
+            }
+        }
+        return;
+    }
     if (GLU_ON) {
         let r = r0 + li;
         for (var c = 0u; c < MAXC; c++) {

@@ -17,7 +17,7 @@
 @group(0) @binding(5) var<storage, read> tab: array<u32>;
 @group(0) @binding(6) var<uniform> p: RopeKvParams;
 
-const TAU: f32 = 6.283185307179586;
+#include "common/rope_rot.wgsl"
 
 @compute @workgroup_size(256)
 fn main(
@@ -50,32 +50,17 @@ fn main(
     if (is_q) {
         dst = p.q_base + t * p.n_head * p.head_dim + h * p.head_dim;
     }
-    var a = 2u * i;
-    var b = a + 1u;
-    var y0 = qk[src + a];
-    var y1 = qk[src + b];
+    let ab = rope_pair(i, p.n_rot, p.neox != 0u);
+    var y = vec2<f32>(qk[src + ab.x], qk[src + ab.y]);
     if (2u * i < p.n_rot) {
-        let pos = f32(tab[2u * (p.tab_first + t) + 1u]);
-        let inv_freq = exp2(-2.0 * f32(i) / f32(p.n_rot) * log2(p.freq_base));
-        var theta = pos * inv_freq;
-        // Keep the argument in [-pi, pi], where WGSL bounds the error of cos/sin.
-        theta = theta - TAU * round(theta / TAU);
-        let c = cos(theta);
-        let s = sin(theta);
-        if (p.neox != 0u) {
-            a = i;
-            b = i + p.n_rot / 2u;
-        }
-        let x0 = qk[src + a];
-        let x1 = qk[src + b];
-        y0 = x0 * c - x1 * s;
-        y1 = x0 * s + x1 * c;
+        let pos = tab[2u * (p.tab_first + t) + 1u];
+        y = rope_rotate(y.x, y.y, pos, i, p.n_rot, p.freq_base);
     }
     if (is_q) {
-        q[dst + a] = y0;
-        q[dst + b] = y1;
+        q[dst + ab.x] = y.x;
+        q[dst + ab.y] = y.y;
     } else {
-        kc[dst + a] = y0;
-        kc[dst + b] = y1;
+        kc[dst + ab.x] = y.x;
+        kc[dst + ab.y] = y.y;
     }
 }

@@ -14,6 +14,15 @@ struct MatParams {
     eps: f32,         // the norm prologue's epsilon (NORM = on)
     _pad0: u32,
     _pad1: u32,
+    // The RoPE epilogue (ROPE = on): the QKV layout and the rotation.
+    head_dim: u32,
+    n_rot: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    tab_first: u32,   // token table entry of column 0
+    neox: u32,
+    freq_base: f32,
+    _pad2: u32,
 }
 
 struct RowsParams {

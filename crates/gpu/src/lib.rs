@@ -42,6 +42,6 @@ pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{
     attention_scratch_len, Attention, Batch, Columns, Fuse, Gate, MatmulKernel, MatvecShape,
-    QkvLayout, Rope, TokenRow, TokenTable, ATTN_CHUNK, LANES, MAX_SMALL_COLS,
+    QkvLayout, Rope, RopeOut, TokenRow, TokenTable, ATTN_CHUNK, LANES, MAX_SMALL_COLS,
 };
 pub use quant::{has_kernel, SUPPORTED};

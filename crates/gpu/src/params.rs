@@ -23,6 +23,16 @@ pub(crate) struct MatParams {
     /// The norm prologue's epsilon ([`crate::Fuse::norm`]).
     pub eps: f32,
     pub _pad: [u32; 2],
+    /// The RoPE epilogue ([`crate::Fuse::rope`]): the QKV layout, the
+    /// token table entry of column 0, the rotation.
+    pub head_dim: u32,
+    pub n_rot: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub tab_first: u32,
+    pub neox: u32,
+    pub freq_base: f32,
+    pub _pad2: u32,
 }
 
 /// `RowsParams`: row lookup from one weight chunk holding rows

@@ -16,8 +16,8 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Fuse, Gate, Gpu, MatmulKernel, QkvLayout, Rope, Tensor, TokenRow,
-    TokenTable, Weight,
+    Attention, Batch, Columns, Fuse, Gate, Gpu, MatmulKernel, QkvLayout, Rope, RopeOut, Tensor,
+    TokenRow, TokenTable, Weight,
 };
 
 use crate::block::Block;
@@ -739,35 +739,6 @@ impl<'a> HybridModel<'a> {
             && l.post_attn_norm.is_none()
             && l.post_ffn_norm.is_none()
             && fused_gate_up.is_some();
-        if fused {
-            let norm = Fuse {
-                norm: Some((&l.attn_norm, blk.eps)),
-                add: false,
-            };
-            l.qkv.record(b, cur, &s.qkv, n, Some(norm))?;
-        } else {
-            if !normed {
-                b.rms_norm(cur, &l.attn_norm, &s.h, e, blk.eps)?;
-            }
-            l.qkv.record(b, &s.h, &s.qkv, n, None)?;
-        }
-        // Biases (qwen2), then per-head norms of q and k (qwen3, gemma3):
-        // `v_src` holds the values, `qk_src` the queries and keys.
-        let mut v_src = &s.qkv;
-        if let Some(bias) = &l.bqkv {
-            b.add_rows(&s.qkv, bias, &s.qkv2, layout.stride())?;
-            v_src = &s.qkv2;
-        }
-        let mut qk_src = v_src;
-        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            let dst = if l.bqkv.is_some() { &s.qkv } else { &s.qkv2 };
-            b.head_norms(qk_src, qn, kn, dst, &layout, n, blk.eps)?;
-            qk_src = dst;
-        }
-        // RoPE, the cache writes and attention once for each run of
-        // sequences whose caches share buffers (all of them, for the
-        // server's slots), every token at its own position and rows (the
-        // token table); the segments' tokens are packed in order.
         let table = TokenTable {
             host: &s.rows,
             gpu: &s.table,
@@ -781,6 +752,132 @@ impl<'a> HybridModel<'a> {
             neox: blk.rope.neox,
         };
         let window = blk.window.kernel_width();
+        // The QKV product's input: the raw hidden state, normed in the
+        // product's prologue, or its normed copy in `h`.
+        let (qkv_in, norm) = if fused {
+            (cur, Some((&l.attn_norm, blk.eps)))
+        } else {
+            if !normed {
+                b.rms_norm(cur, &l.attn_norm, &s.h, e, blk.eps)?;
+            }
+            (&s.h, None)
+        };
+        // RoPE and the cache writes in the QKV product's epilogue, where
+        // nothing comes between them (no biases, no per-head norms), the
+        // product is one weight in one binding, and every sequence's cache
+        // shares the step's buffers.
+        let arena = &segments[0].cache.arena;
+        let one_run = segments.iter().all(|o| Arc::ptr_eq(&o.cache.arena, arena));
+        let rope_w = match &l.qkv.parts[..] {
+            [w] if l.bqkv.is_none() && l.q_norm.is_none() && one_run && b.rope_fuses(w, n) => {
+                Some(w)
+            }
+            _ => None,
+        };
+        if let Some(w) = rope_w {
+            let (kc, vc) = (&arena.k[i], &arena.v[i]);
+            let out = RopeOut {
+                k_cache: kc,
+                v_cache: vc,
+                layout,
+                rope,
+                table,
+                first: segments[0].first,
+            };
+            let cols = Columns {
+                n,
+                x_offset: 0,
+                x_stride: e,
+                y_offset: 0,
+                y_stride: c.q_dim(),
+            };
+            let fuse = Fuse {
+                norm,
+                add: false,
+                rope: Some(out),
+            };
+            b.matmul_fused(w, qkv_in, &s.q, cols, fuse)?;
+            let a = Attention {
+                n_tokens: n,
+                n_head: c.n_head,
+                n_kv_head: c.n_head_kv,
+                head_dim: hd,
+                pos0: 0,
+                window,
+                scale: blk.attn_scale,
+            };
+            b.attention_rows(
+                &s.q,
+                kc,
+                vc,
+                &s.scores,
+                &s.attn,
+                &a,
+                table,
+                segments[0].first,
+            )?;
+        } else {
+            let fuse = norm.map(|norm| Fuse {
+                norm: Some(norm),
+                ..Fuse::default()
+            });
+            l.qkv.record(b, qkv_in, &s.qkv, n, fuse)?;
+            self.record_rope_attention(
+                b,
+                i,
+                l,
+                s,
+                n,
+                segments,
+                &layout,
+                &rope,
+                window,
+                blk.attn_scale,
+            )?;
+        }
+        self.record_ffn(b, il, l, next_norm, s, cur, spare, n, fused, fused_gate_up)
+    }
+
+    /// The per-head steps between a stacked QKV product in `s.qkv` and the
+    /// attention output in `s.attn`: biases (qwen2), per-head norms (qwen3,
+    /// gemma3), RoPE with the cache writes, attention.
+    #[allow(clippy::too_many_arguments)]
+    fn record_rope_attention(
+        &self,
+        b: &mut Batch<'_>,
+        i: usize,
+        l: &GpuLayer,
+        s: &Scratch,
+        n: usize,
+        segments: &[Segment<'_>],
+        layout: &QkvLayout,
+        rope: &Rope,
+        window: usize,
+        attn_scale: f32,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let c = &self.cpu.config;
+        let hd = c.head_dim;
+        let table = TokenTable {
+            host: &s.rows,
+            gpu: &s.table,
+        };
+        // Biases (qwen2), then per-head norms of q and k (qwen3, gemma3):
+        // `v_src` holds the values, `qk_src` the queries and keys.
+        let mut v_src = &s.qkv;
+        if let Some(bias) = &l.bqkv {
+            b.add_rows(&s.qkv, bias, &s.qkv2, layout.stride())?;
+            v_src = &s.qkv2;
+        }
+        let mut qk_src = v_src;
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+            let dst = if l.bqkv.is_some() { &s.qkv } else { &s.qkv2 };
+            b.head_norms(qk_src, qn, kn, dst, layout, n, c.rms_eps)?;
+            qk_src = dst;
+        }
+        // RoPE, the cache writes and attention once for each run of
+        // sequences whose caches share buffers (all of them, for the
+        // server's slots), every token at its own position and rows (the
+        // token table); the segments' tokens are packed in order.
         let mut at = 0;
         while let Some(seg) = segments.get(at) {
             let arena = &seg.cache.arena;
@@ -791,7 +888,7 @@ impl<'a> HybridModel<'a> {
             let tokens: usize = segments[at..at + run].iter().map(|o| o.n).sum();
             let (kc, vc) = (&arena.k[i], &arena.v[i]);
             b.rope_kv_rows(
-                qk_src, v_src, &s.q, kc, vc, &layout, &rope, table, seg.first, tokens,
+                qk_src, v_src, &s.q, kc, vc, layout, rope, table, seg.first, tokens,
             )?;
             let a = Attention {
                 n_tokens: tokens,
@@ -800,19 +897,43 @@ impl<'a> HybridModel<'a> {
                 head_dim: hd,
                 pos0: 0,
                 window,
-                scale: blk.attn_scale,
+                scale: attn_scale,
             };
             b.attention_rows(&s.q, kc, vc, &s.scores, &s.attn, &a, table, seg.first)?;
             at += run;
         }
+        Ok(())
+    }
+
+    /// The block's second half: the attention output product, the
+    /// residual adds and the feed-forward block, folded (`fused`, see
+    /// [`Self::record_layer`]) or with add + norm kernels. Returns whether
+    /// `s.h` holds the hidden state normed by `next_norm`.
+    #[allow(clippy::too_many_arguments)]
+    fn record_ffn(
+        &self,
+        b: &mut Batch<'_>,
+        il: usize,
+        l: &GpuLayer,
+        next_norm: &Tensor,
+        s: &Scratch,
+        cur: &Tensor,
+        spare: &Tensor,
+        n: usize,
+        fused: bool,
+        fused_gate_up: Option<&Weight>,
+    ) -> Result<bool, lamina_gpu::GpuError> {
+        let c = &self.cpu.config;
+        let blk = Block::new(c, il);
+        let e = c.n_embd;
         let gate = match blk.activation {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
         if let (true, Some(w)) = (fused, fused_gate_up) {
             let add = Fuse {
-                norm: None,
                 add: true,
+                ..Fuse::default()
             };
             b.matmul_fused(&l.wo, &s.attn, cur, Columns::packed(n, &l.wo), add)?;
             b.matmul_glu_normed(w, cur, &s.gu, &s.a, n, gate, (&l.ffn_norm, blk.eps))?;

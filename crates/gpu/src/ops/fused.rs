@@ -48,11 +48,11 @@ impl QkvLayout {
         (self.n_head + 2 * self.n_kv_head) * self.head_dim
     }
 
-    fn q_dim(&self) -> usize {
+    pub(crate) fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
 
-    fn kv_dim(&self) -> usize {
+    pub(crate) fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
     }
 }
@@ -75,6 +75,46 @@ pub(crate) fn fused_specs() -> Vec<KernelSpec> {
         KernelSpec::new("head_norm.wgsl"),
         KernelSpec::new("rope_kv.wgsl"),
     ]
+}
+
+/// The checks RoPE + cache writes make before a dispatch (rope_kv.wgsl and
+/// the mat-vec's RoPE epilogue): tokens `first .. first + n` of `table`
+/// exist, their cache rows fit both caches, and the rotation fits the
+/// heads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_rope_kv(
+    op: &'static str,
+    layout: &QkvLayout,
+    rope: &Rope,
+    table: TokenTable<'_>,
+    first: usize,
+    n: usize,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<(), GpuError> {
+    let hd = layout.head_dim;
+    let kvd = layout.kv_dim();
+    let fits = |t: &Tensor, row: usize| (row + 1).checked_mul(kvd).is_some_and(|e| e <= t.len());
+    let bad = |why: String| shape(op, format!("tokens {first}..+{n} of {layout:?}: {why}"));
+    let rows = table
+        .entries(first, n)
+        .ok_or_else(|| bad(format!("a table of {} entries", table.host.len())))?;
+    if let Some(e) = rows
+        .iter()
+        .find(|e| !fits(k_cache, e.row as usize) || !fits(v_cache, e.row as usize))
+    {
+        return Err(bad(format!(
+            "row {} of caches of {} and {} elements",
+            e.row,
+            k_cache.len(),
+            v_cache.len()
+        )));
+    }
+    if hd == 0 || hd % 2 != 0 || rope.n_rot % 2 != 0 || rope.n_rot > hd || rope.head_dim != hd {
+        return Err(bad(format!("rotating {} of heads of {hd}", rope.n_rot)));
+    }
+    to_u32(op, "cache", k_cache.len().min(v_cache.len()))?;
+    Ok(())
 }
 
 impl Batch<'_> {
@@ -314,36 +354,15 @@ impl Batch<'_> {
     ) -> Result<(), GpuError> {
         const OP: &str = "rope_kv";
         let hd = layout.head_dim;
-        let (qd, kvd, stride) = (layout.q_dim(), layout.kv_dim(), layout.stride());
+        let (qd, stride) = (layout.q_dim(), layout.stride());
         let end = first.checked_add(n);
         let fits = |t: &Tensor, rows: Option<usize>, per: usize| {
             rows.and_then(|r| r.checked_mul(per))
                 .is_some_and(|e| e <= t.len())
         };
         let bad = |why: String| shape(OP, format!("tokens {first}..+{n} of {layout:?}: {why}"));
-        let rows = table
-            .entries(first, n)
-            .ok_or_else(|| bad(format!("a table of {} entries", table.host.len())))?;
-        if let Some(e) = rows.iter().find(|e| {
-            !fits(k_cache, Some(e.row as usize + 1), kvd)
-                || !fits(v_cache, Some(e.row as usize + 1), kvd)
-        }) {
-            return Err(bad(format!(
-                "row {} of caches of {} and {} elements",
-                e.row,
-                k_cache.len(),
-                v_cache.len()
-            )));
-        }
-        if hd == 0
-            || hd % 2 != 0
-            || rope.n_rot % 2 != 0
-            || rope.n_rot > hd
-            || rope.head_dim != hd
-            || !fits(qk, end, stride)
-            || !fits(vs, end, stride)
-            || !fits(q, end, qd)
-        {
+        check_rope_kv(OP, layout, rope, table, first, n, k_cache, v_cache)?;
+        if !fits(qk, end, stride) || !fits(vs, end, stride) || !fits(q, end, qd) {
             return Err(bad(format!(
                 "rotating {}: qk {}, v {}, q {}",
                 rope.n_rot,

@@ -44,7 +44,7 @@
 
 use lamina_gguf::GgmlType;
 
-use super::{shape, to_u32, Batch, Gate};
+use super::{shape, to_u32, Batch, Gate, QkvLayout, Rope, TokenTable};
 use crate::buffer::{Tensor, Weight, TENSOR_SLACK};
 use crate::error::GpuError;
 use crate::params::{MatParams, RowsParams};
@@ -229,6 +229,22 @@ pub struct Fuse<'t> {
     /// The product is added to what `y` holds (`y + W·x`, the residual add,
     /// [`Batch::add`]'s bits).
     pub add: bool,
+    /// The product is a stacked QKV product: RoPE and the cache writes in
+    /// its epilogue ([`RopeOut`]); `y` receives the rotated queries.
+    pub rope: Option<RopeOut<'t>>,
+}
+
+/// Where a stacked QKV product's RoPE epilogue puts keys and values, with
+/// [`Batch::rope_kv_rows`]'s bits: column `c` of the product is token
+/// `first + c` of `table`.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeOut<'t> {
+    pub k_cache: &'t Tensor,
+    pub v_cache: &'t Tensor,
+    pub layout: QkvLayout,
+    pub rope: Rope,
+    pub table: TokenTable<'t>,
+    pub first: usize,
 }
 
 impl Fuse<'_> {
@@ -236,6 +252,7 @@ impl Fuse<'_> {
         FuseKind {
             norm: self.norm.is_some(),
             add: self.add,
+            rope: self.rope.is_some(),
         }
     }
 }
@@ -267,6 +284,7 @@ pub(crate) fn matvec_spec(
 pub(crate) struct FuseKind {
     pub norm: bool,
     pub add: bool,
+    pub rope: bool,
 }
 
 /// [`matvec_spec`] with a norm prologue and / or an add epilogue.
@@ -292,7 +310,14 @@ pub(crate) fn matvec_spec_fused(
     } else {
         shape.wgmem(maxc)
     };
-    let spec = quant::weight_defs_with(KernelSpec::new(file), ty, usize::from(fuse.norm))
+    // After the weight's bindings: the norm weight, then the caches and the
+    // token table of the RoPE epilogue.
+    let n_bind = quant::weight_bindings(ty) + usize::from(fuse.norm);
+    let extra = usize::from(fuse.norm) + 3 * usize::from(fuse.rope);
+    let spec = quant::weight_defs_with(KernelSpec::new(file), ty, extra)
+        .def("KB", n_bind.to_string())
+        .def("VB", (n_bind + 1).to_string())
+        .def("TB", (n_bind + 2).to_string())
         .def("MAXC", maxc.to_string())
         .def("TPR", shape.tpr.to_string())
         .def("RPT", shape.rpt.to_string())
@@ -301,7 +326,9 @@ pub(crate) fn matvec_spec_fused(
         .def("GLU", glu.map_or("none", Gate::wgsl))
         .def("GLU_ON", if glu.is_some() { "true" } else { "false" })
         .def("NORM", if fuse.norm { "on" } else { "off" })
-        .def("ADD", if fuse.add { "true" } else { "false" });
+        .def("ADD", if fuse.add { "true" } else { "false" })
+        .def("ROPE", if fuse.rope { "on" } else { "off" })
+        .def("ROPE_ON", if fuse.rope { "true" } else { "false" });
     // One thread per row walks all 32 lanes itself, so it can decode a
     // group of units that share their words from one load.
     let ug = if shape.tpr == 1 {
@@ -341,15 +368,23 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
         for maxc in [1, 2, 4, MAX_SMALL_COLS] {
             v.push(matvec_spec(ty, maxc, shape, None, None, sg));
             v.push(matvec_spec(ty, maxc, shape, Some(64), None, sg));
-            for (norm, add) in [(true, false), (false, true)] {
-                let fuse = FuseKind { norm, add };
+            for (norm, add, rope) in [
+                (true, false, false),
+                (false, true, false),
+                (true, false, true),
+                (false, false, true),
+            ] {
+                if rope && shape.rpt != 2 {
+                    continue;
+                }
+                let fuse = FuseKind { norm, add, rope };
                 for window in [None, Some(64)] {
                     v.push(matvec_spec_fused(ty, maxc, shape, window, None, sg, fuse));
                 }
             }
             let norm = FuseKind {
                 norm: true,
-                add: false,
+                ..FuseKind::default()
             };
             for gate in [Gate::Silu, Gate::GeluTanh] {
                 let shape = shape.for_glu();
@@ -492,6 +527,13 @@ impl Batch<'_> {
         n <= MAX_SMALL_COLS || self.small_n_everywhere()
     }
 
+    /// Whether an `n`-column product of `w` can take a RoPE epilogue
+    /// ([`Fuse::rope`]): the mat-vec or small-N kernel, and the weight in
+    /// one binding (a rotation pair's rows must meet in one dispatch).
+    pub fn rope_fuses(&self, w: &Weight, n: usize) -> bool {
+        self.fuses(n) && w.chunks.len() == 1
+    }
+
     /// Whether [`Batch::matmul_glu`] can run `w` as one fused dispatch per
     /// eight columns (rather than the product and a separate activation),
     /// and so take a norm prologue too.
@@ -584,7 +626,10 @@ impl Batch<'_> {
         } else {
             MatmulKernel::Small
         };
-        let fuse = Fuse { norm, add: false };
+        let fuse = Fuse {
+            norm,
+            ..Fuse::default()
+        };
         self.matmul_any(kernel, forced, w, x, y, cols, Some(gate), fuse)
     }
 
@@ -615,8 +660,29 @@ impl Batch<'_> {
         if n == 0 {
             return Ok(());
         }
-        // A GLU writes one value per gate row.
-        let (k, rows) = (w.cols(), w.rows() / if glu.is_some() { 2 } else { 1 });
+        if let Some(r) = &fuse.rope {
+            let (kc, vc) = (r.k_cache, r.v_cache);
+            super::fused::check_rope_kv(OP, &r.layout, &r.rope, r.table, r.first, n, kc, vc)?;
+            if glu.is_some() || fuse.add || w.chunks.len() != 1 || w.rows() != r.layout.stride() {
+                return Err(shape(
+                    OP,
+                    format!(
+                        "a RoPE epilogue needs one stacked QKV weight of {} rows in one binding,                          without GLU or add",
+                        r.layout.stride()
+                    ),
+                ));
+            }
+            Self::distinct(OP, y, &[kc, vc, r.table.gpu])?;
+            Self::distinct(OP, kc, &[x, vc, r.table.gpu])?;
+            Self::distinct(OP, vc, &[x, r.table.gpu])?;
+        }
+        // A GLU writes one value per gate row, a RoPE epilogue the queries.
+        let k = w.cols();
+        let rows = match (&fuse.rope, glu) {
+            (Some(r), _) => r.layout.q_dim(),
+            (None, Some(_)) => w.rows() / 2,
+            (None, None) => w.rows(),
+        };
         let end = |offset: usize, stride: usize, len: usize| {
             offset
                 .saturating_add((n - 1).saturating_mul(stride))
@@ -673,7 +739,20 @@ impl Batch<'_> {
                     y_offset: (cols.y_offset + c0 * cols.y_stride) as u32,
                     y_stride: cols.y_stride as u32,
                     eps: fuse.norm.map_or(0.0, |(_, eps)| eps),
-                    _pad: [0; 2],
+                    ..MatParams::default()
+                };
+                let params = match &fuse.rope {
+                    Some(r) => MatParams {
+                        head_dim: to_u32(OP, "head_dim", r.layout.head_dim)?,
+                        n_rot: to_u32(OP, "n_rot", r.rope.n_rot)?,
+                        n_head: to_u32(OP, "n_head", r.layout.n_head)?,
+                        n_kv_head: to_u32(OP, "n_kv_head", r.layout.n_kv_head)?,
+                        tab_first: to_u32(OP, "first", r.first + c0)?,
+                        neox: u32::from(r.rope.neox),
+                        freq_base: r.rope.freq_base,
+                        ..params
+                    },
+                    None => params,
                 };
                 // A weight whose decoder reads vec4 words is bound a second
                 // time, as those (quant::binds_twice); the norm weight after.
@@ -688,6 +767,11 @@ impl Batch<'_> {
                 if let Some((nw, _)) = fuse.norm {
                     ranges.push((&nw.buf, 0, None));
                 }
+                if let Some(r) = &fuse.rope {
+                    ranges.push((&r.k_cache.buf, 0, None));
+                    ranges.push((&r.v_cache.buf, 0, None));
+                    ranges.push((&r.table.gpu.buf, 0, None));
+                }
                 if kernel == MatmulKernel::Tiled {
                     debug_assert!(glu.is_none(), "the tiled kernel has no GLU epilogue");
                     let (gx, gy) = self.gpu.grid(chunk.rows.div_ceil(TILED_ROWS));
@@ -700,15 +784,15 @@ impl Batch<'_> {
                         Some(s) => s,
                         None => MatvecShape::choose(self.gpu, k.div_ceil(32)),
                     };
-                    let (ms, wg_rows) = match glu {
-                        Some(_) => (ms.for_glu(), ms.wg / ms.tpr),
-                        None => (ms, ms.rows_per_wg()),
-                    };
-                    let out_rows = if glu.is_some() {
-                        chunk.rows / 2
+                    // A GLU's threads hold a gate row and its up row, a RoPE
+                    // epilogue's a rotation pair: one output (pair) each.
+                    let paired = glu.is_some() || fuse.rope.is_some();
+                    let (ms, wg_rows) = if paired {
+                        (ms.for_glu(), ms.wg / ms.tpr)
                     } else {
-                        chunk.rows
+                        (ms, ms.rows_per_wg())
                     };
+                    let out_rows = if paired { chunk.rows / 2 } else { chunk.rows };
                     let (gx, gy) = self.gpu.grid(out_rows.div_ceil(wg_rows));
                     let sg = self.gpu.lane_broadcast();
                     // One thread per row reads activations in lockstep: from

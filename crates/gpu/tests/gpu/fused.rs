@@ -407,13 +407,13 @@ fn norm_prologue_and_add_epilogue_equal_the_separate_kernels() {
                     let mut b = gpu.batch();
                     let norm = Fuse {
                         norm: Some((&nw, eps)),
-                        add: false,
+                        ..Fuse::default()
                     };
                     b.matmul_fused_shaped(kernel, shape, &w, &x, &normed, cols, norm)
                         .unwrap();
                     let add = Fuse {
-                        norm: None,
                         add: true,
+                        ..Fuse::default()
                     };
                     b.matmul_fused_shaped(kernel, shape, &w, &x, &added, cols, add)
                         .unwrap();
@@ -463,11 +463,152 @@ fn a_fused_product_refuses_the_tiled_kernel() {
     let mut b = gpu.batch();
     let fuse = Fuse {
         norm: Some((&nw, 1e-5)),
-        add: false,
+        ..Fuse::default()
     };
     let cols = Columns::packed(n, &w);
     let err = b
         .matmul_fused_shaped(MatmulKernel::Tiled, None, &w, &x, &y, cols, fuse)
         .unwrap_err();
     assert!(err.to_string().contains("tiled"), "{err}");
+}
+
+/// The QKV mat-vec's RoPE epilogue gives the bits of the product followed
+/// by rope_kv_rows: the rotated queries, and the keys and values in the
+/// cache rows the token table names (tokens of two sequences at scattered
+/// positions, starting mid-table), in both pair orderings, with part of
+/// each head unrotated, at 1, 3 and 8 columns, for every thread shape of
+/// the mat-vec, and with the norm prologue in front.
+#[test]
+fn rope_epilogue_equals_product_then_rope_kv() {
+    use lamina_gpu::{Fuse, MatmulKernel, MatvecShape, RopeOut, TokenRow, TokenTable};
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x907e);
+    let layout = QkvLayout {
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 32,
+    };
+    let (hd, qd, kvd, stride) = (32, 128, 64, layout.stride());
+    let (k, ctx) = (96, 40);
+    let ty = GgmlType::Q8_0;
+    let data = common::random_weight(&mut rng, ty, stride, k);
+    let w = gpu.upload_weight(ty, stride, k, &data).unwrap();
+    let nw = gpu.upload_f32(&rng.vec(k)).unwrap();
+    let cache = rng.vec(ctx * kvd);
+    // Entries 0 and 1 belong to no token of the product (it starts at 2);
+    // then a sequence in rows 20.. at positions 9.., another in rows 3..
+    // at positions 30...
+    let mut host = vec![TokenRow { row: 0, pos: 0 }; 2];
+    for t in 0..4u32 {
+        host.push(TokenRow {
+            row: 20 + t,
+            pos: 9 + t,
+        });
+    }
+    for t in 0..4u32 {
+        host.push(TokenRow {
+            row: 3 + t,
+            pos: 30 + 7 * t,
+        });
+    }
+    let flat: Vec<u32> = host.iter().flat_map(|e| [e.row, e.pos]).collect();
+    let tab = gpu.upload_u32(&flat).unwrap();
+    let table = TokenTable {
+        host: &host,
+        gpu: &tab,
+    };
+    let first = 2;
+    for (neox, n_rot, n) in [(false, 32, 1), (true, 32, 3), (false, 16, 8), (true, 16, 1)] {
+        let rope = Rope {
+            head_dim: hd,
+            n_rot,
+            n_heads: layout.n_head,
+            pos_offset: 0,
+            freq_base: 10000.0,
+            neox,
+        };
+        let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
+        for norm in [false, true] {
+            // Unfused: (norm,) product, RoPE + cache writes.
+            // rope_kv_rows reads token `first + t` of the product and
+            // writes query row `first + t`: the product lands there.
+            let (h, qkv, q1) = (
+                common::poisoned(gpu, n * k),
+                common::poisoned(gpu, (first + n) * stride),
+                common::poisoned(gpu, (first + n) * qd),
+            );
+            let (kc1, vc1) = (
+                gpu.upload_f32(&cache).unwrap(),
+                gpu.upload_f32(&cache).unwrap(),
+            );
+            let mut b = gpu.batch();
+            let input = if norm {
+                b.rms_norm(&x, &nw, &h, k, 1e-5).unwrap();
+                &h
+            } else {
+                &x
+            };
+            let at = Columns {
+                n,
+                x_offset: 0,
+                x_stride: k,
+                y_offset: first * stride,
+                y_stride: stride,
+            };
+            b.matmul_strided(MatmulKernel::MatVec, &w, input, &qkv, at)
+                .unwrap();
+            b.rope_kv_rows(&qkv, &qkv, &q1, &kc1, &vc1, &layout, &rope, table, first, n)
+                .unwrap();
+            b.submit().unwrap();
+            let want = [
+                bits(gpu, &q1)[first * qd..].to_vec(),
+                bits(gpu, &kc1),
+                bits(gpu, &vc1),
+            ];
+            let shapes: Vec<Option<MatvecShape>> = if n == 1 && !norm {
+                MatvecShape::CANDIDATES.map(Some).into_iter().collect()
+            } else {
+                vec![None]
+            };
+            for shape in shapes {
+                let q2 = common::poisoned(gpu, n * qd);
+                let (kc2, vc2) = (
+                    gpu.upload_f32(&cache).unwrap(),
+                    gpu.upload_f32(&cache).unwrap(),
+                );
+                let fuse = Fuse {
+                    norm: norm.then_some((&nw, 1e-5)),
+                    add: false,
+                    rope: Some(RopeOut {
+                        k_cache: &kc2,
+                        v_cache: &vc2,
+                        layout,
+                        rope,
+                        table,
+                        first,
+                    }),
+                };
+                let cols = Columns {
+                    n,
+                    x_offset: 0,
+                    x_stride: k,
+                    y_offset: 0,
+                    y_stride: qd,
+                };
+                let kernel = if n == 1 {
+                    MatmulKernel::MatVec
+                } else {
+                    MatmulKernel::Small
+                };
+                let mut b = gpu.batch();
+                b.matmul_fused_shaped(kernel, shape, &w, &x, &q2, cols, fuse)
+                    .unwrap();
+                b.submit().unwrap();
+                let what = format!("neox {neox} n_rot {n_rot} n {n} norm {norm} {shape:?}");
+                same(&format!("{what}: queries"), &bits(gpu, &q2), &want[0]);
+                same(&format!("{what}: key cache"), &bits(gpu, &kc2), &want[1]);
+                same(&format!("{what}: value cache"), &bits(gpu, &vc2), &want[2]);
+            }
+        }
+    }
 }
