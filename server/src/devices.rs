@@ -40,6 +40,14 @@ pub fn run(json: bool) -> anyhow::Result<()> {
             a.max_compute_invocations_per_workgroup,
             human_size(a.max_compute_workgroup_storage_size.into())
         );
+        match (a.free_memory, a.device_memory) {
+            (Some(free), Some(size)) => println!(
+                "    free device memory          {} of {} (the driver's budget)",
+                human_size(free),
+                human_size(size)
+            ),
+            _ => println!("    free device memory          not reported by the driver"),
+        }
         println!("    shader f16                  {}", yes(a.shader_f16));
         if a.subgroups {
             println!(

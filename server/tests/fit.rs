@@ -77,6 +77,12 @@ fn devices_lists_the_software_adapter() {
         "no adapter: install mesa-vulkan-drivers (scripts/install-deps.sh)"
     );
     assert!(list[0]["max_storage_buffer_binding_size"].as_u64().unwrap() > 0);
+    // Lavapipe's Vulkan driver has VK_EXT_memory_budget: free memory is
+    // reported, and is no more than the device-local heaps hold.
+    let vulkan = list.iter().find(|a| a["backend"] == "vulkan").unwrap();
+    let free = vulkan["free_memory"].as_u64().unwrap();
+    let size = vulkan["device_memory"].as_u64().unwrap();
+    assert!(free > 0 && free <= size, "free {free} of {size}");
 }
 
 #[test]

@@ -41,6 +41,62 @@ pub struct AdapterInfo {
     pub subgroups: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
+    /// Device-local memory the driver says this process may still use (its
+    /// budget less its usage, over the device-local heaps), and those
+    /// heaps' size: from Vulkan's `VK_EXT_memory_budget` where the driver
+    /// has it; `None` where nothing answers (other backends, older drivers).
+    pub free_memory: Option<u64>,
+    pub device_memory: Option<u64>,
+}
+
+/// Free and total device-local memory as the driver reports them.
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    free: u64,
+    size: u64,
+}
+
+/// Asks a Vulkan adapter's driver how much device-local memory this process
+/// may still allocate (`VK_EXT_memory_budget`): wgpu reports limits, not
+/// free memory, and a fixed guess is what makes layers spill to the CPU
+/// while memory is free, or the first prompt run out. The extension's
+/// budget already accounts for other processes on the device.
+fn memory_budget(adapter: &wgpu::Adapter) -> Option<Budget> {
+    use ash::vk;
+    // SAFETY: the guard is dropped before this returns, and only queries
+    // that take the physical device read-only are made through it.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }?;
+    let caps = hal.physical_device_capabilities();
+    let shared = hal.shared_instance();
+    if !caps.supports_extension(ash::ext::memory_budget::NAME)
+        || shared.instance_api_version() < vk::API_VERSION_1_1
+        || caps.properties().api_version < vk::API_VERSION_1_1
+    {
+        return None;
+    }
+    let mut budget = vk::PhysicalDeviceMemoryBudgetPropertiesEXT::default();
+    let mut props = vk::PhysicalDeviceMemoryProperties2::default().push_next(&mut budget);
+    // SAFETY: Vulkan 1.1 on both the instance and the device (checked
+    // above) makes vkGetPhysicalDeviceMemoryProperties2 core, and the
+    // device has the extension whose struct is chained.
+    unsafe {
+        shared
+            .raw_instance()
+            .get_physical_device_memory_properties2(hal.raw_physical_device(), &mut props);
+    }
+    let mem = props.memory_properties;
+    let heaps = mem.memory_heap_count.min(vk::MAX_MEMORY_HEAPS as u32) as usize;
+    let (mut free, mut size) = (0u64, 0u64);
+    for i in 0..heaps {
+        if mem.memory_heaps[i]
+            .flags
+            .contains(vk::MemoryHeapFlags::DEVICE_LOCAL)
+        {
+            size = size.saturating_add(mem.memory_heaps[i].size);
+            free = free.saturating_add(budget.heap_budget[i].saturating_sub(budget.heap_usage[i]));
+        }
+    }
+    (size > 0).then_some(Budget { free, size })
 }
 
 impl AdapterInfo {
@@ -50,6 +106,7 @@ impl AdapterInfo {
         let features = adapter.features();
         let downlevel = adapter.get_downlevel_capabilities();
         let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let budget = memory_budget(adapter);
         AdapterInfo {
             index,
             name: info.name,
@@ -77,6 +134,8 @@ impl AdapterInfo {
             subgroups,
             subgroup_min_size: if subgroups { info.subgroup_min_size } else { 0 },
             subgroup_max_size: if subgroups { info.subgroup_max_size } else { 0 },
+            free_memory: budget.map(|b| b.free),
+            device_memory: budget.map(|b| b.size),
         }
     }
 

@@ -16,10 +16,26 @@ use crate::error::ModelError;
 use crate::gpu::HybridModel;
 use crate::plan::{self, human_size, Device, Plan, PlanParams};
 
-/// Budget assumed by `-ngl auto` when `--gpu-memory` is not given: wgpu
-/// reports limits, not free memory, so we assume the smallest common
-/// discrete card rather than risk an out-of-memory on the first prompt.
+/// Budget assumed by `-ngl auto` when `--gpu-memory` is not given and the
+/// driver does not say how much memory is free (wgpu reports limits, not
+/// free memory; Vulkan drivers with `VK_EXT_memory_budget` do): the
+/// smallest common discrete card, rather than risk an out-of-memory on the
+/// first prompt.
 pub const DEFAULT_AUTO_BUDGET: u64 = 4 << 30;
+
+/// `-ngl auto`'s budget and where it came from: `--gpu-memory` if given,
+/// else the memory the driver says is free on the device, else
+/// [`DEFAULT_AUTO_BUDGET`].
+pub fn auto_budget(given: Option<u64>, free: Option<u64>) -> (u64, &'static str) {
+    match (given, free) {
+        (Some(b), _) => (b, "--gpu-memory"),
+        (None, Some(f)) => (f, "free on the device, as its driver reports"),
+        (None, None) => (
+            DEFAULT_AUTO_BUDGET,
+            "assumed: the driver does not report free memory; --gpu-memory sets it",
+        ),
+    }
+}
 
 /// `-ngl`: a number of slots (blocks + the output layer), `all`, or `auto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,8 +93,9 @@ pub fn choose_plan(
     model: &Model,
     cfg: &Config,
     a: &LoadArgs,
-    have_gpu: bool,
+    gpu: Option<&lamina_gpu::AdapterInfo>,
 ) -> Result<Plan, ModelError> {
+    let have_gpu = gpu.is_some();
     let params = PlanParams {
         n_ctx: a.n_ctx,
         n_parallel: a.n_parallel,
@@ -89,12 +106,10 @@ pub fn choose_plan(
         return Ok(plan::plan(model, cfg, 0, &params));
     }
     let p = match a.ngl {
-        Ngl::Auto => plan::fit(
-            model,
-            cfg,
-            a.gpu_memory.unwrap_or(DEFAULT_AUTO_BUDGET),
-            &params,
-        ),
+        Ngl::Auto => {
+            let free = gpu.and_then(|g| g.free_memory);
+            plan::fit(model, cfg, auto_budget(a.gpu_memory, free).0, &params)
+        }
         Ngl::All => plan::plan(model, cfg, all, &params),
         Ngl::Layers(n) => plan::plan(model, cfg, n, &params),
     };
@@ -241,11 +256,35 @@ pub fn load_with_progress<'m>(
 ) -> Result<(HybridModel<'m>, String), ModelError> {
     let cpu = CpuModel::load(model)?;
     let gpu = open_gpu(a.ngl)?;
-    let p = choose_plan(model, &cpu.config, a, gpu.is_some())?;
-    let device = gpu
-        .as_ref()
-        .map_or("no GPU".to_owned(), |g| g.adapter_info().name.clone());
-    let table = plan_table(&p, &device);
+    let info = gpu.as_ref().map(|g| g.adapter_info());
+    let p = choose_plan(model, &cpu.config, a, info)?;
+    let device = info.map_or("no GPU".to_owned(), |i| i.name.clone());
+    let mut table = plan_table(&p, &device);
+    if let (Ngl::Auto, Some(i)) = (a.ngl, info) {
+        let (budget, source) = auto_budget(a.gpu_memory, i.free_memory);
+        let _ = writeln!(
+            table,
+            "-ngl auto: fitted to {} ({source})",
+            human_size(budget)
+        );
+    }
     let gpu = if p.ngl > 0 { gpu } else { None };
     Ok((HybridModel::with_progress(cpu, p, gpu, progress)?, table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_budget_prefers_the_flag_then_the_driver_then_the_guess() {
+        let gib = 1 << 30;
+        assert_eq!(auto_budget(Some(3 * gib), Some(9 * gib)).0, 3 * gib);
+        let (b, source) = auto_budget(None, Some(9 * gib));
+        assert_eq!(b, 9 * gib);
+        assert!(source.contains("driver"), "{source}");
+        let (b, source) = auto_budget(None, None);
+        assert_eq!(b, DEFAULT_AUTO_BUDGET);
+        assert!(source.contains("--gpu-memory"), "{source}");
+    }
 }
