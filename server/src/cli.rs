@@ -70,7 +70,15 @@ pub struct SamplingArgs {
 
 impl SamplingArgs {
     /// The sampler these flags describe, on top of the library's defaults.
+    #[cfg(test)]
     pub fn sampler(&self) -> anyhow::Result<SamplerConfig> {
+        self.sampler_with(&lamina_model::FileSampling::default())
+    }
+
+    /// The sampler these flags describe, on top of the model file's own
+    /// defaults (`general.sampling.*`, as llama.cpp reads them), on top of
+    /// the library's.
+    pub fn sampler_with(&self, file: &lamina_model::FileSampling) -> anyhow::Result<SamplerConfig> {
         let d = SamplerConfig::default();
         let check = |name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
             Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => {
@@ -86,12 +94,23 @@ impl SamplingArgs {
             anyhow::bail!("--repeat-penalty must be greater than 0 (1 is off)");
         }
         Ok(SamplerConfig {
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_k: self.top_k.unwrap_or(d.top_k),
+            temperature: self
+                .temperature
+                .or(file.temperature)
+                .unwrap_or(d.temperature),
+            top_k: self.top_k.or(file.top_k).unwrap_or(d.top_k),
             // llama.cpp's top-p 0 keeps one token; Lamina's sampler needs p > 0.
-            top_p: self.top_p.filter(|&p| p > 0.0).unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            top_p: self
+                .top_p
+                .filter(|&p| p > 0.0)
+                .or(file.top_p)
+                .unwrap_or(d.top_p),
+            min_p: self.min_p.or(file.min_p).unwrap_or(d.min_p),
+            repeat_penalty: self
+                .repeat_penalty
+                .or(file.repeat_penalty)
+                .unwrap_or(d.repeat_penalty),
+            repeat_last_n: file.repeat_last_n.unwrap_or(d.repeat_last_n),
             seed: self.seed.and_then(|s| u64::try_from(s).ok()),
             ..d
         })
@@ -278,5 +297,35 @@ impl LlamaServerArgs {
             anyhow::bail!("--batch-size and --ubatch-size must be at least 1");
         }
         Ok(chunk)
+    }
+}
+
+#[cfg(test)]
+mod sampling_tests {
+    use super::*;
+
+    /// A flag beats the file's default, which beats the library's.
+    #[test]
+    fn flags_then_the_files_defaults_then_the_librarys() {
+        let file = lamina_model::FileSampling {
+            temperature: Some(0.6),
+            top_k: Some(20),
+            top_p: Some(0.95),
+            repeat_last_n: Some(128),
+            ..Default::default()
+        };
+        let flags = SamplingArgs {
+            top_k: Some(5),
+            ..Default::default()
+        };
+        let s = flags.sampler_with(&file).unwrap();
+        let d = SamplerConfig::default();
+        assert_eq!(s.temperature, 0.6);
+        assert_eq!(s.top_k, 5);
+        assert_eq!(s.top_p, 0.95);
+        assert_eq!(s.min_p, d.min_p);
+        assert_eq!(s.repeat_last_n, 128);
+        let none = SamplingArgs::default().sampler().unwrap();
+        assert_eq!((none.temperature, none.top_k), (d.temperature, d.top_k));
     }
 }

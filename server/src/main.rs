@@ -306,7 +306,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement,
         } => {
             thread_pool(threads)?;
-            let sampler = sampling.sampler()?;
+            let sampler = sampling.sampler_with(&lamina_model::FileSampling::open(&file))?;
             run::run(run::RunArgs {
                 file,
                 prompt,
@@ -487,7 +487,9 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             a.host
         );
     }
-    let sampler = a.sampling.sampler()?;
+    let sampler = a
+        .sampling
+        .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
     Ok(serve::ServeArgs {
         n_batch: a.llama.prefill_chunk()?,
         step_budget: (a.step_budget_ms > 0)

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod ops;
 pub mod placement;
 pub mod plan;
+mod sampling_defaults;
 pub mod weights;
 
 pub use block::{Block, RopeSpec, Window};
@@ -17,4 +18,5 @@ pub use config::{Activation, Arch, Config};
 pub use cpu::{CpuModel, KvCache, Logits};
 pub use error::ModelError;
 pub use gpu::{HybridCache, HybridModel};
+pub use sampling_defaults::FileSampling;
 pub use weights::{Layer, Matrix, Weights};
