@@ -131,7 +131,108 @@ fn entry_json(e: &MetadataEntry, full: bool) -> Json {
     }
 }
 
+/// llama.cpp's `llama_ftype` names for `general.file_type` (include/llama.h):
+/// what the file says it is, which the storage types may contradict.
+fn file_type_name(id: u64) -> Option<&'static str> {
+    Some(match id {
+        0 => "ALL_F32",
+        1 => "MOSTLY_F16",
+        2 => "MOSTLY_Q4_0",
+        3 => "MOSTLY_Q4_1",
+        7 => "MOSTLY_Q8_0",
+        8 => "MOSTLY_Q5_0",
+        9 => "MOSTLY_Q5_1",
+        10 => "MOSTLY_Q2_K",
+        11 => "MOSTLY_Q3_K_S",
+        12 => "MOSTLY_Q3_K_M",
+        13 => "MOSTLY_Q3_K_L",
+        14 => "MOSTLY_Q4_K_S",
+        15 => "MOSTLY_Q4_K_M",
+        16 => "MOSTLY_Q5_K_S",
+        17 => "MOSTLY_Q5_K_M",
+        18 => "MOSTLY_Q6_K",
+        19 => "MOSTLY_IQ2_XXS",
+        20 => "MOSTLY_IQ2_XS",
+        21 => "MOSTLY_Q2_K_S",
+        22 => "MOSTLY_IQ3_XS",
+        23 => "MOSTLY_IQ3_XXS",
+        24 => "MOSTLY_IQ1_S",
+        25 => "MOSTLY_IQ4_NL",
+        26 => "MOSTLY_IQ3_S",
+        27 => "MOSTLY_IQ3_M",
+        28 => "MOSTLY_IQ2_S",
+        29 => "MOSTLY_IQ2_M",
+        30 => "MOSTLY_IQ4_XS",
+        31 => "MOSTLY_IQ1_M",
+        32 => "MOSTLY_BF16",
+        36 => "MOSTLY_TQ1_0",
+        37 => "MOSTLY_TQ2_0",
+        38 => "MOSTLY_MXFP4_MOE",
+        39 => "MOSTLY_NVFP4",
+        40 => "MOSTLY_Q1_0",
+        41 => "MOSTLY_Q2_0",
+        _ => return None,
+    })
+}
+
+/// What a reader of the seed article checks by hand: the file type the
+/// file claims, the storage types it actually holds (by bytes) and the bits
+/// per weight, and whether it carries a draft (multi-token prediction /
+/// `nextn`) head.
+struct Summary {
+    file_type: Option<(u64, Option<&'static str>)>,
+    bits_per_weight: f64,
+    /// (type, bytes), most bytes first.
+    storage: Vec<(lamina_gguf::GgmlType, u64)>,
+    /// The draft head's key and tensors, if any.
+    draft: Option<String>,
+}
+
+fn summary(model: &Model) -> Summary {
+    let (mut bytes, mut weights) = (0u64, 0u64);
+    let mut storage: Vec<(lamina_gguf::GgmlType, u64)> = Vec::new();
+    let mut nextn_tensors = 0usize;
+    for t in model.tensors() {
+        bytes = bytes.saturating_add(t.info.n_bytes);
+        weights = weights.saturating_add(t.info.n_elements);
+        match storage.iter_mut().find(|(ty, _)| *ty == t.info.ty) {
+            Some(e) => e.1 = e.1.saturating_add(t.info.n_bytes),
+            None => storage.push((t.info.ty, t.info.n_bytes)),
+        }
+        if t.info.name.contains(".nextn.") || t.info.name.starts_with("nextn.") {
+            nextn_tensors += 1;
+        }
+    }
+    storage.sort_by_key(|e| std::cmp::Reverse(e.1));
+    let arch = model
+        .get("general.architecture")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let key = format!("{arch}.nextn_predict_layers");
+    let layers = model.get(&key).and_then(Value::as_u64).filter(|&n| n > 0);
+    let draft = match (layers, nextn_tensors) {
+        (None, 0) => None,
+        (Some(n), t) => Some(format!("{key} = {n}, {t} nextn tensors")),
+        (None, t) => Some(format!("{t} nextn tensors (no {key} key)")),
+    };
+    Summary {
+        file_type: model
+            .get("general.file_type")
+            .and_then(Value::as_u64)
+            .map(|id| (id, file_type_name(id))),
+        bits_per_weight: if weights == 0 {
+            0.0
+        } else {
+            bytes as f64 * 8.0 / weights as f64
+        },
+        storage,
+        draft,
+    }
+}
+
 pub fn to_json(model: &Model, full: bool) -> Json {
+    let s = summary(model);
+    let stored: u64 = s.storage.iter().map(|e| e.1).sum();
     let l = model.first().layout();
     let metadata: Map<String, Json> = l
         .metadata
@@ -167,6 +268,16 @@ pub fn to_json(model: &Model, full: bool) -> Json {
         "metadata": metadata,
         "tensors": tensors,
         "size_check": {"agree": agree, "total": total},
+        "summary": {
+            "file_type": s.file_type.map(|(id, _)| id),
+            "file_type_name": s.file_type.and_then(|(_, name)| name),
+            "bits_per_weight": s.bits_per_weight,
+            "storage": s.storage.iter().map(|(ty, b)| json!({
+                "type": ty.name(), "bytes": b,
+                "share": *b as f64 / stored.max(1) as f64,
+            })).collect::<Vec<_>>(),
+            "draft_head": s.draft,
+        },
     })
 }
 
@@ -194,6 +305,37 @@ pub fn to_text(model: &Model, full: bool) -> String {
         human_size(model.shards().iter().map(|s| s.layout().file_len).sum()),
         model.shards().len(),
         if model.shards().len() == 1 { "" } else { "s" }
+    );
+
+    let s = summary(model);
+    let total: u64 = s.storage.iter().map(|e| e.1).sum();
+    let claimed = match s.file_type {
+        Some((id, Some(name))) => format!("{name} ({id})"),
+        Some((id, None)) => format!("{id} (a file type llama.cpp does not name)"),
+        None => "not given".to_owned(),
+    };
+    let held: Vec<String> = s
+        .storage
+        .iter()
+        .map(|(ty, b)| {
+            format!(
+                "{} {:.1}%",
+                ty.name(),
+                100.0 * *b as f64 / total.max(1) as f64
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "File type: {claimed}");
+    let _ = writeln!(
+        out,
+        "Stored as: {} ({:.2} bits per weight over all tensors)",
+        held.join(", "),
+        s.bits_per_weight
+    );
+    let _ = writeln!(
+        out,
+        "Draft head: {}\n",
+        s.draft.as_deref().unwrap_or("none")
     );
 
     let _ = writeln!(out, "Header, read by hand (offset, bytes, field, meaning):");
@@ -292,4 +434,33 @@ pub fn to_text(model: &Model, full: bool) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lamina_gguf::{File, GgmlType, Writer};
+
+    fn model(w: Writer) -> Model {
+        Model::from_shards(vec![File::from_bytes(w.to_bytes()).unwrap()]).unwrap()
+    }
+
+    #[test]
+    fn a_draft_head_is_named_by_its_key_and_tensors() {
+        let f32s = |n: usize| vec![0u8; 4 * n];
+        let base = Writer::new()
+            .kv("general.architecture", Value::String("glm4moe".into()))
+            .kv("general.file_type", Value::U32(99))
+            .tensor("blk.0.attn_norm.weight", &[4], GgmlType::F32, f32s(4));
+        let plain = summary(&model(base.clone()));
+        assert!(plain.draft.is_none());
+        assert_eq!(plain.file_type, Some((99, None)));
+        assert!((plain.bits_per_weight - 32.0).abs() < 1e-12);
+        let with = base
+            .kv("glm4moe.nextn_predict_layers", Value::U32(1))
+            .tensor("blk.1.nextn.eh_proj", &[4, 2], GgmlType::F32, f32s(8));
+        let draft = summary(&model(with)).draft.unwrap();
+        assert!(draft.contains("nextn_predict_layers = 1"), "{draft}");
+        assert!(draft.contains("1 nextn tensors"), "{draft}");
+    }
 }

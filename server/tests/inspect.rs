@@ -134,3 +134,47 @@ fn malformed_files_exit_nonzero_with_one_line() {
     let out = lamina(&["inspect", "/nonexistent/x.gguf"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// The summary says what the file claims and what it holds: Gemma 3's file
+/// is tagged Q4_K_M, yet most of its bytes are Q8_0 (the tied 262144-token
+/// embedding). The bits per weight and the storage shares are recomputed
+/// here from gguf-py's tensor table, an independent reader.
+#[test]
+fn summary_names_the_file_type_and_what_is_really_stored() {
+    let path = model_path("gemma-3-270m-q4_k_m.gguf");
+    let ours = inspect_json(&path);
+    let theirs = reference_json(&path);
+    let s = &ours["summary"];
+    assert_eq!(s["file_type"], 15);
+    assert_eq!(s["file_type_name"], "MOSTLY_Q4_K_M");
+    assert!(s["draft_head"].is_null());
+    let tensors = theirs["tensors"].as_array().unwrap();
+    let bytes: u64 = tensors.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    let weights: u64 = tensors
+        .iter()
+        .map(|t| {
+            t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .product::<u64>()
+        })
+        .sum();
+    let bpw = s["bits_per_weight"].as_f64().unwrap();
+    assert!(
+        (bpw - bytes as f64 * 8.0 / weights as f64).abs() < 1e-9,
+        "{bpw}"
+    );
+    let storage = s["storage"].as_array().unwrap();
+    assert_eq!(storage[0]["type"], "Q8_0", "{storage:?}");
+    let q8: u64 = tensors
+        .iter()
+        .filter(|t| t["type"] == "Q8_0")
+        .map(|t| t["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(storage[0]["bytes"].as_u64(), Some(q8));
+    let text = String::from_utf8(lamina(&["inspect", path.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("File type: MOSTLY_Q4_K_M (15)"), "{text}");
+    assert!(text.contains("Stored as: Q8_0 72.9%"), "{text}");
+}
