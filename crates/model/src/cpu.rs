@@ -349,32 +349,53 @@ impl<'a> CpuModel<'a> {
             cache.v[il][at].copy_from_slice(&v[rows]);
         }
 
-        // Attention, one (token, head) pair per task.
+        // Attention, one task per token and run of `gs` query heads that
+        // share a KV head: each key and value row is read once for the run
+        // (a long context streams the cache once per KV head, not once per
+        // query head), with the bits of one head at a time. The run is the
+        // whole group unless that leaves fewer than two tasks per thread
+        // (a decode step of a model with one KV head would run on one core).
         let group = c.n_head / c.n_head_kv;
+        let threads = rayon::current_num_threads().max(1);
+        let gs = (1..=group)
+            .rev()
+            .filter(|d| group % d == 0)
+            .find(|&d| n * c.n_head / d >= threads)
+            .unwrap_or(1);
         let kv: Vec<(&[f32], &[f32])> = caches
             .iter()
             .map(|cache| (&cache.k[il][..], &cache.v[il][..]))
             .collect();
         let mut attn = vec![0.0f32; n * qd];
-        attn.par_chunks_mut(hd).enumerate().for_each(|(i, out)| {
-            let (t, head) = (i / c.n_head, i % c.n_head);
-            let (kc, vc) = kv[row_seg[t]];
-            let p = row_pos[t];
-            let lo = blk.window.first(p);
-            let qh = &q[t * qd + head * hd..][..hd];
-            let kvh = head / group;
-            let koff = kvh * hd;
-            let mut scores = vec![0.0f32; p + 1 - lo];
-            lamina_quant::attention_scores(
-                qh,
-                &kc[lo * kvd + koff..],
-                kvd,
-                blk.attn_scale,
-                &mut scores,
-            );
-            ops::softmax(&mut scores);
-            lamina_quant::attention_values(&scores, &vc[lo * kvd + koff..], kvd, out);
-        });
+        attn.par_chunks_mut(gs * hd)
+            .enumerate()
+            .for_each(|(i, out)| {
+                let runs = c.n_head / gs;
+                let (t, head) = (i / runs, i % runs * gs);
+                let (kc, vc) = kv[row_seg[t]];
+                let p = row_pos[t];
+                let lo = blk.window.first(p);
+                let len = p + 1 - lo;
+                let qh = &q[t * qd + head * hd..][..gs * hd];
+                let koff = head / group * hd;
+                let mut scores = vec![0.0f32; gs * len];
+                lamina_quant::attention_scores_heads(
+                    qh,
+                    hd,
+                    &kc[lo * kvd + koff..],
+                    kvd,
+                    blk.attn_scale,
+                    &mut scores,
+                );
+                scores.chunks_mut(len).for_each(ops::softmax);
+                lamina_quant::attention_values_heads(
+                    &scores,
+                    len,
+                    &vc[lo * kvd + koff..],
+                    kvd,
+                    out,
+                );
+            });
         let mut o = vec![0.0f32; n * e];
         l.wo.matmul(&attn, n, &mut o)?;
         self.residual(x, &mut o, l.post_attn_norm.as_deref());

@@ -310,30 +310,79 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// where the CPU has it: per key, a call and a feature check cost as much as
 /// the 64-value product itself.
 pub fn attention_scores(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    attention_scores_heads(q, q.len(), keys, stride, scale, out);
+}
+
+/// [`attention_scores`] for several query heads that share their keys
+/// (grouped-query attention): `q` holds `g` heads of `d` values one after
+/// another, `out` their `g` rows of scores. Each key row is read once for
+/// all of them (a long context's keys stream through memory once per group
+/// instead of once per head); every score is the same product, so the bits
+/// are those of one call per head.
+pub fn attention_scores_heads(
+    q: &[f32],
+    d: usize,
+    keys: &[f32],
+    stride: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was just detected.
+        unsafe { scores_avx512(q, d, keys, stride, scale, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the feature was just detected.
-        unsafe { scores_fma(q, keys, stride, scale, out) };
+        unsafe { scores_fma(q, d, keys, stride, scale, out) };
         return;
     }
-    scores_body(q, keys, stride, scale, out);
+    scores_body(q, d, keys, stride, scale, out);
 }
 
-/// [`attention_scores`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+/// [`attention_scores_heads`] compiled for AVX-512: the 16 lanes of the
+/// product are one register, the same operations as the other paths.
+/// Caller: the CPU has `avx512f`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn scores_avx512(
+    q: &[f32],
+    d: usize,
+    keys: &[f32],
+    stride: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    scores_body(q, d, keys, stride, scale, out);
+}
+
+/// [`attention_scores_heads`] compiled with the FMA instructions. Caller: the CPU has `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-unsafe fn scores_fma(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    scores_body(q, keys, stride, scale, out);
+unsafe fn scores_fma(
+    q: &[f32],
+    d: usize,
+    keys: &[f32],
+    stride: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    scores_body(q, d, keys, stride, scale, out);
 }
 
 #[inline(always)]
-fn scores_body(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
-    let d = q.len();
-    for (j, o) in out.iter_mut().enumerate() {
+fn scores_body(q: &[f32], d: usize, keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+    let heads = q.len() / d.max(1);
+    let len = out.len() / heads.max(1);
+    for j in 0..len {
         let k = &keys[j * stride..][..d];
-        let mut acc = [0.0f32; LANES];
-        accumulate_lanes(&mut acc, q, k);
-        *o = reduce(&acc) * scale;
+        for h in 0..heads {
+            let mut acc = [0.0f32; LANES];
+            accumulate_lanes(&mut acc, &q[h * d..][..d], k);
+            out[h * len + j] = reduce(&acc) * scale;
+        }
     }
 }
 
@@ -342,45 +391,80 @@ fn scores_body(q: &[f32], keys: &[f32], stride: usize, scale: f32, out: &mut [f3
 /// where the CPU has it, four rows a pass so `out` is loaded and stored a quarter as
 /// often; the chain, and so the bits, do not depend on that grouping.
 pub fn attention_values(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
+    attention_values_heads(p, p.len(), values, stride, out);
+}
+
+/// [`attention_values`] for several heads that share their values: `p`
+/// holds `g` rows of `len` weights, `out` the `g` heads' outputs one after
+/// another. Each value row is read once for all of them; every output
+/// element is the same chain as one call per head gives.
+pub fn attention_values_heads(
+    p: &[f32],
+    len: usize,
+    values: &[f32],
+    stride: usize,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was just detected.
+        unsafe { values_avx512(p, len, values, stride, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the feature was just detected.
-        unsafe { values_fma(p, values, stride, out) };
+        unsafe { values_fma(p, len, values, stride, out) };
         return;
     }
-    values_body(p, values, stride, out);
+    values_body(p, len, values, stride, out);
 }
 
-/// [`attention_values`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+/// [`attention_values_heads`] compiled for AVX-512. Caller: the CPU has `avx512f`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn values_avx512(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [f32]) {
+    values_body(p, len, values, stride, out);
+}
+
+/// [`attention_values_heads`] compiled with the FMA instructions. Caller: the CPU has `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-unsafe fn values_fma(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
-    values_body(p, values, stride, out);
+unsafe fn values_fma(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [f32]) {
+    values_body(p, len, values, stride, out);
 }
 
 #[inline(always)]
-fn values_body(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
-    let d = out.len();
+fn values_body(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [f32]) {
+    let heads = p.len() / len.max(1);
+    let d = out.len() / heads.max(1);
     out.fill(0.0);
     let row = |j: usize| &values[j * stride..][..d];
     let mut j = 0;
-    while j + 4 <= p.len() {
+    while j + 4 <= len {
         let (v0, v1, v2, v3) = (row(j), row(j + 1), row(j + 2), row(j + 3));
-        let (p0, p1, p2, p3) = (p[j], p[j + 1], p[j + 2], p[j + 3]);
-        for i in 0..d {
-            let mut o = out[i];
-            o = p0.mul_add(v0[i], o);
-            o = p1.mul_add(v1[i], o);
-            o = p2.mul_add(v2[i], o);
-            o = p3.mul_add(v3[i], o);
-            out[i] = o;
+        for h in 0..heads {
+            let ph = &p[h * len..][..len];
+            let (p0, p1, p2, p3) = (ph[j], ph[j + 1], ph[j + 2], ph[j + 3]);
+            let oh = &mut out[h * d..][..d];
+            for i in 0..d {
+                let mut o = oh[i];
+                o = p0.mul_add(v0[i], o);
+                o = p1.mul_add(v1[i], o);
+                o = p2.mul_add(v2[i], o);
+                o = p3.mul_add(v3[i], o);
+                oh[i] = o;
+            }
         }
         j += 4;
     }
-    while j < p.len() {
+    while j < len {
         let v = row(j);
-        for (o, x) in out.iter_mut().zip(v) {
-            *o = p[j].mul_add(*x, *o);
+        for h in 0..heads {
+            let pj = p[h * len + j];
+            for (o, x) in out[h * d..][..d].iter_mut().zip(v) {
+                *o = pj.mul_add(*x, *o);
+            }
         }
         j += 1;
     }

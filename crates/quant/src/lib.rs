@@ -25,7 +25,10 @@ mod kquants;
 mod legacy;
 mod ternary;
 
-pub use dot::{attention_scores, attention_values, dot_f32, SIMD_LIMIT_VAR};
+pub use dot::{
+    attention_scores, attention_scores_heads, attention_values, attention_values_heads, dot_f32,
+    SIMD_LIMIT_VAR,
+};
 pub use error::QuantError;
 pub use lamina_gguf::GgmlType;
 

@@ -196,3 +196,32 @@ fn attention_values_are_an_fma_chain_in_key_order() {
         }
     }
 }
+
+/// Several heads over shared keys and values give, bit for bit, what one
+/// call per head gives (grouped-query attention reads each row once).
+#[test]
+fn grouped_heads_equal_one_call_per_head() {
+    let mut rng = Rng(0xA77E_0003);
+    for (heads, d, stride, n) in [(3, 64, 192, 37), (4, 256, 256, 6), (2, 16, 48, 1)] {
+        let q = uniform(&mut rng, heads * d);
+        let keys = uniform(&mut rng, (n - 1) * stride + d);
+        let mut together = vec![f32::NAN; heads * n];
+        super::attention_scores_heads(&q, d, &keys, stride, 0.125, &mut together);
+        let p = uniform(&mut rng, heads * n);
+        let mut out = vec![f32::NAN; heads * d];
+        super::attention_values_heads(&p, n, &keys, stride, &mut out);
+        for h in 0..heads {
+            let mut alone = vec![f32::NAN; n];
+            super::attention_scores(&q[h * d..][..d], &keys, stride, 0.125, &mut alone);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&together[h * n..][..n]),
+                bits(&alone),
+                "scores of head {h}"
+            );
+            let mut one = vec![f32::NAN; d];
+            super::attention_values(&p[h * n..][..n], &keys, stride, &mut one);
+            assert_eq!(bits(&out[h * d..][..d]), bits(&one), "values of head {h}");
+        }
+    }
+}
