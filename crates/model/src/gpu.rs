@@ -625,7 +625,16 @@ impl<'a> HybridModel<'a> {
         // that normed input in `h`. `normed` says whether `h` holds it.
         let cur = &s.x;
         let e = c.n_embd;
+        // The first block's norm, when it runs alone, counts outside the
+        // blocks (as the head's does).
         let mut normed = false;
+        if let Some(l) = self.layers.first() {
+            if !Self::folds_norms(&b, l, n) {
+                b.rms_norm(cur, &l.attn_norm, &s.h, e, c.rms_eps)
+                    .map_err(gpu_err)?;
+                normed = true;
+            }
+        }
         let before = b.len();
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
@@ -734,11 +743,7 @@ impl<'a> HybridModel<'a> {
             [w] if b.glu_fuses(w, n) => Some(w),
             _ => None,
         };
-        let fused = b.fuses(n)
-            && b.gpu().norm_prologue()
-            && l.post_attn_norm.is_none()
-            && l.post_ffn_norm.is_none()
-            && fused_gate_up.is_some();
+        let fused = Self::folds_norms(b, l, n);
         let table = TokenTable {
             host: &s.rows,
             gpu: &s.table,
@@ -836,6 +841,17 @@ impl<'a> HybridModel<'a> {
             )?;
         }
         self.record_ffn(b, il, l, next_norm, s, cur, spare, n, fused, fused_gate_up)
+    }
+
+    /// Whether block `l`'s norms fold into its products for an `n`-token
+    /// step (see [`Self::record_layer`]).
+    fn folds_norms(b: &Batch<'_>, l: &GpuLayer, n: usize) -> bool {
+        let gate_up = matches!(&l.gate_up.parts[..], [w] if b.glu_fuses(w, n));
+        b.fuses(n)
+            && b.gpu().norm_prologue()
+            && l.post_attn_norm.is_none()
+            && l.post_ffn_norm.is_none()
+            && gate_up
     }
 
     /// The per-head steps between a stacked QKV product in `s.qkv` and the
