@@ -3,7 +3,7 @@
 use lamina_gguf::GgmlType;
 
 /// Every type with a mat-vec, mat-mul and row-lookup kernel.
-pub const SUPPORTED: [GgmlType; 18] = [
+pub const SUPPORTED: [GgmlType; 19] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -22,6 +22,7 @@ pub const SUPPORTED: [GgmlType; 18] = [
     GgmlType::TQ2_0,
     GgmlType::TQ1_0,
     GgmlType::MXFP4,
+    GgmlType::IQ2XXS,
 ];
 
 /// True if weights of this type can be placed on the GPU.
@@ -51,6 +52,7 @@ pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
         TQ2_0 => "tq2_0",
         TQ1_0 => "tq1_0",
         MXFP4 => "mxfp4",
+        IQ2XXS => "iq2_xxs",
         _ => return None,
     })
 }
