@@ -3,7 +3,7 @@
 use lamina_gguf::GgmlType;
 
 /// Every type with a mat-vec, mat-mul and row-lookup kernel.
-pub const SUPPORTED: [GgmlType; 25] = [
+pub const SUPPORTED: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -29,6 +29,7 @@ pub const SUPPORTED: [GgmlType; 25] = [
     GgmlType::IQ3S,
     GgmlType::IQ1S,
     GgmlType::IQ1M,
+    GgmlType::NVFP4,
 ];
 
 /// True if weights of this type can be placed on the GPU.
@@ -65,6 +66,7 @@ pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
         IQ3S => "iq3_s",
         IQ1S => "iq1_s",
         IQ1M => "iq1_m",
+        NVFP4 => "nvfp4",
         _ => return None,
     })
 }
