@@ -144,7 +144,8 @@ enum Command {
         seed: u64,
         /// PATTERN=TYPE: matrices whose name contains PATTERN get TYPE
         /// (llama-quantize's --tensor-type); also IQ4_NL, IQ4_XS, IQ2_XXS,
-        /// IQ2_XS, IQ3_XXS, IQ3_S. Repeatable; the first match wins.
+        /// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, Q8_1. Repeatable; the
+        /// first match wins.
         #[arg(long = "tensor-type")]
         tensor_type: Vec<String>,
         /// Write only the metadata (the tokenizer of --vocab-from), no tensors.

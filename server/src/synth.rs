@@ -60,8 +60,10 @@ pub const SHAPES: [Shape; 3] = [
 ];
 
 /// The weight types `synth` writes: the common ones, then IQ grids for
-/// `--tensor-type` (their f16 d is the only field random bytes could break).
-pub const TYPES: [GgmlType; 17] = [
+/// `--tensor-type` (their f16 d is the only field random bytes could break),
+/// and Q8_1, ggml's activation type, which no GPU kernel reads (a type gap
+/// for the placement tests).
+pub const TYPES: [GgmlType; 21] = [
     GgmlType::F16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -79,6 +81,10 @@ pub const TYPES: [GgmlType; 17] = [
     GgmlType::IQ2XS,
     GgmlType::IQ3XXS,
     GgmlType::IQ3S,
+    GgmlType::IQ2S,
+    GgmlType::IQ1S,
+    GgmlType::IQ1M,
+    GgmlType::Q8_1,
 ];
 
 fn parse_type(name: &str) -> anyhow::Result<GgmlType> {
@@ -159,6 +165,15 @@ fn random_weights(rng: &mut Rng, ty: GgmlType, n: u64, k: u64, buf: &mut Vec<u8>
                 for &at in ty.f16_scale_offsets() {
                     let d = half::f16::from_f32(scale * (0.5 + 0.5 * rng.signed().abs()));
                     block[at..at + 2].copy_from_slice(&d.to_le_bytes());
+                }
+                if ty == GgmlType::IQ1M {
+                    // IQ1_M's f16 d is the top nibbles of its four scale
+                    // words (bytes 48..56), nibble j of d in word j.
+                    let d = half::f16::from_f32(scale * (0.5 + 0.5 * rng.signed().abs()));
+                    for j in 0..4 {
+                        let nib = ((d.to_bits() >> (4 * j)) & 0xf) as u8;
+                        block[49 + 2 * j] = (block[49 + 2 * j] & 0x0f) | (nib << 4);
+                    }
                 }
             }
         }

@@ -7,19 +7,7 @@
 
 #include "common/split.wgsl"
 
-const KV_MXFP4 = array<f32, 16>(
-    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
-    0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0
-);
-
-fn mxfp4_values(q: u32) -> vec4<f32> {
-    return vec4<f32>(
-        KV_MXFP4[q & 0xfu],
-        KV_MXFP4[(q >> 8u) & 0xfu],
-        KV_MXFP4[(q >> 16u) & 0xfu],
-        KV_MXFP4[(q >> 24u) & 0xfu]
-    );
-}
+#include "quant/e2m1.wgsl"
 
 // 2^(e - 128) from its f32 bits (ggml_e8m0_to_fp32_half): e = 0 and 1 are
 // the subnormals 2^-128 and 2^-127, e = 255 reads as 2^127.

@@ -213,7 +213,8 @@ impl GgmlType {
             // The IQ1–IQ3 grids (but IQ1_M, whose scale is spread over its
             // sub-block scales) start with their f16 d.
             IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S => &[0],
-            Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
+            // Q8_1: d, then s (d times the sum of the quants).
+            Q4_1 | Q5_1 | Q4K | Q5K | Q8_1 => &[0, 2],
             Q2K => &[80, 82],
             Q3K => &[108],
             Q6K => &[208],

@@ -32,6 +32,7 @@ pub mod bench;
 pub mod buffer;
 pub mod device;
 mod error;
+mod grids;
 pub mod ops;
 mod params;
 pub mod quant;

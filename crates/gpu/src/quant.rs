@@ -3,7 +3,7 @@
 use lamina_gguf::GgmlType;
 
 /// Every type with a mat-vec, mat-mul and row-lookup kernel.
-pub const SUPPORTED: [GgmlType; 18] = [
+pub const SUPPORTED: [GgmlType; 26] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -22,6 +22,14 @@ pub const SUPPORTED: [GgmlType; 18] = [
     GgmlType::TQ2_0,
     GgmlType::TQ1_0,
     GgmlType::MXFP4,
+    GgmlType::IQ2XXS,
+    GgmlType::IQ2XS,
+    GgmlType::IQ2S,
+    GgmlType::IQ3XXS,
+    GgmlType::IQ3S,
+    GgmlType::IQ1S,
+    GgmlType::IQ1M,
+    GgmlType::NVFP4,
 ];
 
 /// True if weights of this type can be placed on the GPU.
@@ -51,6 +59,14 @@ pub(crate) fn shader_file(ty: GgmlType) -> Option<&'static str> {
         TQ2_0 => "tq2_0",
         TQ1_0 => "tq1_0",
         MXFP4 => "mxfp4",
+        IQ2XXS => "iq2_xxs",
+        IQ2XS => "iq2_xs",
+        IQ2S => "iq2_s",
+        IQ3XXS => "iq3_xxs",
+        IQ3S => "iq3_s",
+        IQ1S => "iq1_s",
+        IQ1M => "iq1_m",
+        NVFP4 => "nvfp4",
         _ => return None,
     })
 }

@@ -3,8 +3,9 @@
 //! Kernels are the `.wgsl` files under `shaders/`, embedded with
 //! `include_str!`. A kernel is composed by plain text: every `{{NAME}}` is
 //! replaced by its value from the kernel's definitions, then every line
-//! `#include "path"` is replaced by that file (paths relative to `shaders/`;
-//! a file included twice is pasted once). Nothing else is preprocessed, so the
+//! `#include "path"` is replaced by that file (paths relative to `shaders/`,
+//! or `gen/…` for the lattice tables generated from Rust, see `grids`; a
+//! file included twice is pasted once). Nothing else is preprocessed, so the
 //! composed text is exactly what naga and the driver see, and what a
 //! [`GpuError::ShaderCompile`] carries.
 //!
@@ -66,7 +67,18 @@ sources!(
     "quant/iq4_xs.wgsl",
     "quant/tq2_0.wgsl",
     "quant/tq1_0.wgsl",
+    "quant/e2m1.wgsl",
     "quant/mxfp4.wgsl",
+    "quant/nvfp4.wgsl",
+    "quant/iq_signs.wgsl",
+    "quant/iq2_xxs.wgsl",
+    "quant/iq2_xs.wgsl",
+    "quant/iq2_s.wgsl",
+    "quant/iq3_xxs.wgsl",
+    "quant/iq3_s.wgsl",
+    "quant/iq1_grid.wgsl",
+    "quant/iq1_s.wgsl",
+    "quant/iq1_m.wgsl",
     "matvec.wgsl",
     "matvec_rows.wgsl",
     "matmul_tiled.wgsl",
@@ -88,8 +100,14 @@ sources!(
     "rope_kv.wgsl",
 );
 
+/// A shader file: one of [`SOURCES`], or a table generated from Rust
+/// (`gen/…`, see `crate::grids`).
 fn source(path: &str) -> Option<&'static str> {
-    SOURCES.iter().find(|(p, _)| *p == path).map(|(_, s)| *s)
+    SOURCES
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, s)| *s)
+        .or_else(|| crate::grids::source(path))
 }
 
 /// One kernel variant: a root file and the text substitutions applied to it

@@ -407,7 +407,7 @@ mod tests {
         let mut l = layout(&[10, 20, 30, 40, 500], 7, false);
         let iq = Held {
             tensor: "blk.1.ffn_down.weight".into(),
-            ty: GgmlType::IQ3S,
+            ty: GgmlType::Q8_1,
         };
         l.no_kernel[1].push(iq.clone());
         use Device::*;
@@ -424,7 +424,7 @@ mod tests {
         // A head without a kernel keeps everything on the CPU.
         l.no_kernel[4].push(Held {
             tensor: "output.weight".into(),
-            ty: GgmlType::IQ1S,
+            ty: GgmlType::Q8K,
         });
         let none = plan_from_layout(&l, &c, 99, &p);
         assert_eq!((none.ngl, none.gpu_total()), (0, 0));

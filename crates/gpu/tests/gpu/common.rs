@@ -65,9 +65,9 @@ impl Rng {
 }
 
 /// Random valid data for a `rows × cols` weight of `ty`: random bytes with
-/// every f16 scale (and MXFP4's exponent) overwritten by a sane value; float
-/// types get values in [-1, 1) (kept clear of f16 subnormals, which a GPU
-/// may flush).
+/// every f16 scale (and MXFP4's exponent, IQ1_M's spread d) overwritten by a
+/// sane value; float types get values in [-1, 1) (kept clear of f16
+/// subnormals, which a GPU may flush).
 pub fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     let value = |rng: &mut Rng| {
@@ -99,6 +99,16 @@ pub fn random_weight(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> V
                     // The E8M0 exponent: scales 2^-11 .. 2^-1, clear of the
                     // subnormals (e < 2, which a GPU may flush) and of Inf.
                     block[0] = 117 + (rng.next_u64() % 11) as u8;
+                }
+                if ty == GgmlType::IQ1M {
+                    // IQ1_M's f16 d is the top nibbles of its four scale
+                    // words (bytes 48..56): nibble j of d in word j.
+                    let d = half::f16::from_f32(rng.scale()).to_bits();
+                    for j in 0..4 {
+                        let at = 48 + 2 * j + 1;
+                        let nib = ((d >> (4 * j)) & 0xf) as u8;
+                        block[at] = (block[at] & 0x0f) | (nib << 4);
+                    }
                 }
             }
             data

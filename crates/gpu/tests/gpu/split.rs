@@ -42,13 +42,15 @@ fn split_weights_give_bit_identical_results() {
     .unwrap();
     assert_eq!(small.binding_limit(), FORCED_LIMIT);
     // F16 with odd rows (unaligned row starts), a legacy and a k-quant type,
-    // and MXFP4 with odd-length ggml rows (255 blocks of 17 bytes), which
-    // the stacked upload below then cuts at an odd byte.
+    // MXFP4 with odd-length ggml rows (255 blocks of 17 bytes), which the
+    // stacked upload below then cuts at an odd byte, and a lattice type read
+    // in place with rows starting at 2 mod 4 (17 blocks of 66 bytes).
     for (ty, rows, cols) in [
         (GgmlType::F16, 300, 2049),
         (GgmlType::Q4_0, 301, 8192),
         (GgmlType::Q6K, 403, 4096),
         (GgmlType::MXFP4, 301, 32 * 255),
+        (GgmlType::IQ2XXS, 1001, 256 * 17),
     ] {
         let mut rng = Rng::new(0x5b1 ^ ty.id() as u64);
         let data = common::random_weight(&mut rng, ty, rows, cols);
