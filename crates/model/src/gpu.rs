@@ -629,7 +629,7 @@ impl<'a> HybridModel<'a> {
         // blocks (as the head's does).
         let mut normed = false;
         if let Some(l) = self.layers.first() {
-            if !Self::folds_norms(&b, l, n) {
+            if Self::folded_gate_up(&b, l, n).is_none() {
                 b.rms_norm(cur, &l.attn_norm, &s.h, e, c.rms_eps)
                     .map_err(gpu_err)?;
                 normed = true;
@@ -739,11 +739,8 @@ impl<'a> HybridModel<'a> {
             n_kv_head: c.n_head_kv,
             head_dim: hd,
         };
-        let fused_gate_up = match &l.gate_up.parts[..] {
-            [w] if b.glu_fuses(w, n) => Some(w),
-            _ => None,
-        };
-        let fused = Self::folds_norms(b, l, n);
+        let folded = Self::folded_gate_up(b, l, n);
+        let fused = folded.is_some();
         let table = TokenTable {
             host: &s.rows,
             gpu: &s.table,
@@ -840,18 +837,22 @@ impl<'a> HybridModel<'a> {
                 blk.attn_scale,
             )?;
         }
-        self.record_ffn(b, il, l, next_norm, s, cur, spare, n, fused, fused_gate_up)
+        self.record_ffn(b, il, l, next_norm, s, cur, spare, n, folded)
     }
 
-    /// Whether block `l`'s norms fold into its products for an `n`-token
-    /// step (see [`Self::record_layer`]).
-    fn folds_norms(b: &Batch<'_>, l: &GpuLayer, n: usize) -> bool {
-        let gate_up = matches!(&l.gate_up.parts[..], [w] if b.glu_fuses(w, n));
-        b.fuses(n)
+    /// Where block `l`'s norms fold into its products for an `n`-token
+    /// step (see [`Self::record_layer`]), its one stacked gate/up weight,
+    /// whose product takes the feed-forward norm; `None` where they run as
+    /// their own kernels.
+    fn folded_gate_up<'l>(b: &Batch<'_>, l: &'l GpuLayer, n: usize) -> Option<&'l Weight> {
+        let folds = b.fuses(n)
             && b.gpu().norm_prologue()
             && l.post_attn_norm.is_none()
-            && l.post_ffn_norm.is_none()
-            && gate_up
+            && l.post_ffn_norm.is_none();
+        match &l.gate_up.parts[..] {
+            [w] if folds && b.glu_fuses(w, n) => Some(w),
+            _ => None,
+        }
     }
 
     /// The per-head steps between a stacked QKV product in `s.qkv` and the
@@ -922,8 +923,9 @@ impl<'a> HybridModel<'a> {
     }
 
     /// The block's second half: the attention output product, the
-    /// residual adds and the feed-forward block, folded (`fused`, see
-    /// [`Self::record_layer`]) or with add + norm kernels. Returns whether
+    /// residual adds and the feed-forward block, folded into the products
+    /// (`folded`: the gate/up weight, see [`Self::folded_gate_up`]) or
+    /// with add + norm kernels. Returns whether
     /// `s.h` holds the hidden state normed by `next_norm`.
     #[allow(clippy::too_many_arguments)]
     fn record_ffn(
@@ -936,8 +938,7 @@ impl<'a> HybridModel<'a> {
         cur: &Tensor,
         spare: &Tensor,
         n: usize,
-        fused: bool,
-        fused_gate_up: Option<&Weight>,
+        folded: Option<&Weight>,
     ) -> Result<bool, lamina_gpu::GpuError> {
         let c = &self.cpu.config;
         let blk = Block::new(c, il);
@@ -946,7 +947,7 @@ impl<'a> HybridModel<'a> {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
-        if let (true, Some(w)) = (fused, fused_gate_up) {
+        if let Some(w) = folded {
             let add = Fuse {
                 add: true,
                 ..Fuse::default()

@@ -488,7 +488,7 @@ impl Batch<'_> {
         y: &Tensor,
         cols: Columns,
     ) -> Result<(), GpuError> {
-        self.matmul_any(kernel, forced, w, x, y, cols, None, Fuse::default())
+        self.matmul_fused_shaped(kernel, forced, w, x, y, cols, Fuse::default())
     }
 
     /// The product with a norm prologue and / or an add epilogue
