@@ -31,6 +31,7 @@ mod builtin;
 mod environment;
 mod error;
 mod python;
+mod reasoning;
 mod template;
 mod tool_calls;
 
@@ -38,5 +39,8 @@ pub use builtin::{builtin_for, Builtin};
 pub use chrono::NaiveDateTime;
 pub use environment::Clock;
 pub use error::ChatError;
+pub use reasoning::{
+    split as split_reasoning, Part, ReasoningFormat, ReasoningSplitter, ThinkTags, COMMAND_R, THINK,
+};
 pub use template::{ChatTemplate, Limits, Prompt, RenderOptions, TemplateConfig};
 pub use tool_calls::{parse as parse_tool_calls, Piece, ToolCall, ToolCallParser, ToolFormat};

@@ -117,6 +117,9 @@ impl ToolCall {
 pub enum Piece {
     Text(String),
     Call(ToolCall),
+    /// Reasoning ([`crate::ReasoningSplitter`]), for whoever reads an
+    /// answer for both; the tool-call parser never gives it.
+    Reasoning(String),
 }
 
 /// Where the parser is in the text held back.

@@ -197,7 +197,7 @@ fn deep_nesting_and_stray_brackets_do_not_panic() {
                 .iter()
                 .filter_map(|p| match p {
                     Piece::Text(t) => Some(t.as_str()),
-                    Piece::Call(_) => None,
+                    Piece::Call(_) | Piece::Reasoning(_) => None,
                 })
                 .collect();
             assert!(got.len() <= 2, "{f:?} {answer}: {got:?}");
@@ -420,7 +420,7 @@ fn random_answers_never_panic_and_stream_as_they_parse_whole() {
                     .iter()
                     .filter_map(|p| match p {
                         Piece::Text(t) => Some(t.as_str()),
-                        Piece::Call(_) => None,
+                        Piece::Call(_) | Piece::Reasoning(_) => None,
                     })
                     .collect();
                 assert_eq!(back, answer, "{f:?}");
