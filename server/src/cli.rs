@@ -284,9 +284,52 @@ pub struct LlamaServerArgs {
     /// Accepted, changes nothing: Lamina has no /slots endpoint.
     #[arg(long = "no-slots")]
     pub no_slots: bool,
+    /// Whether a thinking-capable chat template (one that writes `<think>`)
+    /// is asked to think (`enable_thinking`): on, off, or auto (as the
+    /// template can). A request's `chat_template_kwargs.enable_thinking`
+    /// overrides it. Also -rea.
+    #[arg(long = "reasoning", env = "LAMINA_REASONING", default_value = "auto",
+          value_parser = ["on", "off", "auto"])]
+    pub reasoning: String,
+    /// How reasoning comes back: deepseek (or auto, the default) in
+    /// `reasoning_content`, none left in the content, deepseek-legacy both.
+    #[arg(long = "reasoning-format", env = "LAMINA_REASONING_FORMAT", default_value = "auto",
+          value_parser = ["none", "auto", "deepseek", "deepseek-legacy"])]
+    pub reasoning_format: String,
+    /// -1: thinking is not limited (the default); 0: no thinking, as
+    /// --reasoning off. A positive budget is not implemented.
+    #[arg(long = "reasoning-budget", env = "LAMINA_REASONING_BUDGET",
+          allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    pub reasoning_budget: Option<i64>,
 }
 
 impl LlamaServerArgs {
+    /// `--reasoning` and `--reasoning-format`, with `--reasoning-budget 0`
+    /// read as thinking off.
+    pub fn reasoning(
+        &self,
+    ) -> anyhow::Result<(crate::http::reasoning::ReasoningMode, lamina_chat::ReasoningFormat)> {
+        use crate::http::reasoning::ReasoningMode;
+        let mut mode = ReasoningMode::from_name(&self.reasoning)
+            .ok_or_else(|| anyhow::anyhow!("--reasoning must be on, off or auto"))?;
+        match self.reasoning_budget {
+            None | Some(-1) => {}
+            Some(0) => mode = ReasoningMode::Off,
+            Some(n) => anyhow::bail!(
+                "--reasoning-budget {n}: a positive thinking budget is not implemented \
+                 (-1: unlimited, 0: no thinking)"
+            ),
+        }
+        let format = lamina_chat::ReasoningFormat::from_name(&self.reasoning_format)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--reasoning-format must be one of {}",
+                    lamina_chat::ReasoningFormat::NAMES
+                )
+            })?;
+        Ok((mode, format))
+    }
+
     /// The prefill chunk, when -b or -ub set one.
     pub fn prefill_chunk(&self) -> anyhow::Result<Option<usize>> {
         let chunk = match (self.batch_size, self.ubatch_size) {

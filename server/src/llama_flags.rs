@@ -17,6 +17,7 @@ const SINGLE_DASH: &[(&str, &str)] = &[
     ("-ngl", "--n-gpu-layers"),
     ("-np", "--parallel"),
     ("-fa", "--flash-attn"),
+    ("-rea", "--reasoning"),
     ("-ub", "--ubatch-size"),
     ("-cb", "--cont-batching"),
     ("-ctk", "--cache-type-k"),
@@ -50,15 +51,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--slots", "Lamina has no /slots endpoint yet"),
     ("--slot-save-path", "Lamina has no /slots endpoint yet"),
     ("--tags", "Lamina does not report model tags yet"),
-    ("--reasoning", "reasoning control is not implemented yet"),
-    (
-        "--reasoning-format",
-        "reasoning control is not implemented yet",
-    ),
-    (
-        "--reasoning-budget",
-        "reasoning control is not implemented yet",
-    ),
     (
         "--cache-type-k",
         "the KV cache has one type, chosen by Lamina",
@@ -274,6 +266,12 @@ mod tests {
             "*",
             "--host",
             "0.0.0.0",
+            "-rea",
+            "off",
+            "--reasoning-format",
+            "deepseek-legacy",
+            "--reasoning-budget",
+            "-1",
         ])
         .unwrap();
         let crate::Command::Serve(s) = cli.command else {
@@ -292,6 +290,9 @@ mod tests {
         assert_eq!(sampler.seed, Some(42));
         assert_eq!(sampler.top_k, 20);
         assert_eq!((sampler.top_p, sampler.min_p), (0.9, 0.1));
+        let (mode, format) = s.llama.reasoning().unwrap();
+        assert_eq!(mode, crate::http::reasoning::ReasoningMode::Off);
+        assert_eq!(format, lamina_chat::ReasoningFormat::DeepseekLegacy);
 
         // llama.cpp's -1: "random seed", "no limit".
         let cli = parse(&["lamina", "serve", "-m", "f", "--seed", "-1", "-n", "-1"]).unwrap();
@@ -328,5 +329,26 @@ mod tests {
         assert_eq!(explain(&e), None);
         // A bad value for an accepted flag is refused too, not ignored.
         assert!(parse(&["lamina", "serve", "-m", "f", "-fa", "maybe"]).is_err());
+        assert!(parse(&["lamina", "serve", "-m", "f", "--reasoning", "maybe"]).is_err());
+        assert!(parse(&["lamina", "serve", "-m", "f", "--reasoning-format", "x"]).is_err());
+        assert!(parse(&["lamina", "serve", "-m", "f", "--reasoning-budget", "-2"]).is_err());
+        // Budgets: 0 is thinking off, a positive one is refused by name.
+        let budget = |n: &str| {
+            let cli = parse(&["lamina", "serve", "-m", "f", "--reasoning-budget", n]).unwrap();
+            let crate::Command::Serve(s) = cli.command else {
+                panic!("not serve")
+            };
+            s.llama.reasoning()
+        };
+        assert_eq!(
+            budget("0").unwrap().0,
+            crate::http::reasoning::ReasoningMode::Off
+        );
+        assert_eq!(
+            budget("-1").unwrap().0,
+            crate::http::reasoning::ReasoningMode::Auto
+        );
+        let e = budget("512").unwrap_err().to_string();
+        assert!(e.contains("--reasoning-budget 512"), "{e}");
     }
 }

@@ -491,6 +491,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
     let sampler = a
         .sampling
         .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
+    let (reasoning, reasoning_format) = a.llama.reasoning()?;
     Ok(serve::ServeArgs {
         n_batch: a.llama.prefill_chunk()?,
         step_budget: (a.step_budget_ms > 0)
@@ -501,6 +502,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             n_predict: a.sampling.n_predict(),
             metrics: !a.llama.no_metrics,
             web_ui: !a.llama.no_webui,
+            reasoning,
+            reasoning_format,
             cors: http::Cors {
                 origins: a.llama.cors_origins.clone(),
                 methods: a.llama.cors_methods.clone(),

@@ -17,6 +17,14 @@
 //! `tool_use` block whose input comes as one `input_json_delta` once the
 //! call is complete (`tools.rs`).
 //!
+//! Reasoning (`reasoning.rs`) comes first as a `thinking` block with an
+//! empty `signature` (a local model has nothing to sign, as in
+//! llama-server); streamed, as `thinking_delta`s and a `signature_delta`
+//! before the block closes. The request's `thinking: {"type": "enabled"}`
+//! or `{"type": "disabled"}` turns the template's `enable_thinking` on or
+//! off; its `budget_tokens` is accepted and not enforced (thinking is not
+//! cut short).
+//!
 //! Errors have Anthropic's shape, `{"type": "error", "error": {"type",
 //! "message"}}`, with its error types. `x-api-key` is accepted for
 //! `--api-key` as `Authorization: Bearer` is (mod.rs).
@@ -39,8 +47,9 @@ use lamina_engine::{Event, Events, FinishReason, ModelInfo, Summary};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect_with, job, render_chat};
+use super::generate::{collect_with, job, render_chat_text};
 use super::params::{Body, Sampling};
+use super::reasoning::{Reader, Thinking};
 use super::shutdown::{self, CutSignal};
 use super::tools::Calls;
 use super::AppState;
@@ -311,6 +320,7 @@ fn blocks(pieces: &[Piece]) -> Vec<Value> {
                 _ => out.push(json!({"type": "text", "text": t})),
             },
             Piece::Call(c) => out.push(tool_use(c)),
+            Piece::Reasoning(_) => {}
         }
     }
     if out.is_empty() {
@@ -319,10 +329,34 @@ fn blocks(pieces: &[Piece]) -> Vec<Value> {
     out
 }
 
-/// The prompt tokens of a request (rendered in the bounded pool).
-async fn prompt(st: &AppState, info: &Arc<ModelInfo>, b: &Body) -> Result<Vec<u32>> {
+/// Anthropic's `thinking`: `enabled` or `disabled` (`None` when absent:
+/// the server's `--reasoning` decides).
+fn thinking_switch(b: &Body) -> Result<Option<bool>> {
+    let Some(t) = b.get("thinking") else {
+        return Ok(None);
+    };
+    match t.get("type").and_then(Value::as_str) {
+        Some("enabled") => Ok(Some(true)),
+        Some("disabled") => Ok(Some(false)),
+        _ => Err(invalid(
+            "thinking",
+            "thinking must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}",
+        )),
+    }
+}
+
+/// The request's reasoning, and its prompt's tokens and text (rendered in
+/// the bounded pool).
+async fn prompt(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    b: &Body,
+) -> Result<(Thinking, Vec<u32>, String)> {
     let messages = Value::Array(messages(b)?);
-    Ok(render_chat(st, info, messages, tools(b)?, None).await?)
+    let thinking = Thinking::decide(st, info, None, thinking_switch(b)?, None)?;
+    let kwargs = thinking.kwargs(None);
+    let (tokens, text) = render_chat_text(st, info, messages, tools(b)?, Some(kwargs)).await?;
+    Ok((thinking, tokens, text))
 }
 
 /// Sampling from Anthropic's fields, through the OpenAI route's checks:
@@ -363,7 +397,8 @@ pub async fn messages_route(
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
     let s = sampling(&st, &info, &b)?;
     let calls = Calls::new(&info, tools(&b)?.as_ref(), tool_choice(&b)?);
-    let tokens = prompt(&st, &info, &b).await?;
+    let (thinking, tokens, text) = prompt(&st, &info, &b).await?;
+    let calls = Reader::new(&info, &thinking, &text, calls);
     let n_prompt = tokens.len();
     let rx = st
         .engine
@@ -381,7 +416,7 @@ pub async fn messages_route(
     }
     let done = collect_with(rx, st.cutoff.clone(), calls).await?;
     let (mut reason, mut sequence) = msg.stop_reason(&done.text, &done.tokens, &done.summary);
-    let content = match &done.pieces {
+    let mut content = match &done.pieces {
         Some(pieces) => {
             if pieces.iter().any(|p| matches!(p, Piece::Call(_))) && reason != "max_tokens" {
                 (reason, sequence) = ("tool_use", Value::Null);
@@ -390,6 +425,12 @@ pub async fn messages_route(
         }
         None => vec![json!({"type": "text", "text": done.text})],
     };
+    if let Some(r) = &done.reasoning {
+        content.insert(
+            0,
+            json!({"type": "thinking", "thinking": r, "signature": ""}),
+        );
+    }
     Ok(Json(json!({
         "id": msg.id,
         "type": "message",
@@ -409,7 +450,7 @@ pub async fn count_tokens(
 ) -> Result<Response> {
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let tokens = prompt(&st, &info, &b).await?;
+    let (_, tokens, _) = prompt(&st, &info, &b).await?;
     Ok(Json(json!({"input_tokens": tokens.len()})).into_response())
 }
 
@@ -466,10 +507,12 @@ struct StreamState {
     tokens: Vec<u32>,
     started: bool,
     ended: bool,
-    /// The parser of the answer, when it is read for tool calls.
-    calls: Option<Calls>,
+    /// The reader of the answer, when it is read for reasoning or calls.
+    calls: Option<Reader>,
     /// The index of the text block open now.
     open_text: Option<usize>,
+    /// The index of the thinking block open now.
+    open_thinking: Option<usize>,
     /// Blocks started so far.
     n_blocks: usize,
     called: bool,
@@ -498,12 +541,52 @@ impl StreamState {
     }
 
     fn text_delta(&mut self, text: &str) {
+        self.close_thinking();
         let i = self.text_block();
         self.push(
             "content_block_delta",
             json!({"type": "content_block_delta", "index": i,
                    "delta": {"type": "text_delta", "text": text}}),
         );
+    }
+
+    fn thinking_delta(&mut self, text: &str) {
+        let i = match self.open_thinking {
+            Some(i) => i,
+            None => {
+                self.close_text();
+                let i = self.n_blocks;
+                self.n_blocks += 1;
+                self.open_thinking = Some(i);
+                self.push(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": i,
+                           "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                );
+                i
+            }
+        };
+        self.push(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i,
+                   "delta": {"type": "thinking_delta", "thinking": text}}),
+        );
+    }
+
+    /// Anthropic's clients expect a `signature_delta` before a thinking
+    /// block closes; a local model's signature is empty.
+    fn close_thinking(&mut self) {
+        if let Some(i) = self.open_thinking.take() {
+            self.push(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": i,
+                       "delta": {"type": "signature_delta", "signature": ""}}),
+            );
+            self.push(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            );
+        }
     }
 
     fn close_text(&mut self) {
@@ -521,7 +604,9 @@ impl StreamState {
         for p in pieces {
             match p {
                 Piece::Text(t) => self.text_delta(&t),
+                Piece::Reasoning(t) => self.thinking_delta(&t),
                 Piece::Call(call) => {
+                    self.close_thinking();
                     self.close_text();
                     self.called = true;
                     let i = self.n_blocks;
@@ -563,7 +648,7 @@ fn sse(
     rx: Events,
     msg: Message,
     cutoff: CutSignal,
-    calls: Option<Calls>,
+    calls: Option<Reader>,
 ) -> Sse<impl futures_util::Stream<Item = std::result::Result<SseEvent, Infallible>>> {
     let st = StreamState {
         rx,
@@ -576,6 +661,7 @@ fn sse(
         ended: false,
         calls,
         open_text: None,
+        open_thinking: None,
         n_blocks: 0,
         called: false,
     };
@@ -639,6 +725,7 @@ fn sse(
                     if st.called && reason != "max_tokens" {
                         (reason, sequence) = ("tool_use", Value::Null);
                     }
+                    st.close_thinking();
                     // An answer with no text and no call still has its block.
                     if st.n_blocks == 0 {
                         st.text_block();

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::params::{self, Api, Body, Sampling};
+use super::reasoning::{self, reasoning_of, Reader, Thinking};
 use super::shutdown::{self, CutSignal};
 use super::stream;
 use super::tools::{self, Calls};
@@ -64,23 +65,34 @@ pub async fn chat(
     let messages = params::messages(&b)?;
     let tools = params::tools(&b)?.cloned();
     let parse = tools::openai_choice(b.get("tool_choice"))?;
-    let calls = Calls::new(&info, tools.as_ref(), parse);
-    let kwargs = params::template_kwargs(&b)?.cloned();
-    let prompt = render_chat(&st, &info, messages, tools, kwargs).await?;
-    run(&st, &info, prompt, s, "messages", Api::Chat, calls).await
+    let kwargs = params::template_kwargs(&b)?;
+    let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
+    let thinking = Thinking::decide(&st, &info, kwargs, asked, b.get("reasoning_format"))?;
+    let kwargs = thinking.kwargs(kwargs.cloned());
+    let (prompt, text) = render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
+    // Each choice reads its own answer.
+    let readers = (0..s.n)
+        .map(|_| {
+            let calls = Calls::new(&info, tools.as_ref(), parse);
+            Reader::new(&info, &thinking, &text, calls)
+        })
+        .collect();
+    run(&st, &info, prompt, s, "messages", Api::Chat, readers).await
 }
 
 /// Chat messages rendered by the model's template (with the generation
 /// prompt) and tokenized: CPU work bounded by the body limit and the
 /// template's limits, run in the bounded pool. Every chat-shaped route
-/// (OpenAI's, Anthropic's, Ollama's) renders through here.
-pub async fn render_chat(
+/// (OpenAI's, Anthropic's, Ollama's, the Responses API) renders through
+/// here. The text comes back too: it says where the prompt leaves the
+/// answer (inside a think block or not).
+pub async fn render_chat_text(
     st: &AppState,
     info: &Arc<ModelInfo>,
     messages: Value,
     tools: Option<Value>,
     kwargs: Option<serde_json::Map<String, Value>>,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(Vec<u32>, String), ApiError> {
     let info = info.clone();
     st.prepare
         .run(move || {
@@ -93,7 +105,8 @@ pub async fn render_chat(
                     ..RenderOptions::default()
                 },
             )?;
-            Ok(info.encode_prompt(&prompt))
+            let tokens = info.encode_prompt(&prompt);
+            Ok((tokens, prompt.text))
         })
         .await
 }
@@ -134,7 +147,8 @@ pub async fn completion(
             ))
         }
     };
-    run(&st, &info, prompt, s, "prompt", Api::Completion, None).await
+    let readers = (0..s.n).map(|_| None).collect();
+    run(&st, &info, prompt, s, "prompt", Api::Completion, readers).await
 }
 
 /// Token ids from a JSON array, each checked against the vocabulary.
@@ -206,6 +220,31 @@ pub fn job(
     })
 }
 
+/// The jobs of a request's `n` choices: the same prompt, each with its
+/// own sampler stream. With a seed, choice `i` samples with `seed + i`, so
+/// the first is what `n: 1` gives and every choice is reproducible.
+pub fn choices(one: GenerateParams, n: usize) -> Vec<GenerateParams> {
+    (0..n)
+        .map(|i| {
+            let mut j = one.clone();
+            j.sampler.seed = one.sampler.seed.map(|s| s.wrapping_add(i as u64));
+            j
+        })
+        .collect()
+}
+
+/// Submits every job before any is awaited, so the choices decode
+/// together; if one is refused (the queue is full), dropping the others'
+/// receivers cancels them.
+pub fn submit_all(
+    st: &AppState,
+    jobs: Vec<GenerateParams>,
+) -> Result<Vec<lamina_engine::Events>, ApiError> {
+    jobs.into_iter()
+        .map(|j| st.engine.submit(j).map_err(ApiError::from))
+        .collect()
+}
+
 async fn run(
     st: &AppState,
     info: &Arc<ModelInfo>,
@@ -213,16 +252,22 @@ async fn run(
     s: Sampling,
     prompt_param: &'static str,
     api: Api,
-    calls: Option<Calls>,
+    readers: Vec<Option<Reader>>,
 ) -> Result<Response, ApiError> {
-    let rx = st.engine.submit(job(st, info, prompt, &s, prompt_param)?)?;
+    let jobs = choices(job(st, info, prompt, &s, prompt_param)?, s.n);
+    let rxs = submit_all(st, jobs)?;
     let meta = Meta::new(st.model_id(info), api);
     if s.stream {
         return Ok(
-            stream::sse(rx, meta, s.include_usage, st.cutoff.clone(), calls).into_response(),
+            stream::sse(rxs, meta, s.include_usage, st.cutoff.clone(), readers).into_response(),
         );
     }
-    let done = collect_with(rx, st.cutoff.clone(), calls).await?;
+    let done = futures_util::future::try_join_all(
+        rxs.into_iter()
+            .zip(readers)
+            .map(|(rx, r)| collect_with(rx, st.cutoff.clone(), r)),
+    )
+    .await?;
     Ok(Json(response(&meta, &done, s.logprobs.is_some())).into_response())
 }
 
@@ -233,9 +278,11 @@ pub struct Collected {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
     pub summary: Summary,
-    /// The answer as text and tool calls, when the request's tools asked
-    /// for it to be read.
+    /// The answer as text, reasoning and tool calls, when it was read for
+    /// them.
     pub pieces: Option<Vec<Piece>>,
+    /// The reasoning, when the answer had any.
+    pub reasoning: Option<String>,
 }
 
 impl Collected {
@@ -253,11 +300,12 @@ pub async fn collect(rx: lamina_engine::Events, cutoff: CutSignal) -> Result<Col
     collect_with(rx, cutoff, None).await
 }
 
-/// [`collect`], with the answer read for tool calls by `calls`.
+/// [`collect`], with the answer read for reasoning and tool calls by
+/// `calls`.
 pub async fn collect_with(
     mut rx: lamina_engine::Events,
     mut cutoff: CutSignal,
-    mut calls: Option<Calls>,
+    mut calls: Option<Reader>,
 ) -> Result<Collected, ApiError> {
     let (mut text, mut logprobs, mut tokens) = (String::new(), Vec::new(), Vec::new());
     let mut pieces = Vec::new();
@@ -282,8 +330,13 @@ pub async fn collect_with(
                 text.push_str(&t);
             }
             Event::Done(summary) => {
+                let mut reasoning = None;
                 let pieces = calls.map(|mut c| {
                     pieces.extend(c.finish());
+                    reasoning = c
+                        .legacy_reasoning()
+                        .map(str::to_owned)
+                        .or_else(|| reasoning_of(&pieces));
                     pieces
                 });
                 return Ok(Collected {
@@ -292,6 +345,7 @@ pub async fn collect_with(
                     logprobs,
                     summary,
                     pieces,
+                    reasoning,
                 });
             }
             Event::Error(e) => return Err(e.into()),
@@ -302,12 +356,35 @@ pub async fn collect_with(
     ))
 }
 
-fn response(meta: &Meta, c: &Collected, want_logprobs: bool) -> Value {
+fn response(meta: &Meta, all: &[Collected], want_logprobs: bool) -> Value {
+    let choices: Vec<Value> = all
+        .iter()
+        .enumerate()
+        .map(|(index, c)| choice(meta, index, c, want_logprobs))
+        .collect();
+    let summaries: Vec<&Summary> = all.iter().map(|c| &c.summary).collect();
+    let first = summaries.first().map(|s| s.timings).unwrap_or_default();
+    json!({
+        "id": meta.id,
+        "object": match meta.api { Api::Chat => "chat.completion", Api::Completion | Api::Native => "text_completion" },
+        "created": meta.created,
+        "model": meta.model,
+        "system_fingerprint": super::fingerprint(),
+        "choices": choices,
+        "usage": usage_all(&summaries),
+        "timings": timings(&first),
+    })
+}
+
+fn choice(meta: &Meta, index: usize, c: &Collected, want_logprobs: bool) -> Value {
     let finish = c.summary.finish.as_str();
-    let choice = match meta.api {
+    match meta.api {
         Api::Chat => {
             let (content, calls) = c.content_and_calls();
             let mut message = json!({"role": "assistant", "content": content});
+            if let Some(r) = &c.reasoning {
+                message["reasoning_content"] = json!(r);
+            }
             let mut finish = finish;
             if !calls.is_empty() {
                 // As OpenAI answers a call: no content unless the model
@@ -322,37 +399,32 @@ fn response(meta: &Meta, c: &Collected, want_logprobs: bool) -> Value {
                 finish = tools::finish_reason(c.summary.finish);
             }
             json!({
-                "index": 0,
+                "index": index,
                 "message": message,
                 "logprobs": want_logprobs.then(|| chat_logprobs(&c.logprobs)),
                 "finish_reason": finish,
             })
         }
         Api::Completion | Api::Native => json!({
-            "index": 0,
+            "index": index,
             "text": c.text,
             "logprobs": want_logprobs.then(|| completion_logprobs(&c.logprobs)),
             "finish_reason": finish,
         }),
-    };
-    json!({
-        "id": meta.id,
-        "object": match meta.api { Api::Chat => "chat.completion", Api::Completion | Api::Native => "text_completion" },
-        "created": meta.created,
-        "model": meta.model,
-        "system_fingerprint": super::fingerprint(),
-        "choices": [choice],
-        "usage": usage(&c.summary),
-        "timings": timings(&c.summary.timings),
-    })
+    }
 }
 
-pub fn usage(s: &Summary) -> Value {
+/// The usage of a request's choices: the prompt once (every choice reads
+/// the same one, as OpenAI counts it), the tokens of every choice.
+pub fn usage_all(all: &[&Summary]) -> Value {
+    let prompt = all.first().map_or(0, |s| s.prompt_tokens);
+    let cached = all.first().map_or(0, |s| s.timings.cache_n);
+    let completion: usize = all.iter().map(|s| s.completion_tokens).sum();
     json!({
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "total_tokens": s.prompt_tokens + s.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": s.timings.cache_n},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 

@@ -26,6 +26,8 @@ mod ollama;
 mod page;
 mod params;
 mod prepare;
+pub mod reasoning;
+mod responses;
 pub mod shutdown;
 mod stream;
 #[cfg(test)]
@@ -78,6 +80,10 @@ pub struct Options {
     /// Serve the chat page at `/` (`--no-webui` turns it off, as in
     /// llama-server: `/` is then a 404 like any unknown route).
     pub web_ui: bool,
+    /// `--reasoning`: whether thinking-capable templates think.
+    pub reasoning: reasoning::ReasoningMode,
+    /// `--reasoning-format`: how reasoning comes back.
+    pub reasoning_format: lamina_chat::ReasoningFormat,
 }
 
 impl Default for Options {
@@ -89,6 +95,8 @@ impl Default for Options {
             metrics: true,
             cors: Cors::default(),
             web_ui: true,
+            reasoning: reasoning::ReasoningMode::default(),
+            reasoning_format: lamina_chat::ReasoningFormat::default(),
         }
     }
 }
@@ -232,6 +240,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
         .route("/v1/completions", post(generate::completion))
+        .route("/v1/responses", post(responses::create))
+        .route("/responses", post(responses::create))
         .route("/v1/messages", post(anthropic::messages_route))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))

@@ -14,7 +14,9 @@
 //! and, with `n_probs`, `completion_probabilities`. With `stream: true`
 //! each piece of text is one SSE `data:` event with `stop: false` and its
 //! token ids, then one final event with `stop: true` and the summary
-//! fields; there is no `[DONE]`, as in llama-server.
+//! fields; there is no `[DONE]`, as in llama-server. `n` > 1 answers
+//! each prompt `n` times (each choice its own sampler stream, seeded
+//! `seed + i`), every result in the array with its `index`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -34,7 +36,7 @@ use lamina_engine::{
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect, job, timings, token_ids};
+use super::generate::{choices, collect, job, timings, token_ids};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::AppState;
@@ -85,16 +87,19 @@ pub async fn completion(
         .ok_or_else(|| ApiError::invalid("prompt", "prompt is required"))?;
     let info2 = info.clone();
     let prompts = st.prepare.run(move || prompts(&info2, &prompt)).await?;
+    // `n` > 1: each prompt's choices in a row, each its own result.
     let jobs = prompts
         .into_iter()
-        .map(|p| job(&st, &info, p, &s, "prompt"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|p| job(&st, &info, p, &s, "prompt").map(|j| choices(j, s.n)))
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
 
     if s.stream {
         let [one] = <[GenerateParams; 1]>::try_from(jobs).map_err(|_| {
             ApiError::invalid(
                 "stream",
-                "stream with several prompts is not supported: send one prompt per request",
+                "stream with several prompts or n > 1 is not supported on /completion: \
+                 send one prompt per request, or use /v1/completions",
             )
         })?;
         let settings = generation_settings(&s, &one, &native);

@@ -17,6 +17,13 @@
 //! each call comes as `message.tool_calls: [{"function": {"name",
 //! "arguments"}}]` with the arguments as an object, on the final message,
 //! or streamed on a line of its own once it is complete.
+//!
+//! `think` (true, false, or a level such as `"high"`, which means true)
+//! turns the template's `enable_thinking` on or off; absent, the server's
+//! `--reasoning` decides. Reasoning read out of the answer
+//! (`reasoning.rs`) comes as `message.thinking` (`/api/chat`) or
+//! `thinking` (`/api/generate`), streamed on lines of its own before the
+//! answer's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,8 +40,9 @@ use lamina_engine::{Event, Events, FinishReason, ModelInfo, Summary};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect_with, job, render_chat};
+use super::generate::{collect_with, job, render_chat_text};
 use super::params::{self, Body, Sampling};
+use super::reasoning::{Reader, Thinking};
 use super::shutdown::{self, CutSignal};
 use super::tools::Calls;
 use super::AppState;
@@ -63,6 +71,22 @@ type Result<T> = std::result::Result<T, OllamaError>;
 
 fn invalid(param: impl Into<String>, msg: impl Into<String>) -> OllamaError {
     OllamaError(ApiError::invalid(param, msg))
+}
+
+/// Ollama's `think`: a boolean, or a level (`"high"`, `"medium"`,
+/// `"low"`) that asks for thinking.
+fn think(b: &Body) -> Result<Option<bool>> {
+    match b.get("think") {
+        None => Ok(None),
+        Some(Value::Bool(on)) => Ok(Some(*on)),
+        Some(Value::String(level)) if ["high", "medium", "low"].contains(&level.as_str()) => {
+            Ok(Some(true))
+        }
+        Some(_) => Err(invalid(
+            "think",
+            "think must be a boolean or one of \"high\", \"medium\", \"low\"",
+        )),
+    }
 }
 
 /// Ollama's time stamps: RFC 3339 in UTC with nanoseconds.
@@ -105,17 +129,6 @@ const RUNTIME: [&str; 12] = [
 /// route's range checks.
 fn sampling(st: &AppState, info: &ModelInfo, b: &Body) -> Result<Sampling> {
     let mut o = Map::new();
-    // `think: true` asks for a reasoning trace apart from the answer, which
-    // Lamina does not separate yet; false (or absent) is what it does.
-    match b.get("think") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(_) => {
-            return Err(invalid(
-                "think",
-                "thinking (a separate reasoning trace) is not supported by this server yet",
-            ))
-        }
-    }
     // Ollama streams unless told otherwise.
     o.insert("stream".into(), json!(b.bool("stream")?.unwrap_or(true)));
     match b.get("options") {
@@ -247,6 +260,16 @@ impl Answer {
         v
     }
 
+    /// A streamed line of reasoning.
+    fn thinking_line(&self, text: &str) -> Value {
+        let mut v = self.line("");
+        match self.route {
+            Route::Chat => v["message"]["thinking"] = json!(text),
+            Route::Generate => v["thinking"] = json!(text),
+        }
+        v
+    }
+
     /// A streamed line that carries a call (chat only).
     fn call_line(&self, call: &ToolCall) -> Value {
         let mut v = self.line("");
@@ -294,7 +317,7 @@ async fn answer(
     prompt: Vec<u32>,
     s: &Sampling,
     a: Answer,
-    calls: Option<Calls>,
+    calls: Option<Reader>,
 ) -> Result<Response> {
     let param = match a.route {
         Route::Chat => "messages",
@@ -313,6 +336,12 @@ async fn answer(
     if !calls.is_empty() {
         v["message"]["tool_calls"] = tool_calls(calls);
     }
+    if let Some(r) = &done.reasoning {
+        match a.route {
+            Route::Chat => v["message"]["thinking"] = json!(r),
+            Route::Generate => v["thinking"] = json!(r),
+        }
+    }
     Ok(Json(v).into_response())
 }
 
@@ -328,7 +357,10 @@ pub async fn chat(
     let tools = params::tools(&b)?.cloned();
     // Ollama has no `tool_choice`: tools given are tools the model may call.
     let calls = Calls::new(&info, tools.as_ref(), true);
-    let prompt = render_chat(&st, &info, messages, tools, None).await?;
+    let thinking = Thinking::decide(&st, &info, None, think(&b)?, None)?;
+    let (prompt, text) =
+        render_chat_text(&st, &info, messages, tools, Some(thinking.kwargs(None))).await?;
+    let calls = Reader::new(&info, &thinking, &text, calls);
     let a = Answer {
         route: Route::Chat,
         model: model_name(&st, &info),
@@ -371,18 +403,25 @@ pub async fn generate(
         Some(Value::Array(a)) => super::generate::token_ids(a, info.config.n_vocab, "context")?,
         Some(_) => return Err(invalid("context", "context must be an array of token ids")),
     };
-    let new = if b.bool("raw")?.unwrap_or(false) {
+    let thinking = Thinking::decide(&st, &info, None, think(&b)?, None)?;
+    let (new, reader) = if b.bool("raw")?.unwrap_or(false) {
         let (info2, text) = (info.clone(), text);
-        st.prepare
+        let tokens = st
+            .prepare
             .run(move || Ok(info2.tokenizer.encode(&text, true, true)))
-            .await?
+            .await?;
+        // A raw prompt is the caller's own: nothing is read out of it.
+        (tokens, None)
     } else {
         let mut messages = Vec::new();
         if let Some(system) = b.str("system")? {
             messages.push(json!({"role": "system", "content": system}));
         }
         messages.push(json!({"role": "user", "content": text}));
-        render_chat(&st, &info, Value::Array(messages), None, None).await?
+        let kwargs = Some(thinking.kwargs(None));
+        let (tokens, rendered) =
+            render_chat_text(&st, &info, Value::Array(messages), None, kwargs).await?;
+        (tokens, Reader::new(&info, &thinking, &rendered, None))
     };
     let prompt: Vec<u32> = context.into_iter().chain(new).collect();
     let a = Answer {
@@ -391,20 +430,20 @@ pub async fn generate(
         started,
         context: Some(prompt.clone()),
     };
-    answer(&st, &info, prompt, &s, a, None).await
+    answer(&st, &info, prompt, &s, a, reader).await
 }
 
 /// NDJSON lines as the engine's events arrive: one per piece of text (or
 /// tool call), then the final line; an `{"error": ...}` line if the
 /// request fails midway.
-fn ndjson(rx: Events, a: Answer, cutoff: CutSignal, calls: Option<Calls>) -> Response {
+fn ndjson(rx: Events, a: Answer, cutoff: CutSignal, calls: Option<Reader>) -> Response {
     struct St {
         rx: Events,
         a: Answer,
         cutoff: CutSignal,
         tokens: Vec<u32>,
         ended: bool,
-        calls: Option<Calls>,
+        calls: Option<Reader>,
     }
     impl St {
         /// The lines of an answer's pieces.
@@ -413,6 +452,7 @@ fn ndjson(rx: Events, a: Answer, cutoff: CutSignal, calls: Option<Calls>) -> Res
             for p in pieces {
                 let line = match p {
                     Piece::Text(t) => self.a.line(&t),
+                    Piece::Reasoning(t) => self.a.thinking_line(&t),
                     Piece::Call(c) => self.a.call_line(&c),
                 };
                 out.push_str(&format!("{line}\n"));

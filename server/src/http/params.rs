@@ -16,6 +16,12 @@ pub const MAX_STOP: usize = 4;
 pub const MAX_STOP_BYTES: usize = 1024;
 /// Alternatives per token in log-probs (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u64 = 20;
+/// Most choices (`n`) one request may ask for. Each choice is a sequence
+/// of its own in a slot of its own, so a request past the server's slots
+/// only queues its extra choices behind each other; the bound keeps one
+/// request from filling the queue (`--max-queue`, 64 by default) that
+/// every client shares.
+pub const MAX_N: i64 = 16;
 
 /// A request body: a JSON object.
 pub struct Body(pub Map<String, Value>);
@@ -109,6 +115,8 @@ pub struct Sampling {
     pub max_tokens_param: &'static str,
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
+    /// Choices to generate (`n`), each with its own sampler stream.
+    pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
     /// `response_format: {"type": "json_object"}`.
@@ -133,14 +141,7 @@ pub fn sampling(
     api: Api,
     defaults: &SamplerConfig,
 ) -> Result<Sampling, ApiError> {
-    if let Some(n) = b.int("n", i64::MIN, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid(
-                "n",
-                format!("n must be 1: only one choice per request is supported (got {n})"),
-            ));
-        }
-    }
+    let n = b.int("n", 1, MAX_N)?.map_or(1, |n| n as usize);
     let json = match b.get("response_format") {
         None => false,
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
@@ -272,6 +273,7 @@ pub fn sampling(
         max_tokens_param,
         stop: stop(b)?,
         logprobs,
+        n,
         stream: b.bool("stream")?.unwrap_or(false),
         include_usage,
         json,

@@ -9,7 +9,14 @@
 //! text streams as it becomes certain not to be part of a call, and each
 //! call comes as one `delta.tool_calls` chunk (`index`, `id`, `type`,
 //! `function.name` and the whole `function.arguments`) once it is complete;
-//! the final chunk then says `finish_reason: "tool_calls"`.
+//! the final chunk then says `finish_reason: "tool_calls"`. Reasoning
+//! split off the answer (`reasoning.rs`) streams as `delta.reasoning_content`
+//! chunks before the content.
+//!
+//! A request with `n` > 1 streams its choices interleaved as their tokens
+//! come, each chunk carrying its choice's `index`; every choice ends with
+//! its own `finish_reason` chunk, and the usage chunk and `[DONE]` follow
+//! the last.
 //!
 //! The stream owns the request's event receiver: when the client goes away,
 //! axum drops the stream, the receiver closes, and the engine frees the
@@ -23,54 +30,90 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::{self, Stream};
 use lamina_chat::Piece;
-use lamina_engine::{Event, Events, TokenLogprob};
+use lamina_engine::{Event, Events, Summary, TokenLogprob};
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
 
 use super::error::ApiError;
-use super::generate::{chat_logprobs, completion_logprobs, timings, usage, Meta};
+use super::generate::{chat_logprobs, completion_logprobs, timings, usage_all, Meta};
 use super::params::Api;
+use super::reasoning::Reader;
 use super::shutdown::{self, CutSignal};
-use super::tools::{self, Calls};
+use super::tools;
 
 /// How often an idle stream gets a comment line.
 const PING: Duration = Duration::from_secs(10);
 
-struct State {
-    rx: Events,
-    meta: Meta,
-    include_usage: bool,
+/// One choice's progress.
+struct Choice {
     /// Log-probs of tokens whose text has not been sent yet.
     logprobs: Vec<TokenLogprob>,
+    /// The reader of the answer, when it is read for reasoning or calls.
+    reader: Option<Reader>,
+    /// Tool calls sent so far.
+    n_calls: usize,
+    done: Option<Summary>,
+}
+
+struct State {
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    meta: Meta,
+    include_usage: bool,
     want_logprobs: bool,
+    choices: Vec<Choice>,
     out: VecDeque<SseEvent>,
     started: bool,
     ended: bool,
     cutoff: CutSignal,
-    /// The parser of the answer, when it is read for tool calls.
-    calls: Option<Calls>,
-    /// Tool calls sent so far.
-    n_calls: usize,
+}
+
+/// The events of every choice on one channel, each with its index. A
+/// forwarder ends when its choice ends or when the stream is dropped (the
+/// client went away), and dropping its receiver cancels the choice.
+fn merge(rxs: Vec<Events>) -> mpsc::UnboundedReceiver<(usize, Event)> {
+    let (tx, merged) = mpsc::unbounded_channel();
+    for (i, mut rx) in rxs.into_iter().enumerate() {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    ev = rx.recv() => match ev {
+                        Some(ev) => if tx.send((i, ev)).is_err() { break },
+                        None => break,
+                    },
+                    () = tx.closed() => break,
+                }
+            }
+        });
+    }
+    merged
 }
 
 pub fn sse(
-    rx: Events,
+    rxs: Vec<Events>,
     meta: Meta,
     include_usage: bool,
     cutoff: CutSignal,
-    calls: Option<Calls>,
+    readers: Vec<Option<Reader>>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let st = State {
-        rx,
+        rx: merge(rxs),
         cutoff,
         meta,
         include_usage,
-        logprobs: Vec::new(),
         want_logprobs: false,
+        choices: readers
+            .into_iter()
+            .map(|reader| Choice {
+                logprobs: Vec::new(),
+                reader,
+                n_calls: 0,
+                done: None,
+            })
+            .collect(),
         out: VecDeque::new(),
         started: false,
         ended: false,
-        calls,
-        n_calls: 0,
     };
     let events = stream::unfold(st, |mut st| async move {
         loop {
@@ -83,8 +126,10 @@ pub fn sse(
             if !st.started {
                 st.started = true;
                 if st.meta.api == Api::Chat {
-                    let c = st.chunk(json!({"role": "assistant", "content": null}), None);
-                    st.push(c);
+                    for i in 0..st.choices.len() {
+                        let c = st.chunk(i, json!({"role": "assistant", "content": null}), None);
+                        st.push(c);
+                    }
                 }
                 continue;
             }
@@ -97,48 +142,53 @@ pub fn sse(
                 }
             };
             match ev {
-                Some(Event::Token { id, logprob }) => {
+                Some((i, Event::Token { id, logprob })) => {
                     if let Some(lp) = logprob {
                         st.want_logprobs = true;
-                        st.logprobs.push(lp);
+                        st.choices[i].logprobs.push(lp);
                     }
-                    if let Some(c) = &mut st.calls {
-                        let pieces = c.token(id);
-                        st.pieces(pieces);
+                    if let Some(r) = &mut st.choices[i].reader {
+                        let pieces = r.token(id);
+                        st.pieces(i, pieces);
                     }
                 }
-                Some(Event::Text(text)) => match &mut st.calls {
-                    Some(c) => {
-                        let pieces = c.text(&text);
-                        st.pieces(pieces);
+                Some((i, Event::Text(text))) => match &mut st.choices[i].reader {
+                    Some(r) => {
+                        let pieces = r.text(&text);
+                        st.pieces(i, pieces);
                     }
                     None => {
-                        let c = st.chunk(json!({"content": text}), None);
+                        let c = st.chunk(i, json!({"content": text}), None);
                         st.push(c);
                     }
                 },
-                Some(Event::Done(summary)) => {
+                Some((i, Event::Done(summary))) => {
                     let mut finish = summary.finish.as_str();
-                    if let Some(c) = &mut st.calls {
-                        let pieces = c.finish();
-                        st.pieces(pieces);
-                        if st.n_calls > 0 {
+                    if let Some(r) = &mut st.choices[i].reader {
+                        let pieces = r.finish();
+                        st.pieces(i, pieces);
+                        if st.choices[i].n_calls > 0 {
                             finish = tools::finish_reason(summary.finish);
                         }
                     }
-                    let mut last = st.chunk(json!({}), Some(finish));
+                    let mut last = st.chunk(i, json!({}), Some(finish));
                     last["timings"] = timings(&summary.timings);
                     st.push(last);
-                    if st.include_usage {
-                        let mut u = st.base();
-                        u["choices"] = json!([]);
-                        u["usage"] = usage(&summary);
-                        u["timings"] = timings(&summary.timings);
-                        st.push(u);
+                    st.choices[i].done = Some(summary);
+                    let all: Option<Vec<&Summary>> =
+                        st.choices.iter().map(|c| c.done.as_ref()).collect();
+                    if let Some(all) = all {
+                        if st.include_usage {
+                            let mut u = st.base();
+                            u["choices"] = json!([]);
+                            u["usage"] = usage_all(&all);
+                            u["timings"] = timings(&all[0].timings);
+                            st.push(u);
+                        }
+                        st.finish();
                     }
-                    st.finish();
                 }
-                Some(Event::Error(e)) => {
+                Some((_, Event::Error(e))) => {
                     st.push(ApiError::from(e).body());
                     st.finish();
                 }
@@ -168,23 +218,23 @@ impl State {
         })
     }
 
-    /// One chunk; `delta` is the chat delta (its `content` becomes `text`
-    /// for completions). Pending log-probs ride along.
-    fn chunk(&mut self, delta: Value, finish: Option<&str>) -> Value {
-        let lps = std::mem::take(&mut self.logprobs);
+    /// One chunk of choice `i`; `delta` is the chat delta (its `content`
+    /// becomes `text` for completions). Pending log-probs ride along.
+    fn chunk(&mut self, i: usize, delta: Value, finish: Option<&str>) -> Value {
+        let lps = std::mem::take(&mut self.choices[i].logprobs);
         let logprobs = (self.want_logprobs && !lps.is_empty()).then(|| match self.meta.api {
             Api::Chat => chat_logprobs(&lps),
             Api::Completion | Api::Native => completion_logprobs(&lps),
         });
         let choice = match self.meta.api {
             Api::Chat => json!({
-                "index": 0,
+                "index": i,
                 "delta": delta,
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }),
             Api::Completion | Api::Native => json!({
-                "index": 0,
+                "index": i,
                 "text": delta.get("content").and_then(Value::as_str).unwrap_or_default(),
                 "logprobs": logprobs,
                 "finish_reason": finish,
@@ -195,19 +245,20 @@ impl State {
         c
     }
 
-    /// Text and tool calls of an answer read for calls, as chunks.
-    fn pieces(&mut self, pieces: Vec<Piece>) {
+    /// Text, reasoning and tool calls of a read answer, as chunks.
+    fn pieces(&mut self, i: usize, pieces: Vec<Piece>) {
         for p in pieces {
             let delta = match p {
                 Piece::Text(text) => json!({"content": text}),
+                Piece::Reasoning(text) => json!({"reasoning_content": text}),
                 Piece::Call(call) => {
                     let mut c = tools::openai_call(&call, tools::call_id(&call));
-                    c["index"] = json!(self.n_calls);
-                    self.n_calls += 1;
+                    c["index"] = json!(self.choices[i].n_calls);
+                    self.choices[i].n_calls += 1;
                     json!({"tool_calls": [c]})
                 }
             };
-            let c = self.chunk(delta, None);
+            let c = self.chunk(i, delta, None);
             self.push(c);
         }
     }

@@ -276,7 +276,8 @@ async fn invalid_fields_are_400_naming_the_field() {
             "greater than 0",
         ),
         (json!({"seed": -5}), "seed", "between"),
-        (json!({"n": 2}), "n", "n must be 1"),
+        (json!({"n": 0}), "n", "between 1 and 16"),
+        (json!({"n": 17}), "n", "between 1 and 16"),
         (
             json!({"logprobs": true, "top_logprobs": 50}),
             "top_logprobs",

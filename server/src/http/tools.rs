@@ -122,7 +122,7 @@ pub fn finish_reason(finish: FinishReason) -> &'static str {
     }
 }
 
-/// The text of the pieces, joined, and the calls.
+/// The text of the pieces, joined, and the calls (reasoning is neither).
 pub fn split(pieces: &[Piece]) -> (String, Vec<&ToolCall>) {
     let mut text = String::new();
     let mut calls = Vec::new();
@@ -130,6 +130,7 @@ pub fn split(pieces: &[Piece]) -> (String, Vec<&ToolCall>) {
         match p {
             Piece::Text(t) => text.push_str(t),
             Piece::Call(c) => calls.push(c),
+            Piece::Reasoning(_) => {}
         }
     }
     (text, calls)

@@ -15,6 +15,7 @@ mod model_file;
 mod native;
 mod ollama;
 mod openai;
+mod reasoning;
 mod templates;
 mod tool_calls;
 
