@@ -308,7 +308,10 @@ impl LlamaServerArgs {
     /// read as thinking off.
     pub fn reasoning(
         &self,
-    ) -> anyhow::Result<(crate::http::reasoning::ReasoningMode, lamina_chat::ReasoningFormat)> {
+    ) -> anyhow::Result<(
+        crate::http::reasoning::ReasoningMode,
+        lamina_chat::ReasoningFormat,
+    )> {
         use crate::http::reasoning::ReasoningMode;
         let mut mode = ReasoningMode::from_name(&self.reasoning)
             .ok_or_else(|| anyhow::anyhow!("--reasoning must be on, off or auto"))?;
@@ -320,8 +323,8 @@ impl LlamaServerArgs {
                  (-1: unlimited, 0: no thinking)"
             ),
         }
-        let format = lamina_chat::ReasoningFormat::from_name(&self.reasoning_format)
-            .ok_or_else(|| {
+        let format =
+            lamina_chat::ReasoningFormat::from_name(&self.reasoning_format).ok_or_else(|| {
                 anyhow::anyhow!(
                     "--reasoning-format must be one of {}",
                     lamina_chat::ReasoningFormat::NAMES

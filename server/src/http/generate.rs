@@ -69,7 +69,8 @@ pub async fn chat(
     let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
     let thinking = Thinking::decide(&st, &info, kwargs, asked, b.get("reasoning_format"))?;
     let kwargs = thinking.kwargs(kwargs.cloned());
-    let (prompt, text) = render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
+    let (prompt, text) =
+        render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
     // Each choice reads its own answer.
     let readers = (0..s.n)
         .map(|_| {

@@ -228,10 +228,93 @@ def tool_calls():
     assert r.choices[0].message.content == CALL and not r.choices[0].message.tool_calls, r
 
 
+def several_choices():
+    """n > 1: every choice its own sampler stream, reproducible with a seed,
+    the first what n = 1 gives; streamed, the choices interleave by index."""
+    def ask(n, **kw):
+        return client.chat.completions.create(
+            model="local", messages=MSG, temperature=1.0, seed=99, max_tokens=10, n=n, **kw)
+    r = ask(3)
+    assert [c.index for c in r.choices] == [0, 1, 2], r
+    texts = [c.message.content for c in r.choices]
+    assert texts == [c.message.content for c in ask(3).choices], texts
+    assert texts[0] == ask(1).choices[0].message.content, texts
+    assert len(set(texts)) > 1, texts
+    one = ask(1).usage
+    assert r.usage.prompt_tokens == one.prompt_tokens, (r.usage, one)
+    assert r.usage.completion_tokens > one.completion_tokens, (r.usage, one)
+
+    parts, finishes = {}, {}
+    for chunk in ask(3, stream=True):
+        for ch in chunk.choices:
+            parts.setdefault(ch.index, []).append(ch.delta.content or "")
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert sorted(parts) == [0, 1, 2] and sorted(finishes) == [0, 1, 2], (parts, finishes)
+    assert ["".join(parts[i]) for i in range(3)] == texts, (parts, texts)
+
+    c = client.completions.create(
+        model="local", prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=5, n=2)
+    assert [x.index for x in c.choices] == [0, 1], c
+
+
+def responses():
+    """The Responses API: the same answer the chat route gives, streamed
+    with OpenAI's events, calls as function_call items, stateless."""
+    ask = dict(model="local", instructions="Answer briefly.",
+               input="What is the capital of France?", max_output_tokens=8, temperature=0)
+    r = client.responses.create(**ask)
+    assert r.id.startswith("resp_"), r
+    assert r.output[0].type == "message" and r.output[0].id.startswith("msg_"), r
+    chat = client.chat.completions.create(
+        model="local", temperature=0, max_tokens=8, messages=[
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "What is the capital of France?"}])
+    assert r.output_text == chat.choices[0].message.content, (r.output_text, chat)
+    assert r.usage.input_tokens == chat.usage.prompt_tokens, r.usage
+    assert r.usage.output_tokens == chat.usage.completion_tokens, r.usage
+    expected = "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    assert r.status == expected, r
+
+    types, text, final = [], "", None
+    for ev in client.responses.create(stream=True, **ask):
+        types.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            text += ev.delta
+        if ev.type in ("response.completed", "response.incomplete"):
+            final = ev.response
+    assert types[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"], types
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.%s" % expected], types
+    assert text == r.output_text == final.output_text, (text, final)
+
+    flat = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    r = client.responses.create(
+        model="local", input=FEW_SHOT, tools=flat, temperature=0, max_output_tokens=40)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", r.output
+    assert json.loads(calls[0].arguments) == {"city": "Paris"}, calls
+    # The call and its output go back as items, as an agent sends them.
+    follow = FEW_SHOT + [
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+         "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 C"}]
+    r = client.responses.create(model="local", input=follow, max_output_tokens=4, temperature=0)
+    assert r.output, r
+
+    try:
+        client.responses.create(model="local", input="Hi", previous_response_id="resp_x")
+        raise AssertionError("previous_response_id was accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+
+
 CHECKS = [
     non_streaming, streaming_with_usage, max_tokens_and_stop, seed_reproducibility,
     logprobs, completions_and_models, tokenize_round_trip, bad_requests,
-    eight_concurrent_streams, disconnect_mid_stream, tool_calls,
+    eight_concurrent_streams, disconnect_mid_stream, tool_calls, several_choices, responses,
 ]
 
 client_checks.run("openai", CHECKS)

@@ -97,7 +97,9 @@ fn an_answer_that_starts_inside_the_block_is_reasoning_in_every_format() {
     let server = start();
 
     // `none`: the answer as the model wrote it, all in the content.
-    let raw = server.chat(opened(json!({"reasoning_format": "none"}))).json();
+    let raw = server
+        .chat(opened(json!({"reasoning_format": "none"})))
+        .json();
     let raw = raw["choices"][0]["message"]["content"]
         .as_str()
         .unwrap()
@@ -155,14 +157,13 @@ fn an_answer_that_starts_inside_the_block_is_reasoning_in_every_format() {
     // enable_thinking false reaches the template: the block is closed in
     // the prompt and the answer is content.
     let v = server
-        .chat(opened(json!({"chat_template_kwargs": {"enable_thinking": false}})))
+        .chat(opened(
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+        ))
         .json();
     let m = &v["choices"][0]["message"];
     assert!(m.get("reasoning_content").is_none(), "{v}");
-    assert!(
-        !m["content"].as_str().unwrap().trim().is_empty(),
-        "{v}"
-    );
+    assert!(!m["content"].as_str().unwrap().trim().is_empty(), "{v}");
 
     // Bad values are 400s that name the field.
     let r = server.chat(opened(json!({"reasoning_format": "loud"})));
@@ -199,7 +200,11 @@ fn an_answer_that_starts_inside_the_block_is_reasoning_in_every_format() {
     assert_eq!(thinking, raw.trim());
     let r = ollama(false, false);
     assert!(r.json()["message"].get("thinking").is_none(), "{}", r.body);
-    assert!(!r.json()["message"]["content"].as_str().unwrap().trim().is_empty());
+    assert!(!r.json()["message"]["content"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .is_empty());
     let r = client::post(
         server.port,
         "/api/chat",
@@ -217,8 +222,10 @@ fn few_shot() -> Value {
     let mut m = Vec::new();
     for _ in 0..3 {
         m.push(json!({"role": "user", "content": "What is the weather in Paris?"}));
-        m.push(json!({"role": "assistant", "reasoning_content": "The user wants the weather.",
-                      "content": "Let me check.", "tool_calls": [call]}));
+        m.push(
+            json!({"role": "assistant", "reasoning_content": "The user wants the weather.",
+                      "content": "Let me check.", "tool_calls": [call]}),
+        );
     }
     m.push(json!({"role": "user", "content": "What is the weather in Paris?"}));
     Value::Array(m)
@@ -299,7 +306,10 @@ fn a_tool_call_after_a_think_block_is_read_on_every_route() {
     assert_eq!(v["content"][0]["type"], "thinking", "{v}");
     assert_eq!(v["content"][0]["thinking"], "The user wants the weather.");
     assert_eq!(v["content"][0]["signature"], "");
-    assert_eq!(v["content"][1], json!({"type": "text", "text": "Let me check."}));
+    assert_eq!(
+        v["content"][1],
+        json!({"type": "text", "text": "Let me check."})
+    );
     assert_eq!(v["content"][2]["type"], "tool_use");
     assert_eq!(v["stop_reason"], "tool_use");
 

@@ -85,9 +85,7 @@ fn thinking_templates_are_told_by_their_tags() {
         assert_eq!(ThinkTags::detect(&template(name)), Some(THINK), "{name}");
     }
     assert_eq!(
-        ThinkTags::detect(&template(
-            "CohereForAI-c4ai-command-r7b-12-2024-tool_use"
-        )),
+        ThinkTags::detect(&template("CohereForAI-c4ai-command-r7b-12-2024-tool_use")),
         Some(COMMAND_R)
     );
     for name in [
@@ -240,8 +238,14 @@ fn formats_by_name() {
         ReasoningFormat::from_name("deepseek-legacy"),
         Some(ReasoningFormat::DeepseekLegacy)
     );
-    assert_eq!(ReasoningFormat::from_name("none"), Some(ReasoningFormat::None));
-    assert_eq!(ReasoningFormat::from_name("auto"), Some(ReasoningFormat::Auto));
+    assert_eq!(
+        ReasoningFormat::from_name("none"),
+        Some(ReasoningFormat::None)
+    );
+    assert_eq!(
+        ReasoningFormat::from_name("auto"),
+        Some(ReasoningFormat::Auto)
+    );
     assert_eq!(ReasoningFormat::from_name("nothink"), None);
     assert!(!ReasoningFormat::None.extracts() && ReasoningFormat::Auto.extracts());
 }

@@ -61,7 +61,9 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    if b.str("previous_response_id")?.is_some_and(|id| !id.is_empty()) {
+    if b.str("previous_response_id")?
+        .is_some_and(|id| !id.is_empty())
+    {
         return Err(ApiError::invalid(
             "previous_response_id",
             "previous_response_id is not supported: this server keeps no responses; \
@@ -112,7 +114,11 @@ pub async fn create(
 }
 
 /// Sampling from the Responses fields, through the chat route's checks.
-fn sampling(st: &AppState, info: &lamina_engine::ModelInfo, b: &Body) -> Result<Sampling, ApiError> {
+fn sampling(
+    st: &AppState,
+    info: &lamina_engine::ModelInfo,
+    b: &Body,
+) -> Result<Sampling, ApiError> {
     let mut o = Map::new();
     for k in ["temperature", "top_p", "stream", "seed", "top_k", "min_p"] {
         if let Some(v) = b.get(k) {
@@ -192,9 +198,11 @@ fn assistant_turn(out: &mut Vec<Map<String, Value>>) -> &mut Map<String, Value> 
         .last()
         .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
     if !last_is_assistant {
+        // Empty rather than null content: many templates concatenate it
+        // (llama.cpp makes the same substitution).
         let mut m = Map::new();
         m.insert("role".into(), json!("assistant"));
-        m.insert("content".into(), Value::Null);
+        m.insert("content".into(), json!(""));
         out.push(m);
     }
     let last = out.len() - 1;
@@ -297,8 +305,10 @@ fn input_item(out: &mut Vec<Map<String, Value>>, item: &Value, at: &str) -> Resu
                     ))
                 }
             };
-            out.push(message(json!({"role": "tool", "tool_call_id": str_field("call_id")?,
-                                    "content": output})));
+            out.push(message(
+                json!({"role": "tool", "tool_call_id": str_field("call_id")?,
+                                    "content": output}),
+            ));
         }
         (Some("reasoning"), _) => {
             // Its text, else its summary's.
@@ -470,14 +480,18 @@ impl StreamState {
     }
 
     fn error(&mut self, e: &ApiError) {
-        self.out
-            .push_back(SseEvent::default().event("error").data(json!({
-                "type": "error",
-                "sequence_number": self.output.seq(),
-                "code": e.code,
-                "message": e.message,
-                "param": e.param,
-            }).to_string()));
+        self.out.push_back(
+            SseEvent::default().event("error").data(
+                json!({
+                    "type": "error",
+                    "sequence_number": self.output.seq(),
+                    "code": e.code,
+                    "message": e.message,
+                    "param": e.param,
+                })
+                .to_string(),
+            ),
+        );
         self.ended = true;
     }
 }
@@ -554,9 +568,7 @@ fn sse(
                     }
                     st.output.close();
                     st.flush();
-                    let response = st
-                        .head
-                        .response(st.output.items.clone(), Some(&summary));
+                    let response = st.head.response(st.output.items.clone(), Some(&summary));
                     let s = st.output.seq();
                     let last = if response.status == "completed" {
                         StreamEvent::Completed {

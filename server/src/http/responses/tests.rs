@@ -32,7 +32,10 @@ fn input_items_become_chat_messages() {
     }));
     let m = messages(&b).unwrap();
     assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
-    assert_eq!(m[1], json!({"role": "user", "content": "Weather in\nParis?"}));
+    assert_eq!(
+        m[1],
+        json!({"role": "user", "content": "Weather in\nParis?"})
+    );
     // The reasoning item opens the assistant turn; the message and both
     // calls join it.
     assert_eq!(m[2]["reasoning_content"], "Call the tool.");
@@ -57,7 +60,10 @@ fn bad_input_is_a_400_that_names_the_item() {
     let cases = [
         (json!({}), "input"),
         (json!({"input": 5}), "input"),
-        (json!({"input": [{"type": "web_search_call"}]}), "input[0].type"),
+        (
+            json!({"input": [{"type": "web_search_call"}]}),
+            "input[0].type",
+        ),
         (json!({"input": [{"content": "x"}]}), "input[0]"),
         (
             json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
@@ -67,7 +73,10 @@ fn bad_input_is_a_400_that_names_the_item() {
             json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
             "input[0].call_id",
         ),
-        (json!({"input": [{"role": "robot", "content": "x"}]}), "input[0].role"),
+        (
+            json!({"input": [{"role": "robot", "content": "x"}]}),
+            "input[0].role",
+        ),
     ];
     for (b, param) in cases {
         let e = messages(&body(b.clone())).unwrap_err();
@@ -89,9 +98,11 @@ fn flat_tools_become_chat_tools() {
     let e = tools(&body(json!({"tools": [{"type": "web_search"}]}))).unwrap_err();
     assert_eq!(e.param.as_deref(), Some("tools[0].type"));
     assert!(tools(&body(json!({"tools": [{"type": "function"}]}))).is_err());
-    let c = tool_choice(&body(json!({"tool_choice": {"type": "function", "name": "f"}})))
-        .unwrap()
-        .unwrap();
+    let c = tool_choice(&body(
+        json!({"tool_choice": {"type": "function", "name": "f"}}),
+    ))
+    .unwrap()
+    .unwrap();
     assert_eq!(c, json!({"type": "function", "function": {"name": "f"}}));
 }
 
