@@ -164,7 +164,12 @@ pub async fn apply_template(
     let b = Body::parse(&body?)?;
     let messages = params::messages(&b)?;
     let tools = params::tools(&b)?.cloned();
-    let kwargs = params::template_kwargs(&b)?.cloned();
+    // The prompt the chat route would render: `enable_thinking` as the
+    // server and the request decide it.
+    let kwargs = params::template_kwargs(&b)?;
+    let asked = super::reasoning::effort_switch(b.get("reasoning_effort"))?;
+    let thinking = super::reasoning::Thinking::decide(&st, &info, kwargs, asked, None)?;
+    let kwargs = Some(thinking.kwargs(kwargs.cloned()));
     let add_generation_prompt = b.bool("add_generation_prompt")?.unwrap_or(true);
     let prompt = st
         .prepare
