@@ -292,17 +292,24 @@ impl RowKernel {
             .zip(w.par_chunks(per_task * row_bytes))
             .for_each(|(out, w)| self.dots(w, row_bytes, x, n, out));
         // The transpose on both cores too (serial, it was a twelfth of a
-        // prompt's time): each task takes TRANSPOSE_COLS output columns, so
-        // every row's read is one cache line and its writes as many streams.
+        // prompt's time), in TRANSPOSE_COLS × TRANSPOSE_COLS blocks: each
+        // task takes that many output columns and walks the rows a block at
+        // a time, so a block's reads (one cache line per row) and writes
+        // (one line per column) stay in L1.
+        const B: usize = TRANSPOSE_COLS;
         y[..rows * n]
-            .par_chunks_mut(rows * TRANSPOSE_COLS)
+            .par_chunks_mut(rows * B)
             .enumerate()
             .for_each(|(b, ys)| {
-                let c0 = b * TRANSPOSE_COLS;
+                let c0 = b * B;
                 let nc = ys.len() / rows;
-                for (r, vals) in by_row.chunks_exact(n).enumerate() {
-                    for (j, v) in vals[c0..c0 + nc].iter().enumerate() {
-                        ys[j * rows + r] = *v;
+                for r0 in (0..rows).step_by(B) {
+                    let rn = B.min(rows - r0);
+                    for j in 0..nc {
+                        let col = &mut ys[j * rows + r0..][..rn];
+                        for (i, v) in col.iter_mut().enumerate() {
+                            *v = by_row[(r0 + i) * n + c0 + j];
+                        }
                     }
                 }
             });
