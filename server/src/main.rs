@@ -230,8 +230,14 @@ enum BenchCommand {
     /// The server under load: concurrent streaming chat clients over loopback
     /// HTTP; generated tokens/s, time to first token and latency per level.
     Serve {
-        #[arg(short = 'm', long = "model")]
-        file: PathBuf,
+        /// The model to serve in this process; not with --server.
+        #[arg(short = 'm', long = "model", required_unless_present = "server")]
+        file: Option<PathBuf>,
+        /// Measure a server already listening at HOST:PORT (another Lamina,
+        /// llama-server…) instead of starting one: the same client, so two
+        /// servers compare on equal terms.
+        #[arg(long, conflicts_with_all = ["file", "parallel", "ctx", "ngl"])]
+        server: Option<String>,
         /// Concurrency levels, run in turn.
         #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
         clients: Vec<usize>,
@@ -398,6 +404,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             what:
                 BenchCommand::Serve {
                     file,
+                    server,
                     clients,
                     requests_per_client,
                     max_tokens,
@@ -410,8 +417,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
         } => {
             thread_pool(threads)?;
+            let target = match (server, file) {
+                (Some(addr), _) => bench_serve::Target::Server(addr),
+                (None, Some(file)) => bench_serve::Target::Model(file),
+                (None, None) => {
+                    anyhow::bail!("bench serve needs --model FILE or --server HOST:PORT")
+                }
+            };
             bench_serve::run(&bench_serve::ServeBenchArgs {
-                file,
+                target,
                 clients,
                 requests_per_client,
                 max_tokens,

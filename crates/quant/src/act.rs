@@ -100,7 +100,7 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes: 5.0000001201e-1, which is 0.5 in f32
     let er = p * r * r + r + 1.0;
     // n is in −126..=127 after the clamp (2ⁿ a normal number); its bits
     // sit in t's low mantissa.
