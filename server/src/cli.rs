@@ -284,6 +284,23 @@ pub struct LlamaServerArgs {
     /// Accepted, changes nothing: Lamina has no /slots endpoint.
     #[arg(long = "no-slots")]
     pub no_slots: bool,
+    /// Serve embeddings (`/v1/embeddings`, `/embedding`, Ollama's
+    /// `/api/embed`): the hidden state after the model's final norm, pooled
+    /// by --pooling. Generation is served as well.
+    #[arg(long = "embedding", alias = "embeddings")]
+    pub embedding: bool,
+    /// none, mean, cls or last: how a prompt's rows become one embedding
+    /// (default: the file's `pooling_type`, else none, as llama-server).
+    #[arg(long, value_parser = lamina_engine::pooling::Pooling::parse)]
+    pub pooling: Option<lamina_engine::pooling::Pooling>,
+    /// The norm embeddings are divided by (llama.cpp's --embd-normalize):
+    /// -1 none, 0 max absolute to int16, 1 taxicab, 2 Euclidean, p p-norm.
+    #[arg(
+        long = "embd-normalize",
+        default_value_t = 2,
+        allow_negative_numbers = true
+    )]
+    pub embd_normalize: i32,
 }
 
 impl LlamaServerArgs {

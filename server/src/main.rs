@@ -515,6 +515,9 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             n_predict: a.sampling.n_predict(),
             metrics: !a.llama.no_metrics,
             web_ui: !a.llama.no_webui,
+            embedding: a.llama.embedding,
+            pooling: a.llama.pooling,
+            embd_normalize: a.llama.embd_normalize,
             cors: http::Cors {
                 origins: a.llama.cors_origins.clone(),
                 methods: a.llama.cors_methods.clone(),

@@ -26,6 +26,7 @@ mod json;
 mod metrics;
 mod model_info;
 mod pacing;
+pub mod pooling;
 mod request;
 mod scheduler;
 mod stop;
@@ -38,6 +39,7 @@ pub use metrics::{Metrics, MetricsSnapshot};
 pub use model_info::{ModelInfo, TemplateOrigin};
 pub use pacing::DEFAULT_BUDGET as DEFAULT_STEP_BUDGET;
 pub use request::{
-    Constraint, Event, Events, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
+    Constraint, Event, Events, FinishReason, GenerateParams, HiddenReply, Summary, Timings,
+    TokenLogprob,
 };
 pub use stop::{Pushed, StopMatcher};

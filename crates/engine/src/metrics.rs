@@ -109,6 +109,13 @@ impl Metrics {
     }
 
     /// Adds a sequence's work, whether it finished or was cut short.
+    /// An embedding request's prompt, processed and answered.
+    pub(crate) fn embedded(&self, prompt: usize, took: std::time::Duration) {
+        self.finished.fetch_add(1, Relaxed);
+        self.prompt_tokens.fetch_add(prompt as u64, Relaxed);
+        self.prompt_us.fetch_add(took.as_micros() as u64, Relaxed);
+    }
+
     pub(crate) fn account(&self, t: &Timings, finished: bool) {
         if finished {
             self.finished.fetch_add(1, Relaxed);

@@ -46,6 +46,8 @@ pub struct ModelInfo {
     pub n_parallel: usize,
     /// One line describing where each layer runs.
     pub placement: String,
+    /// The file's `{arch}.pooling_type`, where it names one Lamina computes.
+    pub pooling: Option<crate::pooling::Pooling>,
 }
 
 impl ModelInfo {
@@ -146,6 +148,12 @@ pub(crate) fn build(
         n_parallel,
         // Filled in by the loader, which knows where the layers went.
         placement: String::new(),
+        pooling: file
+            .get("general.architecture")
+            .and_then(|a| a.as_str())
+            .and_then(|a| file.get(&format!("{a}.pooling_type")))
+            .and_then(|v| v.as_u64())
+            .and_then(crate::pooling::Pooling::from_gguf),
     })
 }
 

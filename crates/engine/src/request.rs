@@ -119,6 +119,10 @@ pub enum Event {
     Error(EngineError),
 }
 
+/// An embedding request's answer: every prompt token's hidden state after
+/// the final norm, `n_embd` floats each, in order; or why there is none.
+pub type HiddenReply = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
+
 /// The receiving end a handler reads. Dropping it cancels the request at the
 /// engine's next step.
 pub type Events = mpsc::UnboundedReceiver<Event>;

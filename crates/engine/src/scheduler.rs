@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use lamina_sampling::{top_logprobs, Sampler};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
-use tokio::sync::mpsc as tmpsc;
+use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::backend::{Backend, Cache};
 use crate::error::EngineError;
@@ -51,9 +51,47 @@ pub(crate) type Unchanged<'a> = &'a dyn Fn() -> Result<(), EngineError>;
 
 /// A queued request.
 pub(crate) struct Job {
-    pub params: GenerateParams,
-    pub events: tmpsc::UnboundedSender<Event>,
+    pub work: Work,
     pub submitted: Instant,
+}
+
+/// Where a hidden-state request's answer goes.
+pub(crate) type HiddenSender = oneshot::Sender<Result<Vec<f32>, EngineError>>;
+
+/// What a queued request asks for, and where its answer goes.
+pub(crate) enum Work {
+    /// A generation, streamed as events.
+    Generate(GenerateParams, tmpsc::UnboundedSender<Event>),
+    /// Every token's final hidden state for this prompt (embeddings).
+    Hidden(Vec<u32>, HiddenSender),
+}
+
+impl Job {
+    fn prompt(&self) -> &[u32] {
+        match &self.work {
+            Work::Generate(p, _) => &p.prompt,
+            Work::Hidden(t, _) => t,
+        }
+    }
+
+    /// The client is gone.
+    fn is_closed(&self) -> bool {
+        match &self.work {
+            Work::Generate(_, events) => events.is_closed(),
+            Work::Hidden(_, reply) => reply.is_closed(),
+        }
+    }
+
+    fn fail(self, e: EngineError) {
+        match self.work {
+            Work::Generate(_, events) => {
+                let _ = events.send(Event::Error(e));
+            }
+            Work::Hidden(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -210,7 +248,7 @@ pub(crate) fn run<B: Backend>(
             }
         }
         waiting.retain(|job| {
-            let gone = job.events.is_closed();
+            let gone = job.is_closed();
             if gone {
                 metrics.dropped();
                 metrics.queued.fetch_sub(1, Relaxed);
@@ -223,7 +261,14 @@ pub(crate) fn run<B: Backend>(
                 break;
             };
             metrics.queued.fetch_sub(1, Relaxed);
-            admit(&mut slots[i], job, &ctx, i);
+            match job.work {
+                Work::Generate(params, events) => {
+                    admit(&mut slots[i], params, events, job.submitted, &ctx, i)
+                }
+                Work::Hidden(tokens, reply) => {
+                    hidden(backend, &mut slots[i], &tokens, reply, &ctx, unchanged)
+                }
+            }
         }
         if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
             fail_all(&mut slots, waiting, &e, &ctx);
@@ -247,7 +292,7 @@ fn free_slot<C>(slots: &[Slot<C>], job: Option<&Job>) -> Option<usize> {
         .iter()
         .enumerate()
         .filter(|(_, s)| s.seq.is_none())
-        .map(|(i, s)| (common_prefix(&s.tokens, &job.params.prompt), i))
+        .map(|(i, s)| (common_prefix(&s.tokens, job.prompt()), i))
         // Longest prefix first; among equals, the lowest index.
         .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
         .map(|(_, i)| i)
@@ -288,15 +333,64 @@ pub(crate) fn refuse(
 fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &AtomicUsize) {
     metrics.failed();
     outstanding.fetch_sub(1, Relaxed);
-    let _ = job.events.send(Event::Error(e.clone()));
+    job.fail(e.clone());
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
-    let p = job.params;
+/// Runs an embedding request's prompt in `slot` at once, from an empty
+/// cache (llama.cpp's embeddings attend to their own tokens only), and sends
+/// the rows. It holds the other sequences back for one prompt's forward
+/// pass, as a prefill chunk would; `check_hidden` kept it within a slot.
+/// The slot then remembers the prompt, so a generation that starts with it
+/// reuses its cache.
+fn hidden<B: Backend>(
+    backend: &B,
+    slot: &mut Slot<B::Cache>,
+    tokens: &[u32],
+    reply: HiddenSender,
+    ctx: &Ctx<'_>,
+    unchanged: Unchanged<'_>,
+) {
+    ctx.outstanding.fetch_sub(1, Relaxed);
+    if reply.is_closed() {
+        ctx.metrics.dropped();
+        return;
+    }
+    slot.cache.truncate(0);
+    slot.tokens.clear();
+    let t0 = Instant::now();
+    let result = unchanged()
+        .and_then(|()| {
+            backend
+                .hidden(tokens, &mut slot.cache)
+                .map_err(|e| EngineError::Model(e.to_string()))
+        })
+        .and_then(|rows| unchanged().map(|()| rows));
+    match result {
+        Ok(rows) => {
+            slot.tokens.extend_from_slice(tokens);
+            ctx.metrics.embedded(tokens.len(), t0.elapsed());
+            let _ = reply.send(Ok(rows));
+        }
+        Err(e) => {
+            slot.cache.truncate(0);
+            ctx.metrics.failed();
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
+fn admit<C: Cache>(
+    slot: &mut Slot<C>,
+    p: GenerateParams,
+    events: tmpsc::UnboundedSender<Event>,
+    submitted: Instant,
+    ctx: &Ctx<'_>,
+    index: usize,
+) {
     let now = Instant::now();
     // At least the last prompt token is processed again: its logits are
     // where generation starts.
@@ -311,7 +405,7 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
     let sampler = match Sampler::new(p.sampler) {
         Ok(s) => s,
         Err(e) => {
-            let _ = job.events.send(Event::Error(EngineError::Invalid {
+            let _ = events.send(Event::Error(EngineError::Invalid {
                 param: "sampling",
                 message: e.to_string(),
             }));
@@ -328,7 +422,7 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
     );
     ctx.metrics.started();
     slot.seq = Some(Sequence {
-        events: job.events,
+        events,
         sampler,
         detok: Detokenizer::new(),
         stop: StopMatcher::new(p.stop),
@@ -343,7 +437,7 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
             Constraint::JsonObject => JsonState::new(),
         }),
         deadline: now + timeout,
-        submitted: job.submitted,
+        submitted,
         started: now,
         prompt_done: None,
         cache_n: reuse,

@@ -104,6 +104,10 @@ pub enum Logits {
     Last,
     /// Every token from this index of the batch on (teacher forcing, scoring).
     From(usize),
+    /// No logits: every position's hidden state after the final norm, the
+    /// `n_embd` values the head would multiply (what embeddings pool, as
+    /// llama.cpp's `result_norm`).
+    Hidden,
 }
 
 impl Logits {
@@ -112,6 +116,7 @@ impl Logits {
         match self {
             Logits::Last => n.saturating_sub(1),
             Logits::From(i) => i.min(n),
+            Logits::Hidden => 0,
         }
     }
 }
@@ -291,6 +296,9 @@ impl<'a> CpuModel<'a> {
         let m = n - first;
         for row in h.chunks_mut(e) {
             ops::rms_norm(row, &self.weights.output_norm, c.rms_eps);
+        }
+        if which == Logits::Hidden {
+            return Ok(h);
         }
         let mut logits = vec![0.0f32; m * c.n_vocab];
         self.weights.output.matmul(&h, m, &mut logits)?;

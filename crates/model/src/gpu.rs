@@ -658,6 +658,15 @@ impl<'a> HybridModel<'a> {
                 .map_err(gpu_err)?;
         }
         // `h` now holds the head's RMSNorm of every token.
+        if which == Logits::Hidden {
+            if segments.len() != 1 {
+                return Err(ModelError::Gpu(
+                    "hidden states are read for one sequence at a time".into(),
+                ));
+            }
+            b.submit().map_err(gpu_err)?;
+            return g.read_f32_range(&s.h, 0, n * e).map_err(gpu_err);
+        }
         let logits = &s.logits;
         let m = if let [_] = segments {
             let first = which.first(n);

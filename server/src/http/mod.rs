@@ -17,6 +17,7 @@
 
 mod anthropic;
 mod cors;
+mod embed;
 mod error;
 mod generate;
 mod listen;
@@ -78,6 +79,12 @@ pub struct Options {
     /// Serve the chat page at `/` (`--no-webui` turns it off, as in
     /// llama-server: `/` is then a 404 like any unknown route).
     pub web_ui: bool,
+    /// `--embedding`: serve the embedding endpoints (else 501).
+    pub embedding: bool,
+    /// `--pooling`; `None`: the file's, else none.
+    pub pooling: Option<lamina_engine::pooling::Pooling>,
+    /// `--embd-normalize`: the default norm of pooled embeddings.
+    pub embd_normalize: i32,
 }
 
 impl Default for Options {
@@ -89,6 +96,9 @@ impl Default for Options {
             metrics: true,
             cors: Cors::default(),
             web_ui: true,
+            embedding: false,
+            pooling: None,
+            embd_normalize: 2,
         }
     }
 }
@@ -241,7 +251,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
         .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/v1/embeddings", post(embed::openai))
+        .route("/embedding", post(embed::native))
+        .route("/embeddings", post(embed::native))
         // llama-server's native API; `/completions` is its alias there too
         // (only `/v1/completions` is OpenAI's).
         .route("/completion", post(native::completion))

@@ -150,7 +150,7 @@ fn prompts(info: &ModelInfo, p: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
     }
 }
 
-fn subprompt(info: &ModelInfo, p: &Value, param: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn subprompt(info: &ModelInfo, p: &Value, param: &str) -> Result<Vec<u32>, ApiError> {
     match p {
         Value::String(text) => Ok(info.tokenizer.encode(text, true, true)),
         Value::Array(a) => mixed(info, a, param),

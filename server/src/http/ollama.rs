@@ -657,10 +657,92 @@ pub async fn version() -> Response {
 }
 
 /// `/api/embed` and `/api/embeddings`: not served yet.
-pub async fn embed() -> Result<Response> {
-    Err(OllamaError(ApiError::not_implemented(
-        "embeddings are not supported by this server yet",
-    )))
+/// `POST /api/embed`: `input` a string or a list of strings, each answered
+/// with one L2-normalized vector (as Ollama normalizes), pooled as the
+/// server's `--pooling` says; `truncate` (default true) cuts an input to a
+/// slot's context instead of refusing it.
+pub async fn embed(
+    State(st): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let started = Instant::now();
+    let b = Body::parse(&body.map_err(ApiError::from)?)?;
+    let info = st.ready()?;
+    let pooling = ollama_pooling(&st, &info)?;
+    let texts: Vec<String> = match b.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(|| invalid("input", "input must be a string or a list of strings"))?,
+        Some(_) => {
+            return Err(invalid(
+                "input",
+                "input must be a string or a non-empty list of strings",
+            ))
+        }
+        None => return Err(invalid("input", "input is required")),
+    };
+    let truncate = b.bool("truncate")?.unwrap_or(true);
+    let prompts = tokenize_inputs(&info, &texts, truncate)?;
+    let (vectors, tokens) = super::embed::embed_prompts(&st, &info, prompts, pooling, 2).await?;
+    let embeddings: Vec<Vec<f32>> = vectors.into_iter().filter_map(|mut v| v.pop()).collect();
+    Ok(Json(json!({
+        "model": b.str("model")?.map_or_else(|| st.model_id(&info), str::to_owned),
+        "embeddings": embeddings,
+        "total_duration": started.elapsed().as_nanos() as u64,
+        "load_duration": 0,
+        "prompt_eval_count": tokens,
+    }))
+    .into_response())
+}
+
+/// `POST /api/embeddings`, Ollama's older endpoint: one `prompt`, one
+/// vector, not normalized (as Ollama answers it).
+pub async fn embeddings(
+    State(st): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let b = Body::parse(&body.map_err(ApiError::from)?)?;
+    let info = st.ready()?;
+    let pooling = ollama_pooling(&st, &info)?;
+    let prompt = b
+        .str("prompt")?
+        .ok_or_else(|| invalid("prompt", "prompt is required"))?
+        .to_owned();
+    let prompts = tokenize_inputs(&info, &[prompt], true)?;
+    let (mut vectors, _) = super::embed::embed_prompts(&st, &info, prompts, pooling, -1).await?;
+    let v = vectors.pop().and_then(|mut v| v.pop()).unwrap_or_default();
+    Ok(Json(json!({ "embedding": v })).into_response())
+}
+
+/// The server's pooling for Ollama's endpoints, which carry one vector per
+/// input: pooling none cannot answer them.
+fn ollama_pooling(st: &AppState, info: &ModelInfo) -> Result<lamina_engine::pooling::Pooling> {
+    let pooling = super::embed::enabled(st, info)?;
+    if pooling == lamina_engine::pooling::Pooling::None {
+        return Err(invalid(
+            "pooling",
+            "this model names no pooling: start the server with --pooling mean, cls or last",
+        ));
+    }
+    Ok(pooling)
+}
+
+/// Each text tokenized as a prompt; with `truncate`, cut to a slot's
+/// context (keeping its start, as Ollama does).
+fn tokenize_inputs(info: &ModelInfo, texts: &[String], truncate: bool) -> Result<Vec<Vec<u32>>> {
+    texts
+        .iter()
+        .map(|t| {
+            let mut ids = info.tokenizer.encode(t, true, true);
+            if truncate {
+                ids.truncate(info.n_ctx_slot);
+            }
+            Ok(ids)
+        })
+        .collect()
 }
 
 #[cfg(test)]

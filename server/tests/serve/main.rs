@@ -9,6 +9,7 @@ mod chat_page;
 mod client;
 #[path = "../common/mod.rs"]
 mod common;
+mod embeddings;
 mod hardening;
 mod memory;
 mod model_file;

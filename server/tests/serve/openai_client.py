@@ -228,7 +228,28 @@ def tool_calls():
     assert r.choices[0].message.content == CALL and not r.choices[0].message.tool_calls, r
 
 
+def embeddings():
+    texts = ["The capital of France is Paris.", "I like turtles."]
+    # The SDK asks for base64 unless told and decodes it itself.
+    r = client.embeddings.create(model="local", input=texts)
+    assert [d.index for d in r.data] == [0, 1], r
+    vs = [d.embedding for d in r.data]
+    for v in vs:
+        assert len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-4, len(v)
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 4, r.usage
+    f = client.embeddings.create(model="local", input=texts, encoding_format="float")
+    assert [d.embedding for d in f.data] == vs, "base64 and float disagree"
+    one = client.embeddings.create(model="local", input=texts[1]).data[0].embedding
+    assert one == vs[1], "a prompt's vector depends on what else was sent"
+    try:
+        client.embeddings.create(model="local", input=[])
+        raise AssertionError("an empty input was accepted")
+    except openai.BadRequestError as e:
+        assert "empty" in str(e), e
+
+
 CHECKS = [
+    embeddings,
     non_streaming, streaming_with_usage, max_tokens_and_stop, seed_reproducibility,
     logprobs, completions_and_models, tokenize_round_trip, bad_requests,
     eight_concurrent_streams, disconnect_mid_stream, tool_calls,
