@@ -6,6 +6,15 @@
 use super::{simd_kernels, RowKernel, ROW_GROUP};
 use crate::{geometry, GgmlType};
 
+/// The block of the SIMD kernels of `ty` as (weights, bytes): the type's own block,
+/// or for the plain 16-bit floats 32 of their 1-weight "blocks" (one unit); rows that
+/// are not whole such blocks take the portable path.
+fn simd_block(ty: GgmlType) -> (usize, usize) {
+    let (bs, ts) = geometry(ty);
+    let per = 32usize.div_ceil(bs);
+    (per * bs, per * ts)
+}
+
 /// xorshift64*: deterministic, no dependencies.
 struct Rng(u64);
 
@@ -32,14 +41,16 @@ impl Rng {
     }
 }
 
-/// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales.
-const SIMD_TYPES: [(GgmlType, &[usize]); 9] = [
+/// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales (of
+/// every value, for the plain floats).
+const SIMD_TYPES: [(GgmlType, &[usize]); 10] = [
     (GgmlType::Q4_0, &[0]),
     (GgmlType::Q4_1, &[0, 2]),
     (GgmlType::Q5_0, &[0]),
     (GgmlType::Q5_1, &[0, 2]),
     (GgmlType::Q8_0, &[0]),
     (GgmlType::IQ4NL, &[0]),
+    (GgmlType::Q2K, &[80, 82]),
     (GgmlType::Q4K, &[0, 2]),
     (GgmlType::Q5K, &[0, 2]),
     (GgmlType::Q6K, &[208]),
@@ -94,14 +105,16 @@ fn simd_path_equals_portable_path_bit_for_bit() {
     let mut rng = Rng(0x5EED_51AD);
     for (ty, scales) in SIMD_TYPES {
         let k = kernel(ty);
-        let (bs, ts) = geometry(ty);
+        let (bs, ts) = simd_block(ty);
+        let type_blocks = ts / geometry(ty).1;
         for (name, simd) in simd_kernels(ty) {
             for finite_scales in [true, false] {
                 for blocks_per_row in [1, 2, 3] {
                     let (cols, row_bytes) = (blocks_per_row * bs, blocks_per_row * ts);
                     // Row counts around the SIMD row group, column counts around its tile.
                     for rows in [1, 3, ROW_GROUP, ROW_GROUP + 1, 2 * ROW_GROUP + 3] {
-                        let w = blocks(&mut rng, ty, scales, rows * blocks_per_row, finite_scales);
+                        let n_blocks = rows * blocks_per_row * type_blocks;
+                        let w = blocks(&mut rng, ty, scales, n_blocks, finite_scales);
                         for n in (1..=9).chain([16, 17, 33]) {
                             let x = rng.x(n * cols);
                             let mut want = vec![f32::NAN; rows * n];
@@ -131,7 +144,7 @@ fn simd_kernels_reject_wrong_shapes() {
         let Some(simd) = kernel(ty).simd else {
             continue;
         };
-        let (bs, ts) = geometry(ty);
+        let (bs, ts) = simd_block(ty);
         let w = vec![0u8; 2 * ts];
         let x = vec![0.0; bs];
         let mut out = [0.0; 2];

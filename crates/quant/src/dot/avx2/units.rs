@@ -147,6 +147,51 @@ pub(crate) fn scale8(d: __m256, bytes: u64, signed: bool, out: &mut [f32; 8]) {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
 }
 
+/// [`scale8`] of the 16 bytes `lo` (bytes 0–7) and `hi` (bytes 8–15).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn scale16(d: __m256, lo: u64, hi: u64, signed: bool) -> [f32; 16] {
+    let (mut a, mut b) = ([0.0; 8], [0.0; 8]);
+    scale8(d, lo, signed, &mut a);
+    scale8(d, hi, signed, &mut b);
+    let mut out = [0.0; 16];
+    out[..8].copy_from_slice(&a);
+    out[8..].copy_from_slice(&b);
+    out
+}
+
+/// The four 2-bit fields of each of the 32 bytes of `q`: entry j holds bits 2j–2j+1 of
+/// every byte, as bytes 0–3 (the passes of Q2_K, Q3_K and TQ2_0). Shifting 16-bit lanes
+/// moves the neighbouring byte's bits into bits 6–7 at most, which the mask drops.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn crumbs(q: __m256i) -> [__m256i; 4] {
+    let m = _mm256_set1_epi8(3);
+    [
+        _mm256_and_si256(q, m),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(q), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m),
+        _mm256_and_si256(_mm256_srli_epi16::<6>(q), m),
+    ]
+}
+
+/// The sixteen `d·sc` and `dmin·m` factors of a Q2_K block from its 16 scale bytes at
+/// `sc` (low nibble the sub-block's scale, high nibble its min). Caller: avx2, 16
+/// bytes readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q2_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32; 16], [f32; 16]) {
+    // SAFETY: the caller guarantees the 16 bytes; unaligned reads.
+    let (a, b) = unsafe {
+        let p = sc.cast::<u64>();
+        (p.read_unaligned(), p.add(1).read_unaligned())
+    };
+    const LOW4: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    let ds = scale16(d, a & LOW4, b & LOW4, false);
+    let dm = scale16(dmin, (a >> 4) & LOW4, (b >> 4) & LOW4, false);
+    (ds, dm)
+}
+
 /// Marker types, one per block layout.
 pub(crate) struct Q4_0;
 pub(crate) struct Q4_1;
@@ -154,6 +199,7 @@ pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
 pub(crate) struct Q8_0;
 pub(crate) struct IQ4NL;
+pub(crate) struct Q2K;
 pub(crate) struct Q4K;
 pub(crate) struct Q5K;
 pub(crate) struct Q6K;
@@ -303,6 +349,42 @@ pub(crate) unsafe fn k4_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32
     scale8(d, scales, false, &mut ds);
     scale8(dmin, mins, false, &mut dm);
     (ds, dm)
+}
+
+// SAFETY: scales at 0–15; qs at 16–79; d, dmin at 80, 82; 84 bytes.
+unsafe impl Unit for Q2K {
+    const BS: usize = 256;
+    const TS: usize = 84;
+
+    /// Unit 4n + j is bits 2j–2j+1 of `qs[32n..][..32]`; its first 16 weights take
+    /// scale byte 2(4n + j), its last 16 the next.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–15 and 80–83 of the block.
+        let (ds, dm) = unsafe { q2_factors(b, f16_splat(b.add(80)), f16_splat(b.add(82))) };
+        for n in 0..2 {
+            // SAFETY: bytes 16 + 32n .. 48 + 32n ≤ 80 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(16 + 32 * n).cast()) };
+            for (j, q) in crumbs(q).iter().enumerate() {
+                let u = 4 * n + j;
+                let q = widen32(*q);
+                let s = |k: usize| (_mm256_set1_ps(ds[k]), _mm256_set1_ps(dm[k]));
+                let ((d0, m0), (d1, m1)) = (s(2 * u), s(2 * u + 1));
+                // dl·q − ml: a rounded product, then a rounded difference.
+                let w = |q, d, m| _mm256_sub_ps(_mm256_mul_ps(d, q), m);
+                f(
+                    u,
+                    [
+                        w(q[0], d0, m0),
+                        w(q[1], d0, m0),
+                        w(q[2], d1, m1),
+                        w(q[3], d1, m1),
+                    ],
+                );
+            }
+        }
+    }
 }
 
 // SAFETY: d, dmin at 0, 2; scales at 4–15; qs at 16–143; 144 bytes.

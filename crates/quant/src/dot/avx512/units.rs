@@ -10,7 +10,8 @@
 use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
-    f16_splat, k4_factors, q6_bytes, scale8, IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    crumbs, f16_splat, k4_factors, q2_factors, q6_bytes, scale8, IQ4NL, Q2K, Q4K, Q4_0, Q4_1, Q5K,
+    Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -112,15 +113,23 @@ fn lookup32(nib: __m512i, fifth: u16, lo: __m512, hi: __m512) -> __m512 {
     _mm512_permutex2var_ps(lo, i, hi)
 }
 
+/// Signed bytes 0–15 and 16–31 of `q` to f32 (exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn widen(q: __m256i) -> [__m512; 2] {
+    let f = |v: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+    [
+        f(_mm256_castsi256_si128(q)),
+        f(_mm256_extracti128_si256::<1>(q)),
+    ]
+}
+
 /// Signed bytes 0–15 and 16–31 of `q` to f32, each times its scale.
 #[inline]
 #[target_feature(enable = "avx512f,avx2")]
 fn widen_mul(q: __m256i, d0: __m512, d1: __m512) -> [__m512; 2] {
-    let f = |v: __m128i, d| _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
-    [
-        f(_mm256_castsi256_si128(q), d0),
-        f(_mm256_extracti128_si256::<1>(q), d1),
-    ]
+    let [q0, q1] = widen(q);
+    [_mm512_mul_ps(d0, q0), _mm512_mul_ps(d1, q1)]
 }
 
 // SAFETY (every impl below): offsets are those of the layout table of the type's
@@ -239,6 +248,35 @@ unsafe impl Unit512 for IQ4NL {
         // d · value, as the scalar decoder reads it.
         let t = _mm512_mul_ps(d, kv);
         f(0, [lookup16(v, t), lookup16(high(v), t)]);
+    }
+}
+
+// SAFETY: scales at 0–15; qs at 16–79; d, dmin at 80, 82; 84 bytes.
+unsafe impl Unit512 for Q2K {
+    const BS: usize = 256;
+    const TS: usize = 84;
+
+    /// The AVX2 passes (`crumbs`), converted: with four levels per scale a table would
+    /// need as many operations as the conversion.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–15 and 80–83 of the block.
+        let (ds, dm) = unsafe { q2_factors(b, f16_splat(b.add(80)), f16_splat(b.add(82))) };
+        for n in 0..2 {
+            // SAFETY: bytes 16 + 32n .. 48 + 32n ≤ 80 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(16 + 32 * n).cast()) };
+            for (j, q) in crumbs(q).iter().enumerate() {
+                let u = 4 * n + j;
+                let [q0, q1] = widen(*q);
+                // dl·q − ml: a rounded product, then a rounded difference.
+                let w = |q, k: usize| {
+                    let (d, m) = (_mm512_set1_ps(ds[k]), _mm512_set1_ps(dm[k]));
+                    _mm512_sub_ps(_mm512_mul_ps(d, q), m)
+                };
+                f(u, [w(q0, 2 * u), w(q1, 2 * u + 1)]);
+            }
+        }
     }
 }
 
