@@ -116,7 +116,15 @@ fn simd_path_equals_portable_path_bit_for_bit() {
                         let n_blocks = rows * blocks_per_row * type_blocks;
                         let w = blocks(&mut rng, ty, scales, n_blocks, finite_scales);
                         for n in (1..=9).chain([16, 17, 33]) {
-                            let x = rng.x(n * cols);
+                            // With finite weights, ordinary activations: every output is
+                            // then finite, so a single wrong weight shows in its bits
+                            // (with x's specials nearly every 256-weight row sums to ±inf
+                            // or NaN, which hides most wrong weights).
+                            let x = if finite_scales {
+                                uniform(&mut rng, n * cols)
+                            } else {
+                                rng.x(n * cols)
+                            };
                             let mut want = vec![f32::NAN; rows * n];
                             k.portable().dots(&w, row_bytes, &x, n, &mut want);
                             let mut got = vec![f32::NAN; rows * n];
@@ -157,7 +165,8 @@ fn simd_kernels_reject_wrong_shapes() {
     }
 }
 
-/// Uniform in [-1, 1): the attention helpers see activations, not specials.
+/// Uniform in [-1, 1): activations without specials (the attention helpers, and the
+/// kernels over finite weights).
 fn uniform(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
         .map(|_| (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
