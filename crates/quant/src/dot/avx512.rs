@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use lamina_gguf::GgmlType;
 
 use super::avx2::reduce;
-use super::avx2::units::{IQ4NL, Q2K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::avx2::units::{IQ4NL, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::SimdDots;
 
 mod units;
@@ -53,6 +53,7 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         GgmlType::Q5_1 => dots::<Q5_1>,
         GgmlType::Q8_0 => dots::<Q8_0>,
         GgmlType::Q2K => dots::<Q2K>,
+        GgmlType::Q3K => dots::<Q3K>,
         GgmlType::Q4K => dots::<Q4K>,
         GgmlType::Q5K => dots::<Q5K>,
         GgmlType::Q6K => dots::<Q6K>,

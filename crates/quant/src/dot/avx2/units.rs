@@ -192,6 +192,60 @@ pub(crate) unsafe fn q2_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32
     (ds, dm)
 }
 
+/// The sixteen `d·sc` factors of a Q3_K block from its 12 scale bytes at `sc`: 6-bit
+/// scales biased by 32, unpacked for all sixteen at once with ggml's `kmask1`/`kmask2`
+/// word trick (see `q3_k_scales` for where each bit lives). Caller: avx2, 12 bytes
+/// readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q3_factors(sc: *const u8, d: __m256) -> [f32; 16] {
+    // SAFETY: the caller guarantees the 12 bytes; unaligned reads.
+    let (a, b, t) = unsafe {
+        let p = sc.cast::<u32>();
+        (
+            p.read_unaligned(),
+            p.add(1).read_unaligned(),
+            p.add(2).read_unaligned(),
+        )
+    };
+    const K1: u32 = 0x0303_0303;
+    const K2: u32 = 0x0F0F_0F0F;
+    // Scales 4w … 4w + 3 are the bytes of word w.
+    let words = [
+        (a & K2) | ((t & K1) << 4),
+        (b & K2) | (((t >> 2) & K1) << 4),
+        ((a >> 4) & K2) | (((t >> 4) & K1) << 4),
+        ((b >> 4) & K2) | (((t >> 6) & K1) << 4),
+    ];
+    // Each byte s ≤ 63 becomes s − 32 as an i8: s + 0x60 ≤ 0x9F stays inside its byte,
+    // and flipping bit 7 subtracts the remaining 0x80 mod 256.
+    let unbias = |w: u32| u64::from(w.wrapping_add(0x6060_6060) ^ 0x8080_8080);
+    let lo = unbias(words[0]) | unbias(words[1]) << 32;
+    let hi = unbias(words[2]) | unbias(words[3]) << 32;
+    scale16(d, lo, hi, true)
+}
+
+/// The four Q3_K passes over the 32 quant bytes `q` of one half as signed bytes
+/// `low − 4` where the weight's hmask bit is clear, `low` otherwise: pass j takes bits
+/// 2j–2j+1 of `q` and bit j of `hm` (the hmask, shifted right by 4 for the second half).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q3_bytes(q: __m256i, hm: __m256i) -> [__m256i; 4] {
+    let low = crumbs(q);
+    // Bit j of each byte moved to bit 2 within 16-bit lanes; the bits that cross into
+    // the neighbouring byte land in bits 0–1 or 7, never bit 2.
+    let high = [
+        _mm256_slli_epi16::<2>(hm),
+        _mm256_slli_epi16::<1>(hm),
+        hm,
+        _mm256_srli_epi16::<1>(hm),
+    ];
+    let four = _mm256_set1_epi8(4);
+    // 4 where bit 2 is clear, 0 where it is set.
+    let f = |j: usize| _mm256_sub_epi8(low[j], _mm256_andnot_si256(high[j], four));
+    [f(0), f(1), f(2), f(3)]
+}
+
 /// Marker types, one per block layout.
 pub(crate) struct Q4_0;
 pub(crate) struct Q4_1;
@@ -200,6 +254,7 @@ pub(crate) struct Q5_1;
 pub(crate) struct Q8_0;
 pub(crate) struct IQ4NL;
 pub(crate) struct Q2K;
+pub(crate) struct Q3K;
 pub(crate) struct Q4K;
 pub(crate) struct Q5K;
 pub(crate) struct Q6K;
@@ -382,6 +437,48 @@ unsafe impl Unit for Q2K {
                         w(q[3], d1, m1),
                     ],
                 );
+            }
+        }
+    }
+}
+
+// SAFETY: hmask at 0–31; qs at 32–95; scales at 96–107; d at 108; 110 bytes.
+unsafe impl Unit for Q3K {
+    const BS: usize = 256;
+    const TS: usize = 110;
+
+    /// Unit 4n + j is pass j of `q3_bytes` over `qs[32n..][..32]` and the hmask (read
+    /// once for all eight units); its first 16 weights take scale 2(4n + j), its last
+    /// 16 the next.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–31 and 96–109 of the block.
+        let (ds, hmask) = unsafe {
+            (
+                q3_factors(b.add(96), f16_splat(b.add(108))),
+                _mm256_loadu_si256(b.cast()),
+            )
+        };
+        for n in 0..2 {
+            // SAFETY: bytes 32 + 32n .. 64 + 32n ≤ 96 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 + 32 * n).cast()) };
+            let hm = if n == 0 {
+                hmask
+            } else {
+                _mm256_srli_epi16::<4>(hmask)
+            };
+            for (j, q) in q3_bytes(q, hm).iter().enumerate() {
+                let u = 4 * n + j;
+                let q = widen32(*q);
+                let (d0, d1) = (_mm256_set1_ps(ds[2 * u]), _mm256_set1_ps(ds[2 * u + 1]));
+                let w = [
+                    _mm256_mul_ps(d0, q[0]),
+                    _mm256_mul_ps(d0, q[1]),
+                    _mm256_mul_ps(d1, q[2]),
+                    _mm256_mul_ps(d1, q[3]),
+                ];
+                f(u, w);
             }
         }
     }

@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
-    crumbs, f16_splat, k4_factors, q2_factors, q6_bytes, scale8, IQ4NL, Q2K, Q4K, Q4_0, Q4_1, Q5K,
-    Q5_0, Q5_1, Q6K, Q8_0,
+    crumbs, f16_splat, k4_factors, q2_factors, q3_bytes, q3_factors, q6_bytes, scale8, IQ4NL, Q2K,
+    Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -275,6 +275,39 @@ unsafe impl Unit512 for Q2K {
                     _mm512_sub_ps(_mm512_mul_ps(d, q), m)
                 };
                 f(u, [w(q0, 2 * u), w(q1, 2 * u + 1)]);
+            }
+        }
+    }
+}
+
+// SAFETY: hmask at 0–31; qs at 32–95; scales at 96–107; d at 108; 110 bytes.
+unsafe impl Unit512 for Q3K {
+    const BS: usize = 256;
+    const TS: usize = 110;
+
+    /// The AVX2 passes (`q3_bytes`), converted as Q2_K's are.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–31 and 96–109 of the block.
+        let (ds, hmask) = unsafe {
+            (
+                q3_factors(b.add(96), f16_splat(b.add(108))),
+                _mm256_loadu_si256(b.cast()),
+            )
+        };
+        for n in 0..2 {
+            // SAFETY: bytes 32 + 32n .. 64 + 32n ≤ 96 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 + 32 * n).cast()) };
+            let hm = if n == 0 {
+                hmask
+            } else {
+                _mm256_srli_epi16::<4>(hmask)
+            };
+            for (j, q) in q3_bytes(q, hm).iter().enumerate() {
+                let u = 4 * n + j;
+                let (d0, d1) = (_mm512_set1_ps(ds[2 * u]), _mm512_set1_ps(ds[2 * u + 1]));
+                f(u, widen_mul(*q, d0, d1));
             }
         }
     }
