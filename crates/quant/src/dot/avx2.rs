@@ -21,7 +21,7 @@ use super::SimdDots;
 
 pub(super) mod units;
 
-use units::{Unit, IQ4NL, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use units::{Unit, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
 /// Rows decoded together in a mat-vec: 4 × 2 accumulator registers, enough
 /// independent add chains to hide the add latency.
@@ -49,6 +49,7 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         GgmlType::Q5K => dots::<Q5K>,
         GgmlType::Q6K => dots::<Q6K>,
         GgmlType::IQ4NL => dots::<IQ4NL>,
+        GgmlType::IQ4XS => dots::<IQ4XS>,
         _ => return None,
     };
     Some(f)

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use lamina_gguf::GgmlType;
 
 use super::avx2::reduce;
-use super::avx2::units::{IQ4NL, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::avx2::units::{IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use super::SimdDots;
 
 mod units;
@@ -58,6 +58,7 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         GgmlType::Q5K => dots::<Q5K>,
         GgmlType::Q6K => dots::<Q6K>,
         GgmlType::IQ4NL => dots::<IQ4NL>,
+        GgmlType::IQ4XS => dots::<IQ4XS>,
         _ => return None,
     };
     Some(f)

@@ -43,13 +43,14 @@ impl Rng {
 
 /// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales (of
 /// every value, for the plain floats).
-const SIMD_TYPES: [(GgmlType, &[usize]); 11] = [
+const SIMD_TYPES: [(GgmlType, &[usize]); 12] = [
     (GgmlType::Q4_0, &[0]),
     (GgmlType::Q4_1, &[0, 2]),
     (GgmlType::Q5_0, &[0]),
     (GgmlType::Q5_1, &[0, 2]),
     (GgmlType::Q8_0, &[0]),
     (GgmlType::IQ4NL, &[0]),
+    (GgmlType::IQ4XS, &[0]),
     (GgmlType::Q2K, &[80, 82]),
     (GgmlType::Q3K, &[108]),
     (GgmlType::Q4K, &[0, 2]),

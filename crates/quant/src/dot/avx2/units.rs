@@ -246,6 +246,44 @@ pub(crate) fn q3_bytes(q: __m256i, hm: __m256i) -> [__m256i; 4] {
     [f(0), f(1), f(2), f(3)]
 }
 
+/// The eight `d·ls` factors of an IQ4_XS block at `b`: `ls` is 6 bits, the low four
+/// nibble i of `scales_l` (bytes 4–7), the high two bits 2i–2i+1 of `scales_h` (bytes
+/// 2–3), biased by 32. Caller: avx2, bytes 2–7 of the block readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn iq4xs_factors(b: *const u8, d: __m256) -> [f32; 8] {
+    // SAFETY: the caller guarantees bytes 2–7; unaligned reads.
+    let (high, low) = unsafe {
+        (
+            b.add(2).cast::<u16>().read_unaligned(),
+            b.add(4).cast::<u32>().read_unaligned(),
+        )
+    };
+    // Lane i shifts its copy of each word right by 4i and 2i.
+    let low = _mm256_and_si256(
+        _mm256_srlv_epi32(
+            _mm256_set1_epi32(low as i32),
+            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+        ),
+        _mm256_set1_epi32(0xF),
+    );
+    let high = _mm256_and_si256(
+        _mm256_srlv_epi32(
+            _mm256_set1_epi32(i32::from(high)),
+            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+        ),
+        _mm256_set1_epi32(3),
+    );
+    let ls = _mm256_sub_epi32(
+        _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
+        _mm256_set1_epi32(32),
+    );
+    let mut out = [0.0; 8];
+    // SAFETY: `out` is 8 writable f32; unaligned store.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls))) };
+    out
+}
+
 /// Marker types, one per block layout.
 pub(crate) struct Q4_0;
 pub(crate) struct Q4_1;
@@ -253,6 +291,7 @@ pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
 pub(crate) struct Q8_0;
 pub(crate) struct IQ4NL;
+pub(crate) struct IQ4XS;
 pub(crate) struct Q2K;
 pub(crate) struct Q3K;
 pub(crate) struct Q4K;
@@ -375,6 +414,31 @@ unsafe impl Unit for IQ4NL {
         };
         let q = widen(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi));
         f(0, mul(q, d));
+    }
+}
+
+// SAFETY: d at 0; scales_h at 2–3; scales_l at 4–7; qs at 8–135; 136 bytes.
+unsafe impl Unit for IQ4XS {
+    const BS: usize = 256;
+    const TS: usize = 136;
+
+    /// Unit i is `qs[16i..][..16]` in IQ4_NL's nibble order, with the factor `d·ls`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–7 of the block; the table is 16 bytes.
+        let (ds, table) = unsafe {
+            (
+                iq4xs_factors(b, f16_splat(b)),
+                _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()),
+            )
+        };
+        for (i, dl) in ds.iter().enumerate() {
+            // SAFETY: bytes 8 + 16i .. 24 + 16i ≤ 136 of the block.
+            let (lo, hi) = unsafe { nibbles16(b.add(8 + 16 * i)) };
+            let q = widen(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi));
+            f(i, mul(q, _mm256_set1_ps(*dl)));
+        }
     }
 }
 

@@ -10,8 +10,8 @@
 use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
-    crumbs, f16_splat, k4_factors, q2_factors, q3_bytes, q3_factors, q6_bytes, scale8, IQ4NL, Q2K,
-    Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    crumbs, f16_splat, iq4xs_factors, k4_factors, q2_factors, q3_bytes, q3_factors, q6_bytes,
+    scale8, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -309,6 +309,32 @@ unsafe impl Unit512 for Q3K {
                 let (d0, d1) = (_mm512_set1_ps(ds[2 * u]), _mm512_set1_ps(ds[2 * u + 1]));
                 f(u, widen_mul(*q, d0, d1));
             }
+        }
+    }
+}
+
+// SAFETY: d at 0; scales_h at 2–3; scales_l at 4–7; qs at 8–135; 136 bytes.
+unsafe impl Unit512 for IQ4XS {
+    const BS: usize = 256;
+    const TS: usize = 136;
+
+    /// IQ4_NL's lookup per unit, the table scaled by the unit's `d·ls`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–7 of the block; the table is 16 f32.
+        let (ds, kv) = unsafe {
+            (
+                iq4xs_factors(b, f16_splat(b)),
+                _mm512_loadu_ps(KVALUES_IQ4NL_F32.as_ptr()),
+            )
+        };
+        for (i, dl) in ds.iter().enumerate() {
+            // SAFETY: bytes 8 + 16i .. 24 + 16i ≤ 136 of the block.
+            let v = unsafe { bytes16(b.add(8 + 16 * i)) };
+            // dl · value, as the scalar decoder reads it.
+            let t = _mm512_mul_ps(_mm512_set1_ps(*dl), kv);
+            f(i, [lookup16(v, t), lookup16(high(v), t)]);
         }
     }
 }
