@@ -21,7 +21,7 @@ use super::SimdDots;
 
 pub(super) mod units;
 
-use units::{Unit, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use units::{Unit, BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 
 /// Rows decoded together in a mat-vec: 4 × 2 accumulator registers, enough
 /// independent add chains to hide the add latency.
@@ -38,6 +38,8 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         return None;
     }
     let f: SimdDots = match ty {
+        GgmlType::F16 => dots::<F16>,
+        GgmlType::BF16 => dots::<BF16>,
         GgmlType::Q4_0 => dots::<Q4_0>,
         GgmlType::Q4_1 => dots::<Q4_1>,
         GgmlType::Q5_0 => dots::<Q5_0>,

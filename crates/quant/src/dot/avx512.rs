@@ -14,7 +14,9 @@ use std::arch::x86_64::*;
 use lamina_gguf::GgmlType;
 
 use super::avx2::reduce;
-use super::avx2::units::{IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::avx2::units::{
+    BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use super::SimdDots;
 
 mod units;
@@ -47,6 +49,8 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         return None;
     }
     let f: SimdDots = match ty {
+        GgmlType::F16 => dots::<F16>,
+        GgmlType::BF16 => dots::<BF16>,
         GgmlType::Q4_0 => dots::<Q4_0>,
         GgmlType::Q4_1 => dots::<Q4_1>,
         GgmlType::Q5_0 => dots::<Q5_0>,

@@ -43,7 +43,9 @@ impl Rng {
 
 /// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales (of
 /// every value, for the plain floats).
-const SIMD_TYPES: [(GgmlType, &[usize]); 12] = [
+const SIMD_TYPES: [(GgmlType, &[usize]); 14] = [
+    (GgmlType::F16, &[0]),
+    (GgmlType::BF16, &[0]),
     (GgmlType::Q4_0, &[0]),
     (GgmlType::Q4_1, &[0, 2]),
     (GgmlType::Q5_0, &[0]),
@@ -164,6 +166,34 @@ fn simd_kernels_reject_wrong_shapes() {
         assert!(!simd(&w[1..], ts, &x, 1, &mut out), "{ty}: partial row");
         assert!(!simd(&w, ts - 1, &x, 1, &mut out), "{ty}: partial block");
         assert!(!simd(&w, 0, &x, 1, &mut out), "{ty}: empty rows");
+    }
+}
+
+/// Plain float rows that are not whole units of 32 are the portable path's: the SIMD
+/// kernels decline them, and the kernel's result is still the portable one.
+#[test]
+fn ragged_float_rows_fall_back_to_the_portable_path() {
+    let mut rng = Rng(0xF16_F16);
+    for ty in [GgmlType::F16, GgmlType::BF16] {
+        let k = kernel(ty);
+        for cols in [1, 17, 48, 80, 100] {
+            let (rows, n) = (5, 3);
+            let w = blocks(&mut rng, ty, &[0], rows * cols, true);
+            let x = uniform(&mut rng, n * cols);
+            for (name, simd) in simd_kernels(ty) {
+                let mut out = vec![0.0; rows * n];
+                assert!(
+                    !simd(&w, 2 * cols, &x, n, &mut out),
+                    "{ty} {name} took a row of {cols}"
+                );
+            }
+            let mut want = vec![f32::NAN; rows * n];
+            k.portable().dots(&w, 2 * cols, &x, n, &mut want);
+            let mut got = vec![f32::NAN; rows * n];
+            k.dots(&w, 2 * cols, &x, n, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{ty} cols {cols}");
+        }
     }
 }
 

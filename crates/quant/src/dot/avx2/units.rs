@@ -286,6 +286,11 @@ pub(crate) unsafe fn iq4xs_factors(b: *const u8, d: __m256) -> [f32; 8] {
 
 /// Marker types, one per block layout.
 pub(crate) struct Q4_0;
+/// Plain IEEE halves, in blocks of 32 (one unit); rows of other lengths are left to
+/// the portable path.
+pub(crate) struct F16;
+/// Plain bf16, in blocks of 32 as [`F16`].
+pub(crate) struct BF16;
 pub(crate) struct Q4_1;
 pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
@@ -300,6 +305,39 @@ pub(crate) struct Q6K;
 
 // SAFETY (every impl below): offsets are those of the layout table of the type's
 // module and stay inside its TS bytes.
+
+// SAFETY: 32 halves; 64 bytes.
+unsafe impl Unit for F16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    /// Widening is exact, as the scalar decoder's (F16C).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 16k .. 16k + 16 ≤ 64 of the block for k < 4.
+        let g = |k: usize| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.add(16 * k).cast())) };
+        f(0, [g(0), g(1), g(2), g(3)]);
+    }
+}
+
+// SAFETY: 32 bf16; 64 bytes.
+unsafe impl Unit for BF16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    /// A bf16 is the top half of its f32: widen each to 32 bits and shift it there.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 16k .. 16k + 16 ≤ 64 of the block for k < 4.
+        let g = |k: usize| unsafe {
+            let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(b.add(16 * k).cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+        };
+        f(0, [g(0), g(1), g(2), g(3)]);
+    }
+}
 
 // SAFETY: d at 0, 16 quant bytes at 2; 18 bytes.
 unsafe impl Unit for Q4_0 {

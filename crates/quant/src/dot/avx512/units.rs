@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
     crumbs, f16_splat, iq4xs_factors, k4_factors, q2_factors, q3_bytes, q3_factors, q6_bytes,
-    scale8, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    scale8, BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -134,6 +134,38 @@ fn widen_mul(q: __m256i, d0: __m512, d1: __m512) -> [__m512; 2] {
 
 // SAFETY (every impl below): offsets are those of the layout table of the type's
 // module and stay inside its TS bytes.
+
+// SAFETY: 32 halves; 64 bytes.
+unsafe impl Unit512 for F16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–63 of the block.
+        let g = |k: usize| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(b.add(32 * k).cast())) };
+        f(0, [g(0), g(1)]);
+    }
+}
+
+// SAFETY: 32 bf16; 64 bytes.
+unsafe impl Unit512 for BF16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    /// As the AVX2 decoder: each bf16 shifted into the top half of its lane.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–63 of the block.
+        let g = |k: usize| unsafe {
+            let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(b.add(32 * k).cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))
+        };
+        f(0, [g(0), g(1)]);
+    }
+}
 
 // SAFETY: d at 0, 16 quant bytes at 2; 18 bytes.
 unsafe impl Unit512 for Q4_0 {
