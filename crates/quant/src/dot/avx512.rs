@@ -15,7 +15,7 @@ use lamina_gguf::GgmlType;
 
 use super::avx2::reduce;
 use super::avx2::units::{
-    BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, Q8_1, TQ2_0,
 };
 use super::SimdDots;
 
@@ -56,6 +56,8 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         GgmlType::Q5_0 => dots::<Q5_0>,
         GgmlType::Q5_1 => dots::<Q5_1>,
         GgmlType::Q8_0 => dots::<Q8_0>,
+        GgmlType::Q8_1 => dots::<Q8_1>,
+        GgmlType::TQ2_0 => dots::<TQ2_0>,
         GgmlType::Q2K => dots::<Q2K>,
         GgmlType::Q3K => dots::<Q3K>,
         GgmlType::Q4K => dots::<Q4K>,

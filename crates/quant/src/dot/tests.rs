@@ -43,7 +43,7 @@ impl Rng {
 
 /// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales (of
 /// every value, for the plain floats).
-const SIMD_TYPES: [(GgmlType, &[usize]); 14] = [
+const SIMD_TYPES: [(GgmlType, &[usize]); 16] = [
     (GgmlType::F16, &[0]),
     (GgmlType::BF16, &[0]),
     (GgmlType::Q4_0, &[0]),
@@ -51,6 +51,8 @@ const SIMD_TYPES: [(GgmlType, &[usize]); 14] = [
     (GgmlType::Q5_0, &[0]),
     (GgmlType::Q5_1, &[0, 2]),
     (GgmlType::Q8_0, &[0]),
+    (GgmlType::Q8_1, &[0, 2]),
+    (GgmlType::TQ2_0, &[64]),
     (GgmlType::IQ4NL, &[0]),
     (GgmlType::IQ4XS, &[0]),
     (GgmlType::Q2K, &[80, 82]),

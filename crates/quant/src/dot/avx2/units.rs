@@ -295,6 +295,8 @@ pub(crate) struct Q4_1;
 pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
 pub(crate) struct Q8_0;
+pub(crate) struct Q8_1;
+pub(crate) struct TQ2_0;
 pub(crate) struct IQ4NL;
 pub(crate) struct IQ4XS;
 pub(crate) struct Q2K;
@@ -434,6 +436,48 @@ unsafe impl Unit for Q8_0 {
             (f16_splat(b), [g(0), g(1), g(2), g(3)])
         };
         f(0, mul(q, d));
+    }
+}
+
+// SAFETY: d at 0, s at 2 (unused), 32 signed quant bytes at 4; 36 bytes.
+unsafe impl Unit for Q8_1 {
+    const BS: usize = 32;
+    const TS: usize = 36;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–1 and 4 + 8k .. 12 + 8k (k < 4) of the block.
+        let (d, q) = unsafe {
+            let g = |k: usize| {
+                let v = _mm_loadl_epi64(b.add(4 + 8 * k).cast());
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+            };
+            (f16_splat(b), [g(0), g(1), g(2), g(3)])
+        };
+        f(0, mul(q, d));
+    }
+}
+
+// SAFETY: qs at 0–63, d at 64; 66 bytes.
+unsafe impl Unit for TQ2_0 {
+    const BS: usize = 256;
+    const TS: usize = 66;
+
+    /// Unit 4g + s is bits 2s–2s+1 of `qs[32g..][..32]`, less one: a trit.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 64–65 of the block.
+        let d = unsafe { f16_splat(b.add(64)) };
+        let one = _mm256_set1_epi8(1);
+        for g in 0..2 {
+            // SAFETY: bytes 32g .. 32g + 32 ≤ 64 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 * g).cast()) };
+            for (s, q) in crumbs(q).iter().enumerate() {
+                f(4 * g + s, mul(widen32(_mm256_sub_epi8(*q, one)), d));
+            }
+        }
     }
 }
 

@@ -11,7 +11,8 @@ use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
     crumbs, f16_splat, iq4xs_factors, k4_factors, q2_factors, q3_bytes, q3_factors, q6_bytes,
-    scale8, BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    scale8, BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, Q8_1,
+    TQ2_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -261,6 +262,42 @@ unsafe impl Unit512 for Q8_0 {
         // SAFETY: bytes 0–33 of the block.
         let (d, q) = unsafe { (f16_splat16(b), _mm256_loadu_si256(b.add(2).cast())) };
         f(0, widen_mul(q, d, d));
+    }
+}
+
+// SAFETY: d at 0, s at 2 (unused), 32 signed quant bytes at 4; 36 bytes.
+unsafe impl Unit512 for Q8_1 {
+    const BS: usize = 32;
+    const TS: usize = 36;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–1 and 4–35 of the block.
+        let (d, q) = unsafe { (f16_splat16(b), _mm256_loadu_si256(b.add(4).cast())) };
+        f(0, widen_mul(q, d, d));
+    }
+}
+
+// SAFETY: qs at 0–63, d at 64; 66 bytes.
+unsafe impl Unit512 for TQ2_0 {
+    const BS: usize = 256;
+    const TS: usize = 66;
+
+    /// The AVX2 passes (`crumbs`) less one, converted.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 64–65 of the block.
+        let d = unsafe { f16_splat16(b.add(64)) };
+        let one = _mm256_set1_epi8(1);
+        for g in 0..2 {
+            // SAFETY: bytes 32g .. 32g + 32 ≤ 64 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 * g).cast()) };
+            for (s, q) in crumbs(q).iter().enumerate() {
+                f(4 * g + s, widen_mul(_mm256_sub_epi8(*q, one), d, d));
+            }
+        }
     }
 }
 
