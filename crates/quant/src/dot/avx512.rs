@@ -135,9 +135,10 @@ unsafe fn dots_avx512<K: Unit512>(
             );
             return;
         }
-        // Blocks of one unit (the legacy types) share each column load between two
-        // rows; with 8 units a block, the loads of a whole block would be hoisted out
-        // of the row loop and spilled, so the k-quants take one row and more columns.
+        // Blocks of one unit (the legacy types, F16, BF16) share each column load
+        // between two rows; with 8 units a block, the loads of a whole block would be
+        // hoisted out of the row loop and spilled, so those take one row and more
+        // columns.
         if K::BS == 32 {
             matmul_tiles::<K, 2, 4>(wp, rows, row_bytes, xp, cols, n, op);
         } else {

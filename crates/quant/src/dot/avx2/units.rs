@@ -1,8 +1,10 @@
 //! Block decoders for the AVX2 kernels: each hands out its block as units of 32
 //! weights, four `__m256` of 8 consecutive weights each, equal bit for bit to its scalar
-//! decoder in `legacy.rs` / `kquants.rs` / `iquants.rs` (layouts documented there).
+//! decoder in `legacy.rs` / `kquants.rs` / `iquants.rs` / `ternary.rs` / `float.rs`
+//! (layouts documented there).
 //!
-//! The pattern is the same for every type: the quants become 32 small integers in the
+//! The plain floats are widened exactly (F16C for halves, a shift for bf16). For the
+//! quantized types the pattern is the same: the quants become 32 small integers in the
 //! bytes of a vector (exact), are widened to i32 and converted to f32 (exact: |q| < 2⁷),
 //! and then get the scalar decoder's f32 operations in its order: `q·d`, `q·d + m`,
 //! `d₁·q − m₁` or `(d·sc)·q`, each a rounded multiply then a rounded add. Per-block

@@ -5,7 +5,9 @@
 //! possible weights held in one or two registers (`vpermps`, `vpermt2ps`). Each table
 //! entry is computed from the level `q` by the scalar decoder's f32 operations (`q·d`,
 //! `q·d + m`, `d₁·q − m₁`), so looking a weight up gives the bits decoding it would.
-//! Q8_0 and Q6_K have too many levels per scale and convert each quant instead.
+//! Q8_0, Q8_1 and Q6_K have too many levels per scale and convert each quant instead;
+//! the 2- and 3-bit types (Q2_K, Q3_K, TQ2_0) convert the AVX2 decoders' bytes, where a
+//! table would cost as much, and F16/BF16 are widened.
 
 use std::arch::x86_64::*;
 
