@@ -248,9 +248,9 @@ pub(crate) fn q3_bytes(q: __m256i, hm: __m256i) -> [__m256i; 4] {
     [f(0), f(1), f(2), f(3)]
 }
 
-/// The eight `d·ls` factors of an IQ4_XS block at `b`: `ls` is 6 bits, the low four
-/// nibble i of `scales_l` (bytes 4–7), the high two bits 2i–2i+1 of `scales_h` (bytes
-/// 2–3), biased by 32. Caller: avx2, bytes 2–7 of the block readable.
+/// The eight `d·ls` factors of an IQ4_XS block at `b`: `ls` of unit i is nibble i of
+/// `scales_l` (bytes 4–7) below bits 2i–2i+1 of `scales_h` (bytes 2–3), less 32.
+/// Caller: avx2, bytes 2–7 of the block readable.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn iq4xs_factors(b: *const u8, d: __m256) -> [f32; 8] {
@@ -288,11 +288,6 @@ pub(crate) unsafe fn iq4xs_factors(b: *const u8, d: __m256) -> [f32; 8] {
 
 /// Marker types, one per block layout.
 pub(crate) struct Q4_0;
-/// Plain IEEE halves, in blocks of 32 (one unit); rows of other lengths are left to
-/// the portable path.
-pub(crate) struct F16;
-/// Plain bf16, in blocks of 32 as [`F16`].
-pub(crate) struct BF16;
 pub(crate) struct Q4_1;
 pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
@@ -306,6 +301,11 @@ pub(crate) struct Q3K;
 pub(crate) struct Q4K;
 pub(crate) struct Q5K;
 pub(crate) struct Q6K;
+/// Plain IEEE halves, in blocks of 32 (one unit); rows of other lengths are left to
+/// the portable path.
+pub(crate) struct F16;
+/// Plain bf16, in blocks of 32 as [`F16`].
+pub(crate) struct BF16;
 
 // SAFETY (every impl below): offsets are those of the layout table of the type's
 // module and stay inside its TS bytes.
@@ -315,7 +315,7 @@ unsafe impl Unit for F16 {
     const BS: usize = 32;
     const TS: usize = 64;
 
-    /// Widening is exact, as the scalar decoder's (F16C).
+    /// F16C widens exactly, as the scalar decoder does.
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
