@@ -15,14 +15,17 @@
 //! - **AVX-512** (x86-64 with `avx512f/bw/vl` and `fma`, run-time detection; `avx512` module,
 //!   built with Rust ≥ 1.89): the 16 lanes of a (row, column) pair are one register;
 //!   4- and 5-bit weights are looked up in a table of the block's possible weights
-//!   (each entry computed by the scalar decoder's operations), 8-bit and 6-bit ones
-//!   converted. Four rows at once in a mat-vec; in a mat-mul, tiles of 2 rows × 4
-//!   columns (legacy types) or 1 row × 8 columns (k-quants); from 9 columns, 4 rows
-//!   decoded once into a buffer and run against every column in 4 × 4 register tiles.
-//! - **AVX2** (x86-64 with `avx2`, `f16c` and `fma`; `avx2` module): the common block types
-//!   are decoded straight into registers, 32 weights at a time, four rows at once in a
-//!   mat-vec (independent add chains, one x load per four rows) and four columns at
-//!   once in a mat-mul (one decode per four columns); the 16 lanes are two registers.
+//!   (each entry computed by the scalar decoder's operations), the others (2-, 3-, 6-
+//!   and 8-bit quants, F16 and BF16) converted. Four rows at once in a mat-vec; in a
+//!   mat-mul, tiles of 2 rows × 4 columns (32-weight blocks) or 1 row × 8 columns
+//!   (256-weight blocks); from 9 columns, 4 rows decoded once into a buffer and run
+//!   against every column in 4 × 4 register tiles.
+//! - **AVX2** (x86-64 with `avx2`, `f16c` and `fma`; `avx2` module): the same types
+//!   (the legacy ones, the k-quants but Q8_K, IQ4_NL, IQ4_XS, TQ2_0, and F16/BF16 rows
+//!   of whole 32-weight units) are decoded straight into registers, 32 weights at a
+//!   time, four rows at once in a mat-vec (independent add chains, one x load per four
+//!   rows) and four columns at once in a mat-mul (one decode per four columns); the 16
+//!   lanes are two registers.
 //! - **Portable** (every type and CPU): a row is walked in chunks of [`CHUNK`] weights
 //!   (whole blocks); each chunk is decoded into a stack buffer by the type's scalar
 //!   decoder and multiplied into the lanes of each column, up to [`COL_TILE`] columns
