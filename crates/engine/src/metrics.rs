@@ -20,6 +20,11 @@ pub struct Metrics {
     ttft_us: AtomicU64,
     ttft_count: AtomicU64,
     paced_steps: AtomicU64,
+    /// Forward calls (llama.cpp's `n_decode`), the sequences they carried,
+    /// and the most tokens one of them took.
+    steps: AtomicU64,
+    step_sequences: AtomicU64,
+    step_tokens_max: AtomicU64,
     pub(crate) queued: AtomicUsize,
     pub(crate) active: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
@@ -50,6 +55,12 @@ pub struct MetricsSnapshot {
     /// Steps whose prompt tokens were cut to the step budget so that the
     /// decoding sequences beside them were not held back.
     pub paced_steps: u64,
+    /// Forward calls.
+    pub steps: u64,
+    /// Sequences over all forward calls (busy slots per call, summed).
+    pub step_sequences: u64,
+    /// The most tokens one forward call took.
+    pub step_tokens_max: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -76,6 +87,9 @@ impl Metrics {
             ttft_seconds_sum: self.ttft_us.load(Relaxed) as f64 / 1e6,
             ttft_count: self.ttft_count.load(Relaxed),
             paced_steps: self.paced_steps.load(Relaxed),
+            steps: self.steps.load(Relaxed),
+            step_sequences: self.step_sequences.load(Relaxed),
+            step_tokens_max: self.step_tokens_max.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -97,6 +111,13 @@ impl Metrics {
 
     pub(crate) fn failed(&self) {
         self.failed.fetch_add(1, Relaxed);
+    }
+
+    /// One forward call over `sequences` sequences and `tokens` tokens.
+    pub(crate) fn stepped(&self, sequences: usize, tokens: usize) {
+        self.steps.fetch_add(1, Relaxed);
+        self.step_sequences.fetch_add(sequences as u64, Relaxed);
+        self.step_tokens_max.fetch_max(tokens as u64, Relaxed);
     }
 
     pub(crate) fn paced(&self) {

@@ -361,6 +361,7 @@ fn hidden<B: Backend>(
     }
     slot.cache.truncate(0);
     slot.tokens.clear();
+    ctx.metrics.stepped(1, tokens.len());
     let t0 = Instant::now();
     let result = unchanged()
         .and_then(|()| {
@@ -512,6 +513,8 @@ fn step<B: Backend>(
             decoded += 1;
         }
     }
+    ctx.metrics
+        .stepped(inputs.len(), inputs.iter().map(|(_, t)| t.len()).sum());
     let t0 = Instant::now();
     let results = {
         let mut caches: Vec<Option<&mut B::Cache>> =

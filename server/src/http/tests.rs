@@ -471,6 +471,32 @@ async fn metrics_are_prometheus_text() {
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
+    // llama-server's names too, each with its type and help, as its
+    // dashboards read them.
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("llamacpp:{name} ")))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    for (name, kind) in [
+        ("prompt_tokens_total", "counter"),
+        ("prompt_tokens_cached_total", "counter"),
+        ("tokens_predicted_total", "counter"),
+        ("n_decode_total", "counter"),
+        ("n_tokens_max", "counter"),
+        ("requests_processing", "gauge"),
+        ("n_busy_slots_per_decode", "gauge"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE llamacpp:{name} {kind}\n")),
+            "{name}: {text}"
+        );
+        assert!(text.contains(&format!("# HELP llamacpp:{name} ")), "{name}");
+        assert!(value(name).is_some(), "{name}: {text}");
+    }
+    assert!(value("n_decode_total").unwrap() >= 1.0, "{text}");
+    assert!(value("tokens_predicted_total").unwrap() >= 1.0, "{text}");
+    assert!(value("n_busy_slots_per_decode").unwrap() >= 1.0, "{text}");
 }
 
 /// `serve` on a free loopback port with `read_timeout`; it stops when the
