@@ -314,13 +314,9 @@ fn check_fits(info: &ModelInfo, p: &GenerateParams) -> Result<(), EngineError> {
         });
     }
     if p.prompt.len() >= info.n_ctx_slot {
-        return Err(EngineError::Invalid {
-            param: "prompt",
-            message: format!(
-                "the prompt has {} tokens, but the context of a slot is {} tokens (one is needed to generate)",
-                p.prompt.len(),
-                info.n_ctx_slot
-            ),
+        return Err(EngineError::ContextExceeded {
+            n_prompt: p.prompt.len(),
+            n_ctx: info.n_ctx_slot,
         });
     }
     let n_vocab = info.config.n_vocab;

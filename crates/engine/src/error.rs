@@ -34,6 +34,15 @@ pub enum EngineError {
         message: String,
     },
 
+    /// The prompt does not fit a slot's context (llama-server's
+    /// `exceed_context_size_error`, which its clients read these two
+    /// numbers from).
+    #[error(
+        "the prompt has {n_prompt} tokens, but the context of a slot is {n_ctx} tokens \
+         (one is needed to generate)"
+    )]
+    ContextExceeded { n_prompt: usize, n_ctx: usize },
+
     /// Loading the model failed.
     #[error("loading the model: {0}")]
     Load(String),

@@ -176,10 +176,14 @@ pub fn job(
         e
     };
     if prompt.len() >= n_slot {
-        return Err(too_long(format!(
+        // llama-server's type and numbers, which its clients read.
+        let mut e = too_long(format!(
             "the prompt has {} tokens, but the context of a slot is {n_slot} tokens and at least one must be left to generate",
             prompt.len()
-        )));
+        ));
+        e.kind = "exceed_context_size_error";
+        e.context = Some((prompt.len(), n_slot));
+        return Err(e);
     }
     let max_tokens = match s.max_tokens {
         Some(m) if prompt.len() + m > n_slot => {

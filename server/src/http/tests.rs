@@ -345,8 +345,13 @@ async fn prompt_and_max_tokens_beyond_the_context_give_both_numbers() {
         chat(json!({"messages": [{"role": "user", "content": long}]})),
     )
     .await;
-    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "exceed_context_size_error");
     assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert_eq!(v["error"]["n_ctx"], SLOT);
+    assert!(
+        v["error"]["n_prompt_tokens"].as_u64().unwrap() > SLOT as u64,
+        "{v}"
+    );
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(
         msg.contains(&SLOT.to_string()) && msg.contains("tokens"),
