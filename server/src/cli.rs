@@ -224,9 +224,13 @@ pub struct ServeCli {
 #[derive(clap::Args, Debug)]
 pub struct LlamaServerArgs {
     /// The model's name in /v1/models and in every response (default: the
-    /// file's name).
+    /// file's name). Several, comma-separated, are all listed as `aliases`;
+    /// the first in sorted order is the name, as in llama-server.
     #[arg(short = 'a', long, env = "LAMINA_ALIAS")]
     pub alias: Option<String>,
+    /// Comma-separated labels listed as the model's `tags` in /v1/models.
+    #[arg(long, env = "LAMINA_TAGS")]
+    pub tags: Option<String>,
     /// Origins allowed to call the server from a browser: `localhost` (the
     /// default) allows only http(s)://localhost, 127.0.0.1 and [::1] on any
     /// port; `*` allows any origin; otherwise a comma-separated list.

@@ -46,7 +46,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--rerank", "Lamina has no reranking endpoint"),
     ("--slots", "Lamina has no /slots endpoint yet"),
     ("--slot-save-path", "Lamina has no /slots endpoint yet"),
-    ("--tags", "Lamina does not report model tags yet"),
     ("--reasoning", "reasoning control is not implemented yet"),
     (
         "--reasoning-format",

@@ -510,7 +510,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         step_budget: (a.step_budget_ms > 0)
             .then(|| std::time::Duration::from_millis(a.step_budget_ms)),
         http: http::Options {
-            alias: a.llama.alias.clone(),
+            aliases: http::list(a.llama.alias.as_deref()),
+            tags: http::list(a.llama.tags.as_deref()),
             sampler,
             n_predict: a.sampling.n_predict(),
             metrics: !a.llama.no_metrics,

@@ -45,6 +45,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Result<Response, ApiErro
             "object": "model",
             "created": st.started_unix,
             "owned_by": "lamina",
+            "aliases": st.options.aliases,
+            "tags": st.options.tags,
             "meta": {
                 "architecture": c.arch.name(),
                 "n_vocab": c.n_vocab,

@@ -66,8 +66,11 @@ const DEFAULT_PREPARE_WAIT: Duration = Duration::from_secs(600);
 /// What the command line sets for the HTTP layer.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `-a/--alias`: the model's name in responses, instead of the file's.
-    pub alias: Option<String>,
+    /// `-a/--alias`, sorted and without repeats: the first is the model's
+    /// name in responses, instead of the file's.
+    pub aliases: Vec<String>,
+    /// `--tags`, sorted and without repeats.
+    pub tags: Vec<String>,
     /// The sampling a request gets for every field it leaves out
     /// (`--temp`, `--top-k`, `--seed` …).
     pub sampler: SamplerConfig,
@@ -90,7 +93,8 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            alias: None,
+            aliases: Vec::new(),
+            tags: Vec::new(),
             sampler: SamplerConfig::default(),
             n_predict: None,
             metrics: true,
@@ -101,6 +105,19 @@ impl Default for Options {
             embd_normalize: 2,
         }
     }
+}
+
+/// A comma-separated flag value as a sorted list without repeats or
+/// blanks (llama-server keeps aliases and tags in a `std::set`).
+pub fn list(value: Option<&str>) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> = value
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    set.into_iter().collect()
 }
 
 /// What every handler shares.
@@ -141,11 +158,12 @@ impl AppState {
         self
     }
 
-    /// The model's name in responses: `--alias`, or the file's.
+    /// The model's name in responses: the first alias, or the file's.
     pub fn model_id(&self, info: &ModelInfo) -> String {
         self.options
-            .alias
-            .clone()
+            .aliases
+            .first()
+            .cloned()
             .unwrap_or_else(|| info.id.clone())
     }
 

@@ -768,6 +768,26 @@ async fn no_webui_leaves_the_chat_page_out_and_the_api_in() {
     assert_ne!(s, StatusCode::NOT_FOUND);
 }
 
+/// `-a a,b` and `--tags`: every alias and tag listed, sorted, the first
+/// alias the model's name (llama-server keeps them in a `std::set`).
+#[tokio::test]
+async fn aliases_and_tags_are_listed_and_the_first_alias_names_the_model() {
+    let options = super::Options {
+        aliases: super::list(Some("tinyllama-2, fim,code,fim")),
+        tags: super::list(Some("chat,fim,,small")),
+        ..super::Options::default()
+    };
+    let (s, v, _) = send(router_with(options, None), get("/v1/models")).await;
+    assert_eq!(s, StatusCode::OK);
+    let m = &v["data"][0];
+    assert_eq!(m["aliases"], json!(["code", "fim", "tinyllama-2"]), "{v}");
+    assert_eq!(m["tags"], json!(["chat", "fim", "small"]), "{v}");
+    assert_eq!(m["id"], "code");
+    let (_, v, _) = send(router(None, 1 << 20), get("/v1/models")).await;
+    assert_eq!(v["data"][0]["aliases"], json!([]));
+    assert_eq!(v["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
 #[tokio::test]
 async fn metrics_can_be_turned_off_as_llama_server_has_them() {
     let options = super::Options {
