@@ -496,12 +496,6 @@ fn chat_template_named(t: &str) -> anyhow::Result<String> {
 
 /// `lamina serve`'s flags as the server takes them.
 fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
-    if a.host.contains(',') {
-        anyhow::bail!(
-            "--host {}: several addresses are not implemented; give one",
-            a.host
-        );
-    }
     let sampler = a
         .sampling
         .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
