@@ -285,9 +285,13 @@ pub struct LlamaServerArgs {
     /// Do not serve the chat page at `/`.
     #[arg(long = "no-webui", alias = "no-ui")]
     pub no_webui: bool,
-    /// Accepted, changes nothing: Lamina has no /slots endpoint.
-    #[arg(long = "no-slots")]
+    /// Answer GET /slots with 501 (it shows the slots by default, as in
+    /// llama-server).
+    #[arg(long = "no-slots", conflicts_with = "slots")]
     pub no_slots: bool,
+    /// Accepted: GET /slots is served by default.
+    #[arg(long)]
+    pub slots: bool,
     /// Serve embeddings (`/v1/embeddings`, `/embedding`, Ollama's
     /// `/api/embed`): the hidden state after the model's final norm, pooled
     /// by --pooling. Generation is served as well.

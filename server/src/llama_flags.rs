@@ -44,8 +44,10 @@ const SINGLE_DASH: &[(&str, &str)] = &[
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--reranking", "Lamina has no reranking endpoint"),
     ("--rerank", "Lamina has no reranking endpoint"),
-    ("--slots", "Lamina has no /slots endpoint yet"),
-    ("--slot-save-path", "Lamina has no /slots endpoint yet"),
+    (
+        "--slot-save-path",
+        "Lamina's /slots shows the slots but cannot save or restore them yet",
+    ),
     ("--reasoning", "reasoning control is not implemented yet"),
     (
         "--reasoning-format",

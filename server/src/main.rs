@@ -510,6 +510,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             n_predict: a.sampling.n_predict(),
             metrics: !a.llama.no_metrics,
             web_ui: !a.llama.no_webui,
+            slots: !a.llama.no_slots,
             embedding: a.llama.embedding,
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,

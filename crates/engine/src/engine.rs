@@ -214,6 +214,12 @@ impl Engine {
         self.shared.metrics.snapshot()
     }
 
+    /// Every slot as the last step left it (empty until the first step,
+    /// or while idle since the start).
+    pub fn slots(&self) -> Vec<crate::SlotView> {
+        self.shared.metrics.slots()
+    }
+
     /// The generation cap a request gets when it names none: the room left in
     /// a slot after the prompt, and never more than the server-wide cap.
     pub fn default_max_tokens(&self, info: &ModelInfo, prompt_len: usize) -> usize {

@@ -35,7 +35,7 @@ pub use backend::{Backend, Cache};
 pub use engine::{Engine, EngineConfig, Status};
 pub use error::EngineError;
 pub use json::JsonState;
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use metrics::{Metrics, MetricsSnapshot, SlotView};
 pub use model_info::{ModelInfo, TemplateOrigin};
 pub use pacing::DEFAULT_BUDGET as DEFAULT_STEP_BUDGET;
 pub use request::{

@@ -25,10 +25,29 @@ pub struct Metrics {
     steps: AtomicU64,
     step_sequences: AtomicU64,
     step_tokens_max: AtomicU64,
+    /// What each slot holds, as of the end of the last step.
+    pub(crate) slots: std::sync::Mutex<Vec<SlotView>>,
     pub(crate) queued: AtomicUsize,
     pub(crate) active: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
     pub(crate) kv_capacity: AtomicUsize,
+}
+
+/// One slot as `/slots` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotView {
+    pub id: usize,
+    /// Positions its cache can hold.
+    pub n_ctx: usize,
+    /// Positions its cache holds (a finished request's tokens stay, for
+    /// prefix reuse).
+    pub n_cached: usize,
+    /// A request holds it.
+    pub is_processing: bool,
+    /// Tokens generated so far by the request holding it.
+    pub n_decoded: usize,
+    /// Tokens that request may still generate.
+    pub n_remain: usize,
 }
 
 /// A consistent-enough copy of the counters (each read is atomic; the set
@@ -118,6 +137,11 @@ impl Metrics {
         self.steps.fetch_add(1, Relaxed);
         self.step_sequences.fetch_add(sequences as u64, Relaxed);
         self.step_tokens_max.fetch_max(tokens as u64, Relaxed);
+    }
+
+    /// The slots as the last step left them.
+    pub fn slots(&self) -> Vec<SlotView> {
+        self.slots.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     pub(crate) fn paced(&self) {

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use crate::backend::{Backend, Cache};
 use crate::error::EngineError;
 use crate::json::JsonState;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
 use crate::pacing::Pacer;
 use crate::request::{
@@ -217,6 +217,7 @@ pub(crate) fn run<B: Backend>(
     metrics
         .kv_capacity
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);
+    publish_slots(metrics, &slots);
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut pacer = Pacer::new(limits.step_budget);
     let mut open = true;
@@ -278,9 +279,30 @@ pub(crate) fn run<B: Backend>(
         }
         let used = slots.iter().map(|s| s.cache.len()).sum();
         metrics.kv_used.store(used, Relaxed);
+        publish_slots(metrics, &slots);
         metrics
             .active
             .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
+    }
+}
+
+/// What `/slots` shows: each slot's cache and request, now.
+fn publish_slots<C: Cache>(metrics: &Metrics, slots: &[Slot<C>]) {
+    if let Ok(mut views) = metrics.slots.lock() {
+        views.clear();
+        views.extend(slots.iter().enumerate().map(|(id, s)| {
+            SlotView {
+                id,
+                n_ctx: s.cache.capacity(),
+                n_cached: s.cache.len(),
+                is_processing: s.seq.is_some(),
+                n_decoded: s.seq.as_ref().map_or(0, |q| q.generated),
+                n_remain: s
+                    .seq
+                    .as_ref()
+                    .map_or(0, |q| q.max_tokens.saturating_sub(q.generated)),
+            }
+        }));
     }
 }
 

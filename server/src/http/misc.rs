@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -183,6 +183,69 @@ pub async fn apply_template(
         })
         .await?;
     Ok(Json(json!({"prompt": prompt})).into_response())
+}
+
+/// `GET /slots`: each slot as the last step left it, in llama-server's
+/// shape (its `params` only with `--verbose` there, so not here either).
+/// With `?fail_on_no_slot=1`, a 503 when every slot is busy, as
+/// llama-server answers load balancers.
+pub async fn slots(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    if !st.options.slots {
+        return Err(ApiError::not_implemented(
+            "this server does not show its slots: start it without --no-slots",
+        ));
+    }
+    st.ready()?;
+    let slots = st.engine.slots();
+    let fail = q
+        .get("fail_on_no_slot")
+        .is_some_and(|v| v == "1" || v == "true");
+    if fail && !slots.is_empty() && slots.iter().all(|s| s.is_processing) {
+        return Err(ApiError::unavailable(
+            "no slot available",
+            "no_slot_available",
+        ));
+    }
+    let out: Vec<Value> = slots
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "id_task": -1,
+                "n_ctx": s.n_ctx,
+                "speculative": false,
+                "is_processing": s.is_processing,
+                "n_cached": s.n_cached,
+                "next_token": [{
+                    "has_next_token": s.is_processing,
+                    "has_new_line": false,
+                    "n_remain": s.n_remain,
+                    "n_decoded": s.n_decoded,
+                }],
+            })
+        })
+        .collect();
+    Ok(Json(Value::Array(out)).into_response())
+}
+
+/// `POST /slots/{id}?action=save|restore|erase`: not implemented yet (a
+/// 501 that says so, never a silent success).
+pub async fn slot_action(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    if !st.options.slots {
+        return Err(ApiError::not_implemented(
+            "this server does not show its slots: start it without --no-slots",
+        ));
+    }
+    let action = q.get("action").map_or("", String::as_str);
+    Err(ApiError::not_implemented(format!(
+        "slot action {action:?}: saving, restoring and erasing slots is not implemented"
+    )))
 }
 
 /// Prometheus text format, version 0.0.4.

@@ -82,6 +82,8 @@ pub struct Options {
     /// Serve the chat page at `/` (`--no-webui` turns it off, as in
     /// llama-server: `/` is then a 404 like any unknown route).
     pub web_ui: bool,
+    /// Serve GET /slots (`--no-slots`: 501).
+    pub slots: bool,
     /// `--embedding`: serve the embedding endpoints (else 501).
     pub embedding: bool,
     /// `--pooling`; `None`: the file's, else none.
@@ -100,6 +102,7 @@ impl Default for Options {
             metrics: true,
             cors: Cors::default(),
             web_ui: true,
+            slots: true,
             embedding: false,
             pooling: None,
             embd_normalize: 2,
@@ -282,11 +285,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(misc::apply_template))
         .route("/props", get(misc::props))
         .route("/metrics", get(misc::metrics))
-        // llama-server without --slots answers 501; Lamina has no slots API.
-        .route(
-            "/slots",
-            get(|| async { ApiError::not_implemented("this server has no /slots endpoint") }),
-        );
+        .route("/slots", get(misc::slots))
+        .route("/slots/{id}", post(misc::slot_action));
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));

@@ -788,6 +788,36 @@ async fn aliases_and_tags_are_listed_and_the_first_alias_names_the_model() {
     assert_eq!(v["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
+/// `GET /slots` in llama-server's shape, one entry per slot; 501 with
+/// `--no-slots`, and for the save, restore and erase actions Lamina lacks.
+#[tokio::test]
+async fn slots_are_shown_unless_turned_off() {
+    let (s, v, _) = send(router(None, 1 << 20), get("/slots")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let slots = v.as_array().unwrap();
+    assert_eq!(slots.len(), 2, "{v}");
+    for (i, slot) in slots.iter().enumerate() {
+        assert_eq!(slot["id"], i);
+        assert_eq!(slot["n_ctx"], SLOT);
+        assert!(slot["is_processing"].is_boolean());
+        assert!(slot.get("params").is_none());
+    }
+    let options = super::Options {
+        slots: false,
+        ..super::Options::default()
+    };
+    let (s, v, _) = send(router_with(options, None), get("/slots")).await;
+    assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
+    let req = Request::builder()
+        .method("POST")
+        .uri("/slots/0?action=erase")
+        .body(Body::empty())
+        .unwrap();
+    let (s, v, _) = send(router(None, 1 << 20), req).await;
+    assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
+    assert!(v["error"]["message"].as_str().unwrap().contains("erase"));
+}
+
 #[tokio::test]
 async fn metrics_can_be_turned_off_as_llama_server_has_them() {
     let options = super::Options {
