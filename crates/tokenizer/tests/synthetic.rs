@@ -289,7 +289,7 @@ fn unusable_metadata_is_an_error_naming_the_key() {
     assert!(err(&m).contains("tokenizer.ggml.model"));
 
     let mut m = good.clone();
-    m.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
+    m.insert("tokenizer.ggml.model".into(), Value::String("t5".into()));
     assert!(matches!(
         Tokenizer::from_metadata(&m),
         Err(TokenizerError::UnsupportedModel(_))
