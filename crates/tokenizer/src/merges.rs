@@ -103,9 +103,14 @@ pub(crate) fn tokenize(vocab: &Vocab, merges: &Merges, text: &str, out: &mut Vec
             .unwrap_or(text.len() - start);
         let end = start + len;
         if let Some(run) = text.get(start..end) {
-            match vocab.token_to_id.get(run) {
-                Some(&id) if newline => out.push(id),
-                _ => word(vocab, merges, run, out),
+            let whole = if newline {
+                vocab.token_to_id.get(run).copied()
+            } else {
+                None
+            };
+            match whole {
+                Some(id) => out.push(id),
+                None => word(vocab, merges, run, out),
             }
         }
         start = end;
