@@ -33,7 +33,7 @@ verify() { # file
   fi
 }
 
-if [ -f "$stamp" ]; then
+if [ -f "$stamp" ] && compgen -G "$dir/ggml-vocab-*.gguf.inp" >/dev/null; then
   echo "$dir"
   exit 0
 fi
