@@ -11,6 +11,12 @@
 //! lowercasing is the one-code-point mapping, and the character classes are
 //! Unicode general categories (punctuation `P`, control `Cc Cf Co`, marks
 //! `M`), with only ASCII symbols split like punctuation.
+//!
+//! The Unicode data is 16.0's or later (`regex-syntax`, `unicode-normalization`,
+//! std's lowercase), llama.cpp's 15.1's: compared code point by code point,
+//! they differ only on about 140 code points first assigned in 16.0
+//! (punctuation, marks, decompositions and case pairs of the new scripts);
+//! whitespace and control are identical.
 
 use std::sync::OnceLock;
 
