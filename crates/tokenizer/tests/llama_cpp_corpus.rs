@@ -179,3 +179,37 @@ fn vocabularies_without_inputs_load_or_say_why() {
     // aquila, baichuan, gpt-neox, nomic-bert-moe.
     assert!(seen >= 4, "only {seen} vocabularies without inputs");
 }
+
+/// Strings that stress normalizers and splitters: every loadable corpus
+/// vocabulary must turn them into ids inside the vocabulary, with and
+/// without special tokens, and decode those ids again, without panicking.
+#[test]
+fn hostile_strings_give_ids_inside_the_vocabulary() {
+    let long_word = "x".repeat(5000);
+    let hostile = [
+        "\u{0301}\u{0308}",
+        "a\u{0}b\u{FFFD}c",
+        "\u{200D}\u{FE0F}\u{202E}abc\u{202C}",
+        "\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n\n",
+        "   \t\u{3000}\u{85}\u{A0} ",
+        "가각갂 ㄱ ᄀ 𠀀 \u{10FFFF} \u{E000}",
+        "İıẞß ǅ Σς",
+        "[CLS] <bos> <|endoftext|> <0x41> ▁▁",
+        &long_word,
+    ];
+    for path in corpus() {
+        let Ok(tok) = load(&path) else { continue };
+        let n = tok.vocab_size();
+        for s in hostile {
+            for (add, parse) in [(false, false), (true, true)] {
+                let ids = tok.encode(s, add, parse);
+                assert!(
+                    ids.iter().all(|&id| (id as usize) < n),
+                    "{}: {s:?} gave an id outside the vocabulary of {n}: {ids:?}",
+                    name(&path)
+                );
+                let _ = tok.decode(&ids);
+            }
+        }
+    }
+}
