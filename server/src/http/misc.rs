@@ -193,11 +193,7 @@ pub async fn slots(
     State(st): State<Arc<AppState>>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    if !st.options.slots {
-        return Err(ApiError::not_implemented(
-            "this server does not show its slots: start it without --no-slots",
-        ));
-    }
+    slots_enabled(&st)?;
     st.ready()?;
     let slots = st.engine.slots();
     let fail = q
@@ -231,17 +227,24 @@ pub async fn slots(
     Ok(Json(Value::Array(out)).into_response())
 }
 
+/// The 501 llama-server gives with `--no-slots`.
+fn slots_enabled(st: &AppState) -> Result<(), ApiError> {
+    if st.options.slots {
+        Ok(())
+    } else {
+        Err(ApiError::not_implemented(
+            "this server does not show its slots: start it without --no-slots",
+        ))
+    }
+}
+
 /// `POST /slots/{id}?action=save|restore|erase`: not implemented yet (a
 /// 501 that says so, never a silent success).
 pub async fn slot_action(
     State(st): State<Arc<AppState>>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    if !st.options.slots {
-        return Err(ApiError::not_implemented(
-            "this server does not show its slots: start it without --no-slots",
-        ));
-    }
+    slots_enabled(&st)?;
     let action = q.get("action").map_or("", String::as_str);
     Err(ApiError::not_implemented(format!(
         "slot action {action:?}: saving, restoring and erasing slots is not implemented"
