@@ -169,7 +169,9 @@ impl Mask {
 
 /// One request's constraint: where its output stands in the grammar.
 pub struct Constraint {
-    matcher: Matcher,
+    /// Boxed: llguidance's parser state is over a kilobyte inline, and a
+    /// constraint travels inside every request's parameters.
+    matcher: Box<Matcher>,
     /// The mask for the next token, when already computed.
     next: Option<Mask>,
 }
@@ -188,7 +190,7 @@ impl std::fmt::Debug for Constraint {
 impl Clone for Constraint {
     fn clone(&self) -> Self {
         Constraint {
-            matcher: self.matcher.deep_clone(),
+            matcher: Box::new(self.matcher.deep_clone()),
             next: self.next.clone(),
         }
     }
@@ -206,7 +208,7 @@ impl Constraint {
         }))
         .map_err(|_| GrammarError::Compile("the grammar compiler failed on this input".into()))?
         .map_err(|e| GrammarError::Compile(e.to_string()))?;
-        let mut matcher = Matcher::new(Ok(parser));
+        let mut matcher = Box::new(Matcher::new(Ok(parser)));
         for w in matcher.grammar_warnings() {
             tracing::debug!("grammar warning: {w}");
         }
