@@ -4,9 +4,11 @@
 //! thread, then shared read-only.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use lamina_chat::{builtin_for, ChatTemplate, Prompt};
 use lamina_gguf::Model;
+use lamina_grammar::{GrammarError, Vocab};
 use lamina_model::Config;
 use lamina_tokenizer::Tokenizer;
 
@@ -48,6 +50,10 @@ pub struct ModelInfo {
     pub placement: String,
     /// The file's `{arch}.pooling_type`, where it names one Lamina computes.
     pub pooling: Option<crate::pooling::Pooling>,
+    /// The vocabulary as the grammar engine sees it: built by the first
+    /// request with a constraint (a walk over every token, ~0.1–0.5 s),
+    /// so a server that never sees one never pays for it.
+    grammar: OnceLock<Result<Vocab, GrammarError>>,
 }
 
 impl ModelInfo {
@@ -58,6 +64,14 @@ impl ModelInfo {
             .bos()
             .and_then(|b| self.tokenizer.token_text(b))
             .is_some_and(|b| !b.is_empty() && text.starts_with(b))
+    }
+
+    /// The vocabulary for compiling constraints, built once.
+    pub fn grammar_vocab(&self) -> Result<&Vocab, GrammarError> {
+        self.grammar
+            .get_or_init(|| Vocab::new(&self.tokenizer, self.config.n_vocab))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// A rendered chat prompt to ids: control tokens parsed in the
@@ -154,6 +168,7 @@ pub(crate) fn build(
             .and_then(|a| file.get(&format!("{a}.pooling_type")))
             .and_then(|v| v.as_u64())
             .and_then(crate::pooling::Pooling::from_gguf),
+        grammar: OnceLock::new(),
     })
 }
 

@@ -21,25 +21,22 @@
 //! sampled from; every sequence and waiting request fails with the change,
 //! and [`run`] returns it for the engine to refuse everything after.
 
-use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lamina_grammar::Ahead;
 use lamina_sampling::{top_logprobs, Sampler};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::backend::{Backend, Cache};
 use crate::error::EngineError;
-use crate::json::JsonState;
 use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
 use crate::pacing::Pacer;
-use crate::request::{
-    Constraint, Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
-};
+use crate::request::{Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
 use crate::stop::StopMatcher;
 
 /// How often an idle engine checks its model files, so that `/health`
@@ -127,8 +124,11 @@ struct Sequence {
     generated: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
-    /// JSON mode: where the output stands.
-    json: Option<JsonState>,
+    /// The output's constraint, on its own thread: its mask for the next
+    /// token is computed while the forward pass computes the logits (the
+    /// mask depends only on tokens already sampled), and waited for only
+    /// when sampling needs it.
+    grammar: Option<Ahead>,
     deadline: Instant,
     submitted: Instant,
     started: Instant,
@@ -170,8 +170,6 @@ struct Ctx<'a> {
     metrics: &'a Metrics,
     outstanding: &'a AtomicUsize,
     limits: Limits,
-    /// Every token's bytes, built the first time JSON mode needs them.
-    pieces: OnceCell<Vec<Vec<u8>>>,
 }
 
 /// The slots' caches, allocated before the model is announced as ready so
@@ -212,7 +210,6 @@ pub(crate) fn run<B: Backend>(
         metrics,
         outstanding,
         limits,
-        pieces: OnceCell::new(),
     };
     metrics
         .kv_capacity
@@ -425,16 +422,26 @@ fn admit<C: Cache>(
     let timeout = p
         .timeout
         .map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
+    let refuse = |events: &tmpsc::UnboundedSender<Event>, e: EngineError| {
+        let _ = events.send(Event::Error(e));
+        ctx.outstanding.fetch_sub(1, Relaxed);
+    };
     let sampler = match Sampler::new(p.sampler) {
         Ok(s) => s,
         Err(e) => {
-            let _ = events.send(Event::Error(EngineError::Invalid {
-                param: "sampling",
-                message: e.to_string(),
-            }));
-            ctx.outstanding.fetch_sub(1, Relaxed);
-            return;
+            let message = e.to_string();
+            return refuse(
+                &events,
+                EngineError::Invalid {
+                    param: "sampling",
+                    message,
+                },
+            );
         }
+    };
+    let grammar = match p.constraint.map(Ahead::start).transpose() {
+        Ok(g) => g,
+        Err(e) => return refuse(&events, EngineError::Constraint(e.to_string())),
     };
     tracing::debug!(
         slot = index,
@@ -456,9 +463,7 @@ fn admit<C: Cache>(
         generated: 0,
         max_tokens,
         logprobs: p.logprobs,
-        json: p.constraint.map(|c| match c {
-            Constraint::JsonObject => JsonState::new(),
-        }),
+        grammar,
         deadline: now + timeout,
         submitted,
         started: now,
@@ -604,29 +609,26 @@ fn sample_one(
 ) -> Option<Exit> {
     // Log-probabilities describe the model, before bias and penalties.
     let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
-    if let Some(js) = &seq.json {
-        let pieces = ctx.pieces.get_or_init(|| {
-            (0..logits.len())
-                .map(|id| ctx.tok.token_to_piece(id as u32))
-                .collect()
-        });
-        if js.mask(logits, pieces, |id| ctx.tok.is_eog(id)) == 0 {
-            // No token can continue the text: end rather than emit garbage.
-            return Some(Exit::Finished(FinishReason::Stop));
-        }
+    let mask = match seq.grammar.as_mut().map(Ahead::mask).transpose() {
+        Ok(m) => m,
+        Err(e) => return Some(Exit::Failed(EngineError::Constraint(e.to_string()))),
+    };
+    if let Some(m) = &mask {
+        m.apply(logits);
     }
     let id = seq.sampler.sample(logits, &seq.history);
+    // Fail closed: the sampler falls back to the argmax when every logit
+    // is -inf, which happens when `logit_bias` bans all the grammar allows.
+    if mask.as_ref().is_some_and(|m| !m.allows(id)) {
+        return Some(Exit::Failed(EngineError::Constraint(
+            "logit_bias bans every token the output's constraint allows here".into(),
+        )));
+    }
     // The end-of-generation token counts as generated, as llama-server
     // counts it (`predicted_n`, `completion_tokens`), though it is not shown.
     seq.generated += 1;
     if ctx.tok.is_eog(id) {
         return Some(Exit::Finished(FinishReason::Stop));
-    }
-    if let (Some(js), Some(pieces)) = (seq.json.as_mut(), ctx.pieces.get()) {
-        // The mask allowed this token, so its bytes continue the text.
-        if let Some(p) = pieces.get(id as usize) {
-            js.push_bytes(p);
-        }
     }
     seq.history.push(id);
     let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));
@@ -644,6 +646,13 @@ fn sample_one(
     // The sampled token still has to enter the cache at the next step.
     if seq.generated >= seq.max_tokens || cache_len + 1 > cache_cap {
         return Some(Exit::Finished(FinishReason::Length));
+    }
+    // Only now that another token will be sampled: the next mask is
+    // computed while the next forward pass runs.
+    if let Some(g) = seq.grammar.as_mut() {
+        if let Err(e) = g.commit(id) {
+            return Some(Exit::Failed(EngineError::Constraint(e.to_string())));
+        }
     }
     seq.next_input = Some(id);
     None

@@ -202,6 +202,14 @@ impl From<EngineError> for ApiError {
                 }
                 err
             }
+            // A constraint that failed while generating: what the request
+            // asked for could not be kept (a grammar engine limit, or
+            // logit_bias banning all the grammar allows).
+            EngineError::Constraint(message) => {
+                let mut err = ApiError::invalid("response_format", message);
+                err.code = Some("constraint_failed");
+                err
+            }
             EngineError::Stopped | EngineError::Load(_) | EngineError::Model(_) => {
                 ApiError::internal(e.to_string())
             }

@@ -14,13 +14,14 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lamina_chat::{Piece, RenderOptions, ToolCall};
-use lamina_engine::{Constraint, Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
+use lamina_engine::{Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::stream;
+use super::structured;
 use super::tools::{self, Calls};
 use super::AppState;
 
@@ -54,7 +55,7 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    let s = params::sampling(
+    let mut s = params::sampling(
         &b,
         &info,
         st.engine.max_tokens_cap(),
@@ -62,9 +63,16 @@ pub async fn chat(
         &st.options.sampler,
     )?;
     let messages = params::messages(&b)?;
-    let tools = params::tools(&b)?.cloned();
-    let parse = tools::openai_choice(b.get("tool_choice"))?;
-    let calls = Calls::new(&info, tools.as_ref(), parse);
+    let choice = tools::openai_choice(b.get("tool_choice"))?;
+    // "none" offers no tools: the prompt does not list them.
+    let tools = params::tools(&b)?
+        .filter(|_| choice.offers_tools())
+        .cloned();
+    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
+    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel)? {
+        structured::add(&mut s, w)?;
+    }
+    let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
     let kwargs = params::template_kwargs(&b)?.cloned();
     let prompt = render_chat(&st, &info, messages, tools, kwargs).await?;
     run(&st, &info, prompt, s, "messages", Api::Chat, calls).await
@@ -206,7 +214,7 @@ pub fn job(
         stop: s.stop.clone(),
         logprobs: s.logprobs,
         timeout: None,
-        constraint: s.json.then_some(Constraint::JsonObject),
+        constraint: s.constraint.clone(),
     })
 }
 
@@ -214,11 +222,12 @@ async fn run(
     st: &AppState,
     info: &Arc<ModelInfo>,
     prompt: Vec<u32>,
-    s: Sampling,
+    mut s: Sampling,
     prompt_param: &'static str,
     api: Api,
     calls: Option<Calls>,
 ) -> Result<Response, ApiError> {
+    structured::compile(st, info, &mut s).await?;
     let rx = st.engine.submit(job(st, info, prompt, &s, prompt_param)?)?;
     let meta = Meta::new(st.model_id(info), api);
     if s.stream {

@@ -29,6 +29,7 @@ mod params;
 mod prepare;
 pub mod shutdown;
 mod stream;
+mod structured;
 #[cfg(test)]
 mod tests;
 mod tools;

@@ -37,6 +37,7 @@ use super::error::ApiError;
 use super::generate::{collect, job, timings, token_ids};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
+use super::structured;
 use super::AppState;
 
 /// How often an idle stream gets a comment line.
@@ -59,7 +60,7 @@ pub async fn completion(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    let s = params::sampling(
+    let mut s = params::sampling(
         &b,
         &info,
         st.engine.max_tokens_cap(),
@@ -85,6 +86,7 @@ pub async fn completion(
         .ok_or_else(|| ApiError::invalid("prompt", "prompt is required"))?;
     let info2 = info.clone();
     let prompts = st.prepare.run(move || prompts(&info2, &prompt)).await?;
+    structured::compile(&st, &info, &mut s).await?;
     let jobs = prompts
         .into_iter()
         .map(|p| job(&st, &info, p, &s, "prompt"))

@@ -6,12 +6,12 @@
 //! Lamina serves one model, so every route answers for it whatever `model`
 //! names (as the OpenAI routes do). Requests go through the OpenAI route's
 //! checks and engine job: `options` become the sampling fields
-//! (`num_predict` is `max_tokens`, `stop` the stop strings …), `format:
-//! "json"` is JSON mode, and chat messages render through the model's own
-//! template. Options that only tune Ollama's runtime (`num_ctx`,
+//! (`num_predict` is `max_tokens`, `stop` the stop strings …), `format`
+//! (`"json"` or a JSON schema) constrains the output as `response_format`
+//! does (`structured.rs`), and chat messages render through the model's
+//! own template. Options that only tune Ollama's runtime (`num_ctx`,
 //! `num_gpu`, `num_thread` …) are accepted and logged as not applied: the
-//! server's command line decides those. A JSON-schema `format` and images
-//! are a 400 that says so. Errors are Ollama's `{"error": "..."}`.
+//! server's command line decides those. Images are a 400 that says so. Errors are Ollama's `{"error": "..."}`.
 //!
 //! A chat request with `tools` has its answer read for calls (`tools.rs`):
 //! each call comes as `message.tool_calls: [{"function": {"name",
@@ -36,6 +36,7 @@ use super::error::ApiError;
 use super::generate::{collect_with, job, render_chat};
 use super::params::{self, Body, Sampling};
 use super::shutdown::{self, CutSignal};
+use super::structured;
 use super::tools::Calls;
 use super::AppState;
 
@@ -151,20 +152,10 @@ fn sampling(st: &AppState, info: &ModelInfo, b: &Body) -> Result<Sampling> {
         }
         Some(_) => return Err(invalid("options", "options must be an object")),
     }
-    match b.get("format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(f)) if f == "json" => {
-            o.insert("response_format".into(), json!({"type": "json_object"}));
-        }
-        Some(Value::String(f)) if f.is_empty() => {}
-        Some(_) => {
-            return Err(invalid(
-                "format",
-                "format must be \"json\": JSON schemas are not supported yet",
-            ))
-        }
-    }
-    Ok(st.chat_sampling(info, o)?)
+    let format = structured::ollama_format(b.get("format"))?;
+    let mut s = st.chat_sampling(info, o)?;
+    s.wanted = format;
+    Ok(s)
 }
 
 /// A 400 for a non-empty `images` list at `param`: no model Lamina serves
@@ -292,10 +283,11 @@ async fn answer(
     st: &AppState,
     info: &Arc<ModelInfo>,
     prompt: Vec<u32>,
-    s: &Sampling,
+    s: &mut Sampling,
     a: Answer,
     calls: Option<Calls>,
 ) -> Result<Response> {
+    structured::compile(st, info, s).await?;
     let param = match a.route {
         Route::Chat => "messages",
         Route::Generate => "prompt",
@@ -323,7 +315,7 @@ pub async fn chat(
     let started = Instant::now();
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let s = sampling(&st, &info, &b)?;
+    let mut s = sampling(&st, &info, &b)?;
     let messages = chat_messages(&b)?;
     let tools = params::tools(&b)?.cloned();
     // Ollama has no `tool_choice`: tools given are tools the model may call.
@@ -335,7 +327,7 @@ pub async fn chat(
         started,
         context: None,
     };
-    answer(&st, &info, prompt, &s, a, calls).await
+    answer(&st, &info, prompt, &mut s, a, calls).await
 }
 
 pub async fn generate(
@@ -345,7 +337,7 @@ pub async fn generate(
     let started = Instant::now();
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let s = sampling(&st, &info, &b)?;
+    let mut s = sampling(&st, &info, &b)?;
     refuse_images(b.get("images"), "images")?;
     for (field, what) in [
         ("suffix", "fill-in-the-middle (suffix)"),
@@ -391,7 +383,7 @@ pub async fn generate(
         started,
         context: Some(prompt.clone()),
     };
-    answer(&st, &info, prompt, &s, a, None).await
+    answer(&st, &info, prompt, &mut s, a, None).await
 }
 
 /// NDJSON lines as the engine's events arrive: one per piece of text (or

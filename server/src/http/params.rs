@@ -4,11 +4,12 @@
 //! client sends: every value is type-checked and range-checked before it is
 //! converted.
 
-use lamina_engine::ModelInfo;
+use lamina_engine::{Constraint, ModelInfo};
 use lamina_sampling::SamplerConfig;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::structured::{self, Wanted};
 
 /// At most this many stop strings (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
@@ -111,8 +112,11 @@ pub struct Sampling {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
-    /// `response_format: {"type": "json_object"}`.
-    pub json: bool,
+    /// What the output must be (`response_format`, `json_schema`,
+    /// `grammar`, Ollama's `format`, a required tool call), as asked.
+    pub wanted: Option<Wanted>,
+    /// `wanted`, compiled (`structured::compile`) before the job is made.
+    pub constraint: Option<Constraint>,
 }
 
 /// Which endpoint a body came to: each spells log-probs its own way.
@@ -141,22 +145,7 @@ pub fn sampling(
             ));
         }
     }
-    let json = match b.get("response_format") {
-        None => false,
-        Some(rf) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => false,
-            Some("json_object") => true,
-            ty => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    format!(
-                        "response_format type {} is not supported yet (\"text\" and \"json_object\" are)",
-                        ty.map_or("(missing)".to_owned(), |t| format!("{t:?}"))
-                    ),
-                ))
-            }
-        },
-    };
+    let wanted = structured::from_body(b)?;
 
     let d = defaults.clone();
     let mut s = SamplerConfig {
@@ -274,7 +263,8 @@ pub fn sampling(
         logprobs,
         stream: b.bool("stream")?.unwrap_or(false),
         include_usage,
-        json,
+        wanted,
+        constraint: None,
     })
 }
 

@@ -306,8 +306,8 @@ async fn invalid_fields_are_400_naming_the_field() {
         ),
         (
             json!({"response_format": {"type": "json_schema"}}),
-            "response_format",
-            "not supported yet",
+            "response_format.json_schema",
+            "needs json_schema",
         ),
         (json!({"stream": "yes"}), "stream", "boolean"),
         (

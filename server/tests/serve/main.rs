@@ -16,6 +16,7 @@ mod model_file;
 mod native;
 mod ollama;
 mod openai;
+mod structured;
 mod templates;
 mod tool_calls;
 

@@ -8,8 +8,10 @@ Prints one line per check and exits non-zero if any failed.
 
 import json
 import sys
+from typing import Literal
 
 import ollama
+import pydantic
 
 import client_checks
 
@@ -76,6 +78,19 @@ def json_format():
                     messages=[{"role": "user", "content": "Give a JSON object with a name."}])
     assert r.done_reason == "stop", r
     assert isinstance(json.loads(r.message.content), dict), r
+
+
+def schema_format():
+    # Ollama's structured outputs: a pydantic model's JSON schema as format.
+    class Capital(pydantic.BaseModel):
+        country: Literal["France", "Germany", "Italy"]
+        capital: Literal["Paris", "Berlin", "Rome"]
+
+    r = client.chat(model="m", format=Capital.model_json_schema(),
+                    options={"temperature": 0, "num_predict": 60},
+                    messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert r.done_reason == "stop", r
+    Capital.model_validate_json(r.message.content)
 
 
 def list_show_ps():
@@ -153,7 +168,7 @@ def embed():
 CHECKS = [
     embed,
     chat_answers_as_the_openai_route, streamed_chat_reassembles, num_predict_and_stop,
-    generate_and_its_context, json_format, list_show_ps, tool_calls_come_back,
+    generate_and_its_context, json_format, schema_format, list_show_ps, tool_calls_come_back,
     errors_as_ollama_sends_them,
 ]
 

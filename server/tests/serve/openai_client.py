@@ -12,7 +12,10 @@ import time
 import urllib.error
 import urllib.request
 
+from typing import Literal
+
 import openai
+import pydantic
 
 import client_checks
 
@@ -248,11 +251,44 @@ def embeddings():
         assert "empty" in str(e), e
 
 
+class Capital(pydantic.BaseModel):
+    country: Literal["France", "Germany", "Italy"]
+    capital: Literal["Paris", "Berlin", "Rome"]
+    certain: bool
+
+
+def structured_output():
+    # The SDK's own structured-output path: a pydantic model sent as a
+    # strict json_schema and the answer parsed back into it.
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    r = parse(model="local", messages=MSG, response_format=Capital, temperature=0, max_tokens=60)
+    got = r.choices[0].message.parsed
+    assert isinstance(got, Capital), r
+    assert r.choices[0].finish_reason == "stop", r
+
+    # A required call to a named tool, on a question the model would
+    # answer in words.
+    r = client.chat.completions.create(
+        model="local", messages=MSG, tools=TOOLS, temperature=0, max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather", call
+    assert isinstance(json.loads(call.function.arguments), dict), call
+
+    try:
+        client.chat.completions.create(
+            model="local", messages=MSG, max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "hiccup"}}})
+        raise AssertionError("an invalid schema was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400, e
+
+
 CHECKS = [
     embeddings,
     non_streaming, streaming_with_usage, max_tokens_and_stop, seed_reproducibility,
     logprobs, completions_and_models, tokenize_round_trip, bad_requests,
-    eight_concurrent_streams, disconnect_mid_stream, tool_calls,
+    eight_concurrent_streams, disconnect_mid_stream, tool_calls, structured_output,
 ]
 
 client_checks.run("openai", CHECKS)
