@@ -79,7 +79,7 @@ fn model_shape_rows(gpu: &Gpu, iters: u32, json: bool) -> anyhow::Result<Vec<ser
             print!("  {what:<16} {:>13}", format!("{rows}×{cols}"));
         }
         for ty in SHAPE_TYPES {
-            if cols as u64 % ty.block_size() != 0 {
+            if !(cols as u64).is_multiple_of(ty.block_size()) {
                 // Not whole blocks (K-quants need K % 256 == 0; llama.cpp
                 // stores such tensors in another type).
                 if !json {

@@ -12,6 +12,7 @@
 //! every request has a deadline.
 
 use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,8 +25,17 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::http::{self, AppState};
 
+/// What is measured.
+pub enum Target {
+    /// A model served in this process.
+    Model(PathBuf),
+    /// A server already listening at `HOST:PORT` (any OpenAI-compatible
+    /// one: the client only speaks streaming chat completions).
+    Server(String),
+}
+
 pub struct ServeBenchArgs {
-    pub file: PathBuf,
+    pub target: Target,
     /// Concurrency levels, run in this order.
     pub clients: Vec<usize>,
     pub requests_per_client: usize,
@@ -140,55 +150,75 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
     if !(1..=MAX_TOKENS).contains(&a.max_tokens) {
         bail!("--max-tokens must be 1 to {MAX_TOKENS}");
     }
-    let parallel = a.parallel.unwrap_or(max_clients).max(1);
     let timeout = Duration::from_secs(a.timeout_s.max(1));
-    let engine = Engine::start(EngineConfig {
-        n_ctx: Some(a.n_ctx.unwrap_or(parallel * (a.max_tokens + 256))),
-        n_parallel: parallel,
-        max_queue: max_clients,
-        max_tokens: a.max_tokens,
-        timeout,
-        ngl: a.ngl,
-        ..EngineConfig::new(&a.file)
-    })?;
-    let info = engine
-        .wait_ready(Duration::from_secs(600))
-        .context("loading the model")?;
-    let build = if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    };
-    let threads = rayon::current_num_threads();
-    if !a.json {
-        eprintln!("{}", info.placement);
-        eprintln!(
-            "{}: --parallel {parallel} ({} tokens per slot), {threads} threads, {build} build; \
-             {} requests per client, max_tokens {}, streaming, temperature 0",
-            info.id, info.n_ctx_slot, a.requests_per_client, a.max_tokens
-        );
-    }
-
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lamina-bench")
         .build()
         .context("starting the async runtime")?;
-    let levels = rt.block_on(drive(a, engine, timeout))?;
+    let threads = rayon::current_num_threads();
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let (levels, header) = match &a.target {
+        Target::Server(addr) => {
+            let addr = resolve(addr)?;
+            if !a.json {
+                eprintln!(
+                    "the server at {addr}: {} requests per client, max_tokens {}, streaming, \
+                     temperature 0",
+                    a.requests_per_client, a.max_tokens
+                );
+            }
+            let levels = rt.block_on(measure(a, addr, timeout))?;
+            (levels, json!({ "server": addr.to_string() }))
+        }
+        Target::Model(file) => {
+            let parallel = a.parallel.unwrap_or(max_clients).max(1);
+            let engine = Engine::start(EngineConfig {
+                n_ctx: Some(a.n_ctx.unwrap_or(parallel * (a.max_tokens + 256))),
+                n_parallel: parallel,
+                max_queue: max_clients,
+                max_tokens: a.max_tokens,
+                timeout,
+                ngl: a.ngl,
+                ..EngineConfig::new(file)
+            })?;
+            let info = engine
+                .wait_ready(Duration::from_secs(600))
+                .context("loading the model")?;
+            if !a.json {
+                eprintln!("{}", info.placement);
+                eprintln!(
+                    "{}: --parallel {parallel} ({} tokens per slot), {threads} threads, {build} \
+                     build; {} requests per client, max_tokens {}, streaming, temperature 0",
+                    info.id, info.n_ctx_slot, a.requests_per_client, a.max_tokens
+                );
+            }
+            let levels = rt.block_on(drive(a, engine, timeout))?;
+            let header = json!({
+                "model": info.id,
+                "placement": info.placement,
+                "parallel": parallel,
+                "n_ctx_slot": info.n_ctx_slot,
+                "threads": threads,
+                "build": build,
+            });
+            (levels, header)
+        }
+    };
 
     let failed: usize = levels.iter().map(|l| l.errors.len()).sum();
     if a.json {
-        let out = json!({
-            "model": info.id,
-            "placement": info.placement,
-            "parallel": parallel,
-            "n_ctx_slot": info.n_ctx_slot,
-            "threads": threads,
-            "build": build,
-            "max_tokens": a.max_tokens,
-            "requests_per_client": a.requests_per_client,
-            "levels": levels.iter().map(|l| l.to_json(a.requests_per_client)).collect::<Vec<_>>(),
-        });
+        let mut out = header;
+        out["max_tokens"] = json!(a.max_tokens);
+        out["requests_per_client"] = json!(a.requests_per_client);
+        out["levels"] = json!(levels
+            .iter()
+            .map(|l| l.to_json(a.requests_per_client))
+            .collect::<Vec<_>>());
         println!("{out}");
     } else {
         print!("{}", table(&levels, a.requests_per_client));
@@ -239,7 +269,7 @@ async fn drive(
     let listener = TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port")?;
-    let port = listener.local_addr()?.port();
+    let addr = listener.local_addr()?;
     let app = http::app(Arc::new(AppState::new(engine, None, 1 << 20)));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(
@@ -250,12 +280,32 @@ async fn drive(
             let _ = stopped.await;
         },
     ));
+    let levels = measure(a, addr, timeout).await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    levels
+}
+
+/// `HOST:PORT` as one socket address (the first the name resolves to).
+fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .with_context(|| format!("--server {addr}: not HOST:PORT"))?
+        .next()
+        .with_context(|| format!("--server {addr}: the name resolves to no address"))
+}
+
+/// Warms the server at `addr` up, then runs every level against it.
+async fn measure(
+    a: &ServeBenchArgs,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Level>> {
     // A request's deadline on the client side: the server's own limit, and
     // a margin for the response to arrive.
     let deadline = timeout + Duration::from_secs(10);
 
     let warm = body("Say hello.", a.max_tokens);
-    tokio::time::timeout(deadline, request(port, warm))
+    tokio::time::timeout(deadline, request(addr, warm))
         .await
         .map_err(|_| anyhow::anyhow!("the warm-up request timed out"))?
         .context("the warm-up request")?;
@@ -272,7 +322,7 @@ async fn drive(
             tasks.spawn(async move {
                 let mut out = Vec::new();
                 for b in bodies {
-                    let r = match tokio::time::timeout(deadline, request(port, b)).await {
+                    let r = match tokio::time::timeout(deadline, request(addr, b)).await {
                         Ok(r) => r.map_err(|e| format!("{e:#}")),
                         Err(_) => Err(format!("no answer within {} s", deadline.as_secs())),
                     };
@@ -299,8 +349,6 @@ async fn drive(
         level.wall = start.elapsed();
         levels.push(level);
     }
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(levels)
 }
 
@@ -324,12 +372,12 @@ fn body(prompt: &str, max_tokens: usize) -> String {
 
 /// One streaming chat completion over a fresh connection, timed from the
 /// connect to `data: [DONE]`.
-async fn request(port: u16, body: String) -> anyhow::Result<Sample> {
+async fn request(addr: SocketAddr, body: String) -> anyhow::Result<Sample> {
     let t0 = Instant::now();
-    let s = TcpStream::connect(("127.0.0.1", port)).await?;
+    let s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     write_all(&s, req.as_bytes()).await?;

@@ -224,9 +224,13 @@ pub struct ServeCli {
 #[derive(clap::Args, Debug)]
 pub struct LlamaServerArgs {
     /// The model's name in /v1/models and in every response (default: the
-    /// file's name).
+    /// file's name). Several, comma-separated, are all listed as `aliases`;
+    /// the first in sorted order is the name, as in llama-server.
     #[arg(short = 'a', long, env = "LAMINA_ALIAS")]
     pub alias: Option<String>,
+    /// Comma-separated labels listed as the model's `tags` in /v1/models.
+    #[arg(long, env = "LAMINA_TAGS")]
+    pub tags: Option<String>,
     /// Origins allowed to call the server from a browser: `localhost` (the
     /// default) allows only http(s)://localhost, 127.0.0.1 and [::1] on any
     /// port; `*` allows any origin; otherwise a comma-separated list.
@@ -281,9 +285,30 @@ pub struct LlamaServerArgs {
     /// Do not serve the chat page at `/`.
     #[arg(long = "no-webui", alias = "no-ui")]
     pub no_webui: bool,
-    /// Accepted, changes nothing: Lamina has no /slots endpoint.
-    #[arg(long = "no-slots")]
+    /// Answer GET /slots with 501 (it shows the slots by default, as in
+    /// llama-server).
+    #[arg(long = "no-slots", conflicts_with = "slots")]
     pub no_slots: bool,
+    /// Accepted: GET /slots is served by default.
+    #[arg(long)]
+    pub slots: bool,
+    /// Serve embeddings (`/v1/embeddings`, `/embedding`, Ollama's
+    /// `/api/embed`): the hidden state after the model's final norm, pooled
+    /// by --pooling. Generation is served as well.
+    #[arg(long = "embedding", alias = "embeddings")]
+    pub embedding: bool,
+    /// none, mean, cls or last: how a prompt's rows become one embedding
+    /// (default: the file's `pooling_type`, else none, as llama-server).
+    #[arg(long, value_parser = lamina_engine::pooling::Pooling::parse)]
+    pub pooling: Option<lamina_engine::pooling::Pooling>,
+    /// The norm embeddings are divided by (llama.cpp's --embd-normalize):
+    /// -1 none, 0 max absolute to int16, 1 taxicab, 2 Euclidean, p p-norm.
+    #[arg(
+        long = "embd-normalize",
+        default_value_t = 2,
+        allow_negative_numbers = true
+    )]
+    pub embd_normalize: i32,
     /// Whether a thinking-capable chat template (one that writes `<think>`)
     /// is asked to think (`enable_thinking`): on, off, or auto (as the
     /// template can). A request's `chat_template_kwargs.enable_thinking`

@@ -43,14 +43,12 @@ const SINGLE_DASH: &[(&str, &str)] = &[
 
 /// llama-server flags Lamina does not implement, and what to know instead.
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
-    ("--embedding", "Lamina has no embeddings endpoint yet"),
-    ("--embeddings", "Lamina has no embeddings endpoint yet"),
-    ("--pooling", "Lamina has no embeddings endpoint yet"),
     ("--reranking", "Lamina has no reranking endpoint"),
     ("--rerank", "Lamina has no reranking endpoint"),
-    ("--slots", "Lamina has no /slots endpoint yet"),
-    ("--slot-save-path", "Lamina has no /slots endpoint yet"),
-    ("--tags", "Lamina does not report model tags yet"),
+    (
+        "--slot-save-path",
+        "Lamina's /slots shows the slots but cannot save or restore them yet",
+    ),
     (
         "--cache-type-k",
         "the KV cache has one type, chosen by Lamina",
@@ -318,12 +316,12 @@ mod tests {
             line.contains("--cache-type-k (-ctk) is not implemented"),
             "{line}"
         );
-        let e = parse(&["lamina", "serve", "-m", "f", "--embedding"])
+        let e = parse(&["lamina", "serve", "-m", "f", "--reranking"])
             .err()
             .unwrap();
-        assert!(explain(&e).unwrap().contains("--embedding"));
+        assert!(explain(&e).unwrap().contains("--reranking"));
         // A typo is clap's business: no llama-server flag to name.
-        let e = parse(&["lamina", "serve", "-m", "f", "--emebdding"])
+        let e = parse(&["lamina", "serve", "-m", "f", "--rernking"])
             .err()
             .unwrap();
         assert_eq!(explain(&e), None);

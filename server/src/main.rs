@@ -230,8 +230,14 @@ enum BenchCommand {
     /// The server under load: concurrent streaming chat clients over loopback
     /// HTTP; generated tokens/s, time to first token and latency per level.
     Serve {
-        #[arg(short = 'm', long = "model")]
-        file: PathBuf,
+        /// The model to serve in this process; not with --server.
+        #[arg(short = 'm', long = "model", required_unless_present = "server")]
+        file: Option<PathBuf>,
+        /// Measure a server already listening at HOST:PORT (another Lamina,
+        /// llama-server…) instead of starting one: the same client, so two
+        /// servers compare on equal terms.
+        #[arg(long, conflicts_with_all = ["file", "parallel", "ctx", "ngl"])]
+        server: Option<String>,
         /// Concurrency levels, run in turn.
         #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
         clients: Vec<usize>,
@@ -398,6 +404,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             what:
                 BenchCommand::Serve {
                     file,
+                    server,
                     clients,
                     requests_per_client,
                     max_tokens,
@@ -410,8 +417,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
         } => {
             thread_pool(threads)?;
+            let target = match (server, file) {
+                (Some(addr), _) => bench_serve::Target::Server(addr),
+                (None, Some(file)) => bench_serve::Target::Model(file),
+                (None, None) => {
+                    anyhow::bail!("bench serve needs --model FILE or --server HOST:PORT")
+                }
+            };
             bench_serve::run(&bench_serve::ServeBenchArgs {
-                file,
+                target,
                 clients,
                 requests_per_client,
                 max_tokens,
@@ -482,12 +496,6 @@ fn chat_template_named(t: &str) -> anyhow::Result<String> {
 
 /// `lamina serve`'s flags as the server takes them.
 fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
-    if a.host.contains(',') {
-        anyhow::bail!(
-            "--host {}: several addresses are not implemented; give one",
-            a.host
-        );
-    }
     let sampler = a
         .sampling
         .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
@@ -497,11 +505,16 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         step_budget: (a.step_budget_ms > 0)
             .then(|| std::time::Duration::from_millis(a.step_budget_ms)),
         http: http::Options {
-            alias: a.llama.alias.clone(),
+            aliases: http::list(a.llama.alias.as_deref()),
+            tags: http::list(a.llama.tags.as_deref()),
             sampler,
             n_predict: a.sampling.n_predict(),
             metrics: !a.llama.no_metrics,
             web_ui: !a.llama.no_webui,
+            slots: !a.llama.no_slots,
+            embedding: a.llama.embedding,
+            pooling: a.llama.pooling,
+            embd_normalize: a.llama.embd_normalize,
             reasoning,
             reasoning_format,
             cors: http::Cors {

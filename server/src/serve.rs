@@ -94,10 +94,25 @@ async fn serve(
     api_key: Option<String>,
     chat_template: Option<String>,
 ) -> anyhow::Result<()> {
-    let listener = TcpListener::bind((a.host.as_str(), a.port))
-        .await
-        .with_context(|| format!("binding {}:{}", a.host, a.port))?;
-    let local: SocketAddr = listener.local_addr()?;
+    // `--host a,b`: one listener per address, all on one port (with
+    // `--port 0`, the one the first address was given), as llama-server
+    // listens. An address that cannot be bound fails the start.
+    let mut listeners = Vec::new();
+    let mut port = a.port;
+    for host in a.host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let listener = TcpListener::bind((host, port))
+            .await
+            .with_context(|| format!("binding {host}:{port}"))?;
+        port = listener.local_addr()?.port();
+        listeners.push(listener);
+    }
+    if listeners.is_empty() {
+        bail!("--host names no address");
+    }
+    let locals: Vec<SocketAddr> = listeners
+        .iter()
+        .map(TcpListener::local_addr)
+        .collect::<Result<_, _>>()?;
 
     // The update stays for fields added to EngineConfig later.
     #[allow(clippy::needless_update)]
@@ -134,10 +149,28 @@ async fn serve(
         .with_options(a.http);
     let app = http::app(Arc::new(state));
     let mut signals = Signals::new().context("installing the signal handlers")?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(http::serve(listener, app, read_timeout, async {
-        let _ = stopped.await;
-    }));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let servers: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(http::serve(
+                listener,
+                app.clone(),
+                read_timeout,
+                async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                },
+            ))
+        })
+        .collect();
+    // Done when every listener's server is.
+    let mut server = tokio::spawn(async move {
+        for s in futures_util::future::join_all(servers).await {
+            s?;
+        }
+        Ok::<(), tokio::task::JoinError>(())
+    });
 
     loop {
         match engine.status() {
@@ -147,17 +180,19 @@ async fn serve(
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
-    if !keyed && !local.ip().is_loopback() {
+    if !keyed && locals.iter().any(|l| !l.ip().is_loopback()) {
         tracing::warn!("listening beyond this machine without an API key (--api-key)");
     }
-    let url_host = match local {
-        SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
-        SocketAddr::V4(v4) => v4.ip().to_string(),
-    };
-    tracing::info!("listening on http://{url_host}:{}", local.port());
+    for local in &locals {
+        let url_host = match local {
+            SocketAddr::V6(v6) => format!("[{}]", v6.ip()),
+            SocketAddr::V4(v4) => v4.ip().to_string(),
+        };
+        tracing::info!("listening on http://{url_host}:{}", local.port());
+    }
     tokio::select! {
         done = &mut server => {
-            done.context("the HTTP server task failed")?;
+            done.context("the HTTP server task failed")?.context("the HTTP server task failed")?;
             tracing::info!("stopped");
             return Ok(());
         }
@@ -169,10 +204,10 @@ async fn serve(
          (--shutdown-grace); a second signal exits now",
         grace.as_secs()
     );
-    let _ = stop.send(());
+    let _ = stop.send(true);
     tokio::select! {
         done = &mut server => {
-            done.context("the HTTP server task failed")?;
+            done.context("the HTTP server task failed")?.context("the HTTP server task failed")?;
             tracing::info!("stopped");
             return Ok(());
         }

@@ -55,6 +55,11 @@ pub trait Backend {
     /// last one (`n_vocab` floats).
     fn forward(&self, tokens: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>, ModelError>;
 
+    /// Runs `tokens` after what `cache` holds and returns every token's
+    /// hidden state after the final norm (`n_embd` floats each, in order):
+    /// what embeddings pool.
+    fn hidden(&self, tokens: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>, ModelError>;
+
     /// One step for several sequences; by default one after the other.
     /// Results are in the order of `work`, each independent of the others.
     fn forward_batch(
@@ -80,6 +85,10 @@ impl Backend for CpuModel<'_> {
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
         CpuModel::forward(self, tokens, cache, Logits::Last)
+    }
+
+    fn hidden(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
+        CpuModel::forward(self, tokens, cache, Logits::Hidden)
     }
 
     /// All sequences through each weight together (read once per step),
@@ -131,6 +140,10 @@ impl Backend for HybridModel<'_> {
 
     fn forward(&self, tokens: &[u32], cache: &mut HybridCache) -> Result<Vec<f32>, ModelError> {
         HybridModel::forward(self, tokens, cache, Logits::Last)
+    }
+
+    fn hidden(&self, tokens: &[u32], cache: &mut HybridCache) -> Result<Vec<f32>, ModelError> {
+        HybridModel::forward(self, tokens, cache, Logits::Hidden)
     }
 
     /// As for the CPU model: jointly when it can, and one by one if the joint

@@ -27,8 +27,8 @@ use tokio::sync::mpsc as tmpsc;
 use crate::error::EngineError;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model_info::{self, InfoParams, ModelInfo};
-use crate::request::{Events, GenerateParams};
-use crate::scheduler::{self, Job, Limits};
+use crate::request::{Events, GenerateParams, HiddenReply};
+use crate::scheduler::{self, Job, Limits, Work};
 
 /// How to start an engine.
 #[derive(Debug, Clone)]
@@ -214,6 +214,12 @@ impl Engine {
         self.shared.metrics.snapshot()
     }
 
+    /// Every slot as the last step left it (empty until the first step,
+    /// or while idle since the start).
+    pub fn slots(&self) -> Vec<crate::SlotView> {
+        self.shared.metrics.slots()
+    }
+
     /// The generation cap a request gets when it names none: the room left in
     /// a slot after the prompt, and never more than the server-wide cap.
     pub fn default_max_tokens(&self, info: &ModelInfo, prompt_len: usize) -> usize {
@@ -230,13 +236,52 @@ impl Engine {
     /// Queues a generation. Fails at once when the model is not ready, the
     /// prompt does not fit a slot, or the queue is full.
     pub fn submit(&self, params: GenerateParams) -> Result<Events, EngineError> {
-        let info = match self.status() {
-            Status::Ready(info) => info,
-            Status::Loading => return Err(EngineError::NotReady("loading the model".into())),
-            Status::Failed(e) => return Err(EngineError::NotReady(e)),
-            Status::Broken(e) => return Err(e),
-        };
+        let info = self.ready()?;
         check_fits(&info, &params)?;
+        let (tx, rx) = tmpsc::unbounded_channel();
+        self.enqueue(Work::Generate(params, tx))?;
+        Ok(rx)
+    }
+
+    /// Queues an embedding request: `prompt` runs once, from an empty cache,
+    /// and its every token's final hidden state comes back on the reply.
+    /// Fails at once when the model is not ready, the
+    /// prompt is empty or longer than a slot, or the queue is full.
+    pub fn submit_hidden(&self, prompt: Vec<u32>) -> Result<HiddenReply, EngineError> {
+        let info = self.ready()?;
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid {
+                param: "input",
+                message: "input content cannot be empty".into(),
+            });
+        }
+        if prompt.len() > info.n_ctx_slot {
+            // "too large", as llama-server says it (its tests look for it).
+            return Err(EngineError::Invalid {
+                param: "input",
+                message: format!(
+                    "input is too large to process: {} tokens, and a slot holds {} \
+                     (raise the context size)",
+                    prompt.len(),
+                    info.n_ctx_slot
+                ),
+            });
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.enqueue(Work::Hidden(prompt, tx))?;
+        Ok(rx)
+    }
+
+    fn ready(&self) -> Result<Arc<ModelInfo>, EngineError> {
+        match self.status() {
+            Status::Ready(info) => Ok(info),
+            Status::Loading => Err(EngineError::NotReady("loading the model".into())),
+            Status::Failed(e) => Err(EngineError::NotReady(e)),
+            Status::Broken(e) => Err(e),
+        }
+    }
+
+    fn enqueue(&self, work: Work) -> Result<(), EngineError> {
         let s = &self.shared;
         let limit = s.n_parallel + s.max_queue;
         let admitted = s
@@ -253,10 +298,8 @@ impl Engine {
             });
         }
         s.metrics.queued.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = tmpsc::unbounded_channel();
         let job = Job {
-            params,
-            events: tx,
+            work,
             submitted: Instant::now(),
         };
         if s.jobs.send(job).is_err() {
@@ -264,7 +307,7 @@ impl Engine {
             s.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(EngineError::Stopped);
         }
-        Ok(rx)
+        Ok(())
     }
 }
 
@@ -277,13 +320,9 @@ fn check_fits(info: &ModelInfo, p: &GenerateParams) -> Result<(), EngineError> {
         });
     }
     if p.prompt.len() >= info.n_ctx_slot {
-        return Err(EngineError::Invalid {
-            param: "prompt",
-            message: format!(
-                "the prompt has {} tokens, but the context of a slot is {} tokens (one is needed to generate)",
-                p.prompt.len(),
-                info.n_ctx_slot
-            ),
+        return Err(EngineError::ContextExceeded {
+            n_prompt: p.prompt.len(),
+            n_ctx: info.n_ctx_slot,
         });
     }
     let n_vocab = info.config.n_vocab;

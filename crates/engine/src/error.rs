@@ -1,7 +1,7 @@
 //! The engine's one error type. The server maps each kind to a status:
 //! `Overloaded` and `NotReady` are the client's cue to retry (503), and so is
 //! `FileChanged` (the process must be restarted, which an orchestrator does
-//! on the 503 from `/health`), `Invalid` is the request's fault (400), the
+//! on the 503 from `/health`), `Invalid` and `Constraint` are the request's fault (400), the
 //! rest are faults of the server (500).
 
 use std::path::PathBuf;
@@ -34,9 +34,25 @@ pub enum EngineError {
         message: String,
     },
 
+    /// The prompt does not fit a slot's context (llama-server's
+    /// `exceed_context_size_error`, which its clients read these two
+    /// numbers from).
+    #[error(
+        "the prompt has {n_prompt} tokens, but the context of a slot is {n_ctx} tokens \
+         (one is needed to generate)"
+    )]
+    ContextExceeded { n_prompt: usize, n_ctx: usize },
+
     /// Loading the model failed.
     #[error("loading the model: {0}")]
     Load(String),
+
+    /// The output's constraint failed mid-request (a limit of the grammar
+    /// engine was hit, or every token it allows was banned by
+    /// `logit_bias`): the request's fault, and never an unconstrained
+    /// answer.
+    #[error("{0}")]
+    Constraint(String),
 
     /// The forward pass failed mid-request.
     #[error("model fault: {0}")]

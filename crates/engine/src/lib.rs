@@ -10,8 +10,10 @@
 //! - `pacing.rs`: how many prompt tokens a step may take while others
 //!   decode, so a long prompt never freezes the streams beside it.
 //! - [`StopMatcher`] (`stop.rs`): stop strings held back while they form.
-//! - [`JsonState`] (`json.rs`): JSON mode, tokens masked to keep the output
-//!   a valid JSON object.
+//! - Constrained decoding (JSON mode, schemas, grammars, required tool
+//!   calls) is `lamina-grammar`'s: a sequence with a constraint has its
+//!   logits masked before sampling, the mask computed on another thread
+//!   during the forward pass (`scheduler.rs`).
 //! - [`Metrics`] (`metrics.rs`): counters for `/metrics`.
 //!
 //! Nothing here knows HTTP: the server turns [`Event`]s into JSON or SSE.
@@ -22,10 +24,10 @@
 mod backend;
 mod engine;
 mod error;
-mod json;
 mod metrics;
 mod model_info;
 mod pacing;
+pub mod pooling;
 mod request;
 mod scheduler;
 mod stop;
@@ -33,11 +35,11 @@ mod stop;
 pub use backend::{Backend, Cache};
 pub use engine::{Engine, EngineConfig, Status};
 pub use error::EngineError;
-pub use json::JsonState;
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use lamina_grammar::Constraint;
+pub use metrics::{Metrics, MetricsSnapshot, SlotView};
 pub use model_info::{ModelInfo, TemplateOrigin};
 pub use pacing::DEFAULT_BUDGET as DEFAULT_STEP_BUDGET;
 pub use request::{
-    Constraint, Event, Events, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
+    Event, Events, FinishReason, GenerateParams, HiddenReply, Summary, Timings, TokenLogprob,
 };
 pub use stop::{Pushed, StopMatcher};

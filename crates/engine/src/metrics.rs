@@ -20,10 +20,34 @@ pub struct Metrics {
     ttft_us: AtomicU64,
     ttft_count: AtomicU64,
     paced_steps: AtomicU64,
+    /// Forward calls (llama.cpp's `n_decode`), the sequences they carried,
+    /// and the most tokens one of them took.
+    steps: AtomicU64,
+    step_sequences: AtomicU64,
+    step_tokens_max: AtomicU64,
+    /// What each slot holds, as of the end of the last step.
+    pub(crate) slots: std::sync::Mutex<Vec<SlotView>>,
     pub(crate) queued: AtomicUsize,
     pub(crate) active: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
     pub(crate) kv_capacity: AtomicUsize,
+}
+
+/// One slot as `/slots` shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotView {
+    pub id: usize,
+    /// Positions its cache can hold.
+    pub n_ctx: usize,
+    /// Positions its cache holds (a finished request's tokens stay, for
+    /// prefix reuse).
+    pub n_cached: usize,
+    /// A request holds it.
+    pub is_processing: bool,
+    /// Tokens generated so far by the request holding it.
+    pub n_decoded: usize,
+    /// Tokens that request may still generate.
+    pub n_remain: usize,
 }
 
 /// A consistent-enough copy of the counters (each read is atomic; the set
@@ -50,6 +74,12 @@ pub struct MetricsSnapshot {
     /// Steps whose prompt tokens were cut to the step budget so that the
     /// decoding sequences beside them were not held back.
     pub paced_steps: u64,
+    /// Forward calls.
+    pub steps: u64,
+    /// Sequences over all forward calls (busy slots per call, summed).
+    pub step_sequences: u64,
+    /// The most tokens one forward call took.
+    pub step_tokens_max: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -76,6 +106,9 @@ impl Metrics {
             ttft_seconds_sum: self.ttft_us.load(Relaxed) as f64 / 1e6,
             ttft_count: self.ttft_count.load(Relaxed),
             paced_steps: self.paced_steps.load(Relaxed),
+            steps: self.steps.load(Relaxed),
+            step_sequences: self.step_sequences.load(Relaxed),
+            step_tokens_max: self.step_tokens_max.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -99,6 +132,18 @@ impl Metrics {
         self.failed.fetch_add(1, Relaxed);
     }
 
+    /// One forward call over `sequences` sequences and `tokens` tokens.
+    pub(crate) fn stepped(&self, sequences: usize, tokens: usize) {
+        self.steps.fetch_add(1, Relaxed);
+        self.step_sequences.fetch_add(sequences as u64, Relaxed);
+        self.step_tokens_max.fetch_max(tokens as u64, Relaxed);
+    }
+
+    /// The slots as the last step left them.
+    pub fn slots(&self) -> Vec<SlotView> {
+        self.slots.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
     pub(crate) fn paced(&self) {
         self.paced_steps.fetch_add(1, Relaxed);
     }
@@ -109,6 +154,13 @@ impl Metrics {
     }
 
     /// Adds a sequence's work, whether it finished or was cut short.
+    /// An embedding request's prompt, processed and answered.
+    pub(crate) fn embedded(&self, prompt: usize, took: std::time::Duration) {
+        self.finished.fetch_add(1, Relaxed);
+        self.prompt_tokens.fetch_add(prompt as u64, Relaxed);
+        self.prompt_us.fetch_add(took.as_micros() as u64, Relaxed);
+    }
+
     pub(crate) fn account(&self, t: &Timings, finished: bool) {
         if finished {
             self.finished.fetch_add(1, Relaxed);

@@ -4,9 +4,11 @@
 //! thread, then shared read-only.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use lamina_chat::{builtin_for, ChatTemplate, Prompt};
 use lamina_gguf::Model;
+use lamina_grammar::{GrammarError, Vocab};
 use lamina_model::Config;
 use lamina_tokenizer::Tokenizer;
 
@@ -46,6 +48,12 @@ pub struct ModelInfo {
     pub n_parallel: usize,
     /// One line describing where each layer runs.
     pub placement: String,
+    /// The file's `{arch}.pooling_type`, where it names one Lamina computes.
+    pub pooling: Option<crate::pooling::Pooling>,
+    /// The vocabulary as the grammar engine sees it: built by the first
+    /// request with a constraint (a walk over every token, ~0.1–0.5 s),
+    /// so a server that never sees one never pays for it.
+    grammar: OnceLock<Result<Vocab, GrammarError>>,
 }
 
 impl ModelInfo {
@@ -56,6 +64,14 @@ impl ModelInfo {
             .bos()
             .and_then(|b| self.tokenizer.token_text(b))
             .is_some_and(|b| !b.is_empty() && text.starts_with(b))
+    }
+
+    /// The vocabulary for compiling constraints, built once.
+    pub fn grammar_vocab(&self) -> Result<&Vocab, GrammarError> {
+        self.grammar
+            .get_or_init(|| Vocab::new(&self.tokenizer, self.config.n_vocab))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// A rendered chat prompt to ids: control tokens parsed in the
@@ -146,6 +162,13 @@ pub(crate) fn build(
         n_parallel,
         // Filled in by the loader, which knows where the layers went.
         placement: String::new(),
+        pooling: file
+            .get("general.architecture")
+            .and_then(|a| a.as_str())
+            .and_then(|a| file.get(&format!("{a}.pooling_type")))
+            .and_then(|v| v.as_u64())
+            .and_then(crate::pooling::Pooling::from_gguf),
+        grammar: OnceLock::new(),
     })
 }
 

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lamina_grammar::Constraint;
 use lamina_sampling::SamplerConfig;
 use tokio::sync::mpsc;
 
@@ -22,15 +23,10 @@ pub struct GenerateParams {
     pub logprobs: Option<usize>,
     /// Wall-clock budget for this request, on top of the server-wide one.
     pub timeout: Option<Duration>,
-    /// A shape the output must keep (JSON mode).
+    /// A shape the output must keep (JSON mode, a schema, a grammar, a
+    /// required tool call), compiled for this model's vocabulary: each
+    /// token is sampled from those its mask allows.
     pub constraint: Option<Constraint>,
-}
-
-/// Output constraints enforced by masking tokens before sampling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Constraint {
-    /// One JSON object (OpenAI's `response_format: {"type": "json_object"}`).
-    JsonObject,
 }
 
 /// Why a sequence ended, in OpenAI's words.
@@ -118,6 +114,10 @@ pub enum Event {
     Done(Summary),
     Error(EngineError),
 }
+
+/// An embedding request's answer: every prompt token's hidden state after
+/// the final norm, `n_embd` floats each, in order; or why there is none.
+pub type HiddenReply = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
 
 /// The receiving end a handler reads. Dropping it cancels the request at the
 /// engine's next step.

@@ -21,25 +21,22 @@
 //! sampled from; every sequence and waiting request fails with the change,
 //! and [`run`] returns it for the engine to refuse everything after.
 
-use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use lamina_grammar::Ahead;
 use lamina_sampling::{top_logprobs, Sampler};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
-use tokio::sync::mpsc as tmpsc;
+use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::backend::{Backend, Cache};
 use crate::error::EngineError;
-use crate::json::JsonState;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
 use crate::pacing::Pacer;
-use crate::request::{
-    Constraint, Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob,
-};
+use crate::request::{Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
 use crate::stop::StopMatcher;
 
 /// How often an idle engine checks its model files, so that `/health`
@@ -51,9 +48,47 @@ pub(crate) type Unchanged<'a> = &'a dyn Fn() -> Result<(), EngineError>;
 
 /// A queued request.
 pub(crate) struct Job {
-    pub params: GenerateParams,
-    pub events: tmpsc::UnboundedSender<Event>,
+    pub work: Work,
     pub submitted: Instant,
+}
+
+/// Where a hidden-state request's answer goes.
+pub(crate) type HiddenSender = oneshot::Sender<Result<Vec<f32>, EngineError>>;
+
+/// What a queued request asks for, and where its answer goes.
+pub(crate) enum Work {
+    /// A generation, streamed as events.
+    Generate(GenerateParams, tmpsc::UnboundedSender<Event>),
+    /// Every token's final hidden state for this prompt (embeddings).
+    Hidden(Vec<u32>, HiddenSender),
+}
+
+impl Job {
+    fn prompt(&self) -> &[u32] {
+        match &self.work {
+            Work::Generate(p, _) => &p.prompt,
+            Work::Hidden(t, _) => t,
+        }
+    }
+
+    /// The client is gone.
+    fn is_closed(&self) -> bool {
+        match &self.work {
+            Work::Generate(_, events) => events.is_closed(),
+            Work::Hidden(_, reply) => reply.is_closed(),
+        }
+    }
+
+    fn fail(self, e: EngineError) {
+        match self.work {
+            Work::Generate(_, events) => {
+                let _ = events.send(Event::Error(e));
+            }
+            Work::Hidden(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -89,8 +124,11 @@ struct Sequence {
     generated: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
-    /// JSON mode: where the output stands.
-    json: Option<JsonState>,
+    /// The output's constraint, on its own thread: its mask for the next
+    /// token is computed while the forward pass computes the logits (the
+    /// mask depends only on tokens already sampled), and waited for only
+    /// when sampling needs it.
+    grammar: Option<Ahead>,
     deadline: Instant,
     submitted: Instant,
     started: Instant,
@@ -132,8 +170,6 @@ struct Ctx<'a> {
     metrics: &'a Metrics,
     outstanding: &'a AtomicUsize,
     limits: Limits,
-    /// Every token's bytes, built the first time JSON mode needs them.
-    pieces: OnceCell<Vec<Vec<u8>>>,
 }
 
 /// The slots' caches, allocated before the model is announced as ready so
@@ -174,11 +210,11 @@ pub(crate) fn run<B: Backend>(
         metrics,
         outstanding,
         limits,
-        pieces: OnceCell::new(),
     };
     metrics
         .kv_capacity
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);
+    publish_slots(metrics, &slots);
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut pacer = Pacer::new(limits.step_budget);
     let mut open = true;
@@ -210,7 +246,7 @@ pub(crate) fn run<B: Backend>(
             }
         }
         waiting.retain(|job| {
-            let gone = job.events.is_closed();
+            let gone = job.is_closed();
             if gone {
                 metrics.dropped();
                 metrics.queued.fetch_sub(1, Relaxed);
@@ -223,7 +259,14 @@ pub(crate) fn run<B: Backend>(
                 break;
             };
             metrics.queued.fetch_sub(1, Relaxed);
-            admit(&mut slots[i], job, &ctx, i);
+            match job.work {
+                Work::Generate(params, events) => {
+                    admit(&mut slots[i], params, events, job.submitted, &ctx, i)
+                }
+                Work::Hidden(tokens, reply) => {
+                    hidden(backend, &mut slots[i], &tokens, reply, &ctx, unchanged)
+                }
+            }
         }
         if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
             fail_all(&mut slots, waiting, &e, &ctx);
@@ -233,9 +276,30 @@ pub(crate) fn run<B: Backend>(
         }
         let used = slots.iter().map(|s| s.cache.len()).sum();
         metrics.kv_used.store(used, Relaxed);
+        publish_slots(metrics, &slots);
         metrics
             .active
             .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
+    }
+}
+
+/// What `/slots` shows: each slot's cache and request, now.
+fn publish_slots<C: Cache>(metrics: &Metrics, slots: &[Slot<C>]) {
+    if let Ok(mut views) = metrics.slots.lock() {
+        views.clear();
+        views.extend(slots.iter().enumerate().map(|(id, s)| {
+            SlotView {
+                id,
+                n_ctx: s.cache.capacity(),
+                n_cached: s.cache.len(),
+                is_processing: s.seq.is_some(),
+                n_decoded: s.seq.as_ref().map_or(0, |q| q.generated),
+                n_remain: s
+                    .seq
+                    .as_ref()
+                    .map_or(0, |q| q.max_tokens.saturating_sub(q.generated)),
+            }
+        }));
     }
 }
 
@@ -247,7 +311,7 @@ fn free_slot<C>(slots: &[Slot<C>], job: Option<&Job>) -> Option<usize> {
         .iter()
         .enumerate()
         .filter(|(_, s)| s.seq.is_none())
-        .map(|(i, s)| (common_prefix(&s.tokens, &job.params.prompt), i))
+        .map(|(i, s)| (common_prefix(&s.tokens, job.prompt()), i))
         // Longest prefix first; among equals, the lowest index.
         .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
         .map(|(_, i)| i)
@@ -288,15 +352,65 @@ pub(crate) fn refuse(
 fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &AtomicUsize) {
     metrics.failed();
     outstanding.fetch_sub(1, Relaxed);
-    let _ = job.events.send(Event::Error(e.clone()));
+    job.fail(e.clone());
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
-    let p = job.params;
+/// Runs an embedding request's prompt in `slot` at once, from an empty
+/// cache (llama.cpp's embeddings attend to their own tokens only), and sends
+/// the rows. It holds the other sequences back for one prompt's forward
+/// pass, as a prefill chunk would; `check_hidden` kept it within a slot.
+/// The slot then remembers the prompt, so a generation that starts with it
+/// reuses its cache.
+fn hidden<B: Backend>(
+    backend: &B,
+    slot: &mut Slot<B::Cache>,
+    tokens: &[u32],
+    reply: HiddenSender,
+    ctx: &Ctx<'_>,
+    unchanged: Unchanged<'_>,
+) {
+    ctx.outstanding.fetch_sub(1, Relaxed);
+    if reply.is_closed() {
+        ctx.metrics.dropped();
+        return;
+    }
+    slot.cache.truncate(0);
+    slot.tokens.clear();
+    ctx.metrics.stepped(1, tokens.len());
+    let t0 = Instant::now();
+    let result = unchanged()
+        .and_then(|()| {
+            backend
+                .hidden(tokens, &mut slot.cache)
+                .map_err(|e| EngineError::Model(e.to_string()))
+        })
+        .and_then(|rows| unchanged().map(|()| rows));
+    match result {
+        Ok(rows) => {
+            slot.tokens.extend_from_slice(tokens);
+            ctx.metrics.embedded(tokens.len(), t0.elapsed());
+            let _ = reply.send(Ok(rows));
+        }
+        Err(e) => {
+            slot.cache.truncate(0);
+            ctx.metrics.failed();
+            let _ = reply.send(Err(e));
+        }
+    }
+}
+
+fn admit<C: Cache>(
+    slot: &mut Slot<C>,
+    p: GenerateParams,
+    events: tmpsc::UnboundedSender<Event>,
+    submitted: Instant,
+    ctx: &Ctx<'_>,
+    index: usize,
+) {
     let now = Instant::now();
     // At least the last prompt token is processed again: its logits are
     // where generation starts.
@@ -308,16 +422,26 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
     let timeout = p
         .timeout
         .map_or(ctx.limits.timeout, |t| t.min(ctx.limits.timeout));
+    let refuse = |events: &tmpsc::UnboundedSender<Event>, e: EngineError| {
+        let _ = events.send(Event::Error(e));
+        ctx.outstanding.fetch_sub(1, Relaxed);
+    };
     let sampler = match Sampler::new(p.sampler) {
         Ok(s) => s,
         Err(e) => {
-            let _ = job.events.send(Event::Error(EngineError::Invalid {
-                param: "sampling",
-                message: e.to_string(),
-            }));
-            ctx.outstanding.fetch_sub(1, Relaxed);
-            return;
+            let message = e.to_string();
+            return refuse(
+                &events,
+                EngineError::Invalid {
+                    param: "sampling",
+                    message,
+                },
+            );
         }
+    };
+    let grammar = match p.constraint.map(Ahead::start).transpose() {
+        Ok(g) => g,
+        Err(e) => return refuse(&events, EngineError::Constraint(e.to_string())),
     };
     tracing::debug!(
         slot = index,
@@ -328,7 +452,7 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
     );
     ctx.metrics.started();
     slot.seq = Some(Sequence {
-        events: job.events,
+        events,
         sampler,
         detok: Detokenizer::new(),
         stop: StopMatcher::new(p.stop),
@@ -339,11 +463,9 @@ fn admit<C: Cache>(slot: &mut Slot<C>, job: Job, ctx: &Ctx<'_>, index: usize) {
         generated: 0,
         max_tokens,
         logprobs: p.logprobs,
-        json: p.constraint.map(|c| match c {
-            Constraint::JsonObject => JsonState::new(),
-        }),
+        grammar,
         deadline: now + timeout,
-        submitted: job.submitted,
+        submitted,
         started: now,
         prompt_done: None,
         cache_n: reuse,
@@ -418,6 +540,8 @@ fn step<B: Backend>(
             decoded += 1;
         }
     }
+    ctx.metrics
+        .stepped(inputs.len(), inputs.iter().map(|(_, t)| t.len()).sum());
     let t0 = Instant::now();
     let results = {
         let mut caches: Vec<Option<&mut B::Cache>> =
@@ -485,29 +609,26 @@ fn sample_one(
 ) -> Option<Exit> {
     // Log-probabilities describe the model, before bias and penalties.
     let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
-    if let Some(js) = &seq.json {
-        let pieces = ctx.pieces.get_or_init(|| {
-            (0..logits.len())
-                .map(|id| ctx.tok.token_to_piece(id as u32))
-                .collect()
-        });
-        if js.mask(logits, pieces, |id| ctx.tok.is_eog(id)) == 0 {
-            // No token can continue the text: end rather than emit garbage.
-            return Some(Exit::Finished(FinishReason::Stop));
-        }
+    let mask = match seq.grammar.as_mut().map(Ahead::mask).transpose() {
+        Ok(m) => m,
+        Err(e) => return Some(Exit::Failed(EngineError::Constraint(e.to_string()))),
+    };
+    if let Some(m) = &mask {
+        m.apply(logits);
     }
     let id = seq.sampler.sample(logits, &seq.history);
+    // Fail closed: the sampler falls back to the argmax when every logit
+    // is -inf, which happens when `logit_bias` bans all the grammar allows.
+    if mask.as_ref().is_some_and(|m| !m.allows(id)) {
+        return Some(Exit::Failed(EngineError::Constraint(
+            "logit_bias bans every token the output's constraint allows here".into(),
+        )));
+    }
     // The end-of-generation token counts as generated, as llama-server
     // counts it (`predicted_n`, `completion_tokens`), though it is not shown.
     seq.generated += 1;
     if ctx.tok.is_eog(id) {
         return Some(Exit::Finished(FinishReason::Stop));
-    }
-    if let (Some(js), Some(pieces)) = (seq.json.as_mut(), ctx.pieces.get()) {
-        // The mask allowed this token, so its bytes continue the text.
-        if let Some(p) = pieces.get(id as usize) {
-            js.push_bytes(p);
-        }
     }
     seq.history.push(id);
     let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));
@@ -525,6 +646,13 @@ fn sample_one(
     // The sampled token still has to enter the cache at the next step.
     if seq.generated >= seq.max_tokens || cache_len + 1 > cache_cap {
         return Some(Exit::Finished(FinishReason::Length));
+    }
+    // Only now that another token will be sampled: the next mask is
+    // computed while the next forward pass runs.
+    if let Some(g) = seq.grammar.as_mut() {
+        if let Err(e) = g.commit(id) {
+            return Some(Exit::Failed(EngineError::Constraint(e.to_string())));
+        }
     }
     seq.next_input = Some(id);
     None

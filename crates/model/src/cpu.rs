@@ -13,6 +13,10 @@ use crate::config::{Activation, Config};
 use crate::error::ModelError;
 use crate::ops;
 use crate::weights::Weights;
+use lamina_quant::act::Glu;
+
+/// Values of the gated activation per rayon task: a few microseconds of work.
+const GLU_CHUNK: usize = 8192;
 
 /// Keys and values of every layer, for positions `0..len`.
 pub struct KvCache {
@@ -100,6 +104,10 @@ pub enum Logits {
     Last,
     /// Every token from this index of the batch on (teacher forcing, scoring).
     From(usize),
+    /// No logits: every position's hidden state after the final norm, the
+    /// `n_embd` values the head would multiply (what embeddings pool, as
+    /// llama.cpp's `result_norm`).
+    Hidden,
 }
 
 impl Logits {
@@ -108,8 +116,35 @@ impl Logits {
         match self {
             Logits::Last => n.saturating_sub(1),
             Logits::From(i) => i.min(n),
+            Logits::Hidden => 0,
         }
     }
+}
+
+/// The buffers of one layer's step, kept across the layers of a forward
+/// pass: every layer of a step has the same shapes, so only the first one
+/// allocates. Fresh buffers per layer cost a prompt a twentieth of its time
+/// in page faults and zeroing, as the allocator gave large blocks back to
+/// the system and took them again.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    row_seg: Vec<usize>,
+    row_pos: Vec<usize>,
+}
+
+/// `buf` with exactly `len` values, allocating only when it must grow. The
+/// contents are stale: every user overwrites all of them.
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
 }
 
 pub struct CpuModel<'a> {
@@ -162,8 +197,9 @@ impl<'a> CpuModel<'a> {
             let pos0 = cache.len;
             self.check_room(tokens.len(), pos0, cache.n_ctx)?;
             let mut x = self.embed(tokens)?;
+            let mut scratch = Scratch::default();
             for il in 0..self.config.n_layer {
-                self.layer(il, &mut x, tokens.len(), pos0, cache)?;
+                self.layer(il, &mut x, tokens.len(), pos0, cache, &mut scratch)?;
             }
             cache.len = pos0 + tokens.len();
             self.head(&x, tokens.len(), which)
@@ -202,8 +238,9 @@ impl<'a> CpuModel<'a> {
         }
         let mut x = self.embed(&tokens)?;
         let mut caches: Vec<&mut KvCache> = work.iter_mut().map(|(_, c)| &mut **c).collect();
+        let mut scratch = Scratch::default();
         for il in 0..c.n_layer {
-            self.layer_multi(il, &mut x, &segs, &mut caches)?;
+            self.layer_multi(il, &mut x, &segs, &mut caches, &mut scratch)?;
         }
         for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
             cache.len = sg.pos0 + sg.n;
@@ -260,6 +297,9 @@ impl<'a> CpuModel<'a> {
         for row in h.chunks_mut(e) {
             ops::rms_norm(row, &self.weights.output_norm, c.rms_eps);
         }
+        if which == Logits::Hidden {
+            return Ok(h);
+        }
         let mut logits = vec![0.0f32; m * c.n_vocab];
         self.weights.output.matmul(&h, m, &mut logits)?;
         Ok(logits)
@@ -278,8 +318,15 @@ impl<'a> CpuModel<'a> {
         n: usize,
         pos0: usize,
         cache: &mut KvCache,
+        scratch: &mut Scratch,
     ) -> Result<(), ModelError> {
-        self.layer_multi(il, x, &[Segment { start: 0, n, pos0 }], &mut [cache])
+        self.layer_multi(
+            il,
+            x,
+            &[Segment { start: 0, n, pos0 }],
+            &mut [cache],
+            scratch,
+        )
     }
 
     /// Runs layer `il` over several sequences at once: rows
@@ -295,35 +342,48 @@ impl<'a> CpuModel<'a> {
         x: &mut [f32],
         segs: &[Segment],
         caches: &mut [&mut KvCache],
+        scratch: &mut Scratch,
     ) -> Result<(), ModelError> {
+        let Scratch {
+            h,
+            q,
+            k,
+            v,
+            attn,
+            o,
+            g,
+            u,
+            row_seg,
+            row_pos,
+        } = scratch;
         let l = &self.weights.layers[il];
         let c = &self.config;
         let blk = Block::new(c, il);
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
         let n = x.len() / e;
         // Each row's sequence and position.
-        let mut row_seg = vec![0usize; n];
-        let mut row_pos = vec![0usize; n];
+        row_seg.clear();
+        row_pos.clear();
         for (si, sg) in segs.iter().enumerate() {
-            for t in 0..sg.n {
-                row_seg[sg.start + t] = si;
-                row_pos[sg.start + t] = sg.pos0 + t;
-            }
+            row_seg.extend(std::iter::repeat_n(si, sg.n));
+            row_pos.extend(sg.pos0..sg.pos0 + sg.n);
         }
+        let (row_seg, row_pos) = (&row_seg[..], &row_pos[..]);
 
-        let mut h = x.to_vec();
+        let h = sized(h, n * e);
+        h.copy_from_slice(x);
         h.chunks_mut(e)
             .for_each(|r| ops::rms_norm(r, &l.attn_norm, blk.eps));
-        let mut q = vec![0.0f32; n * qd];
-        let mut k = vec![0.0f32; n * kvd];
-        let mut v = vec![0.0f32; n * kvd];
-        l.wq.matmul(&h, n, &mut q)?;
-        l.wk.matmul(&h, n, &mut k)?;
-        l.wv.matmul(&h, n, &mut v)?;
+        let q = sized(q, n * qd);
+        let k = sized(k, n * kvd);
+        let v = sized(v, n * kvd);
+        l.wq.matmul(h, n, q)?;
+        l.wk.matmul(h, n, k)?;
+        l.wv.matmul(h, n, v)?;
         for (buf, bias, dim) in [
-            (&mut q, &l.bq, qd),
-            (&mut k, &l.bk, kvd),
-            (&mut v, &l.bv, kvd),
+            (&mut *q, &l.bq, qd),
+            (&mut *k, &l.bk, kvd),
+            (&mut *v, &l.bv, kvd),
         ] {
             if let Some(b) = bias {
                 buf.chunks_mut(dim)
@@ -331,14 +391,15 @@ impl<'a> CpuModel<'a> {
             }
         }
         let rope = blk.rope;
-        for (buf, norm) in [(&mut q, &l.q_norm), (&mut k, &l.k_norm)] {
-            let dim = buf.len() / n;
-            for (t, row) in buf.chunks_mut(dim).enumerate() {
+        let mut angles = Vec::with_capacity(rope.n_rot / 2);
+        for (t, (qrow, krow)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
+            ops::rope_angles(row_pos[t], rope.base, rope.n_rot, &mut angles);
+            for (row, norm) in [(qrow, &l.q_norm), (krow, &l.k_norm)] {
                 for head in row.chunks_mut(hd) {
                     if let Some(w) = norm {
                         ops::rms_norm(head, w, blk.eps);
                     }
-                    ops::rope(head, row_pos[t], rope.base, rope.n_rot, rope.neox);
+                    ops::rope_with(head, &angles, rope.neox);
                 }
             }
         }
@@ -366,7 +427,8 @@ impl<'a> CpuModel<'a> {
             .iter()
             .map(|cache| (&cache.k[il][..], &cache.v[il][..]))
             .collect();
-        let mut attn = vec![0.0f32; n * qd];
+        let q = &*q;
+        let attn = sized(attn, n * qd);
         attn.par_chunks_mut(gs * hd)
             .enumerate()
             .for_each(|(i, out)| {
@@ -396,26 +458,30 @@ impl<'a> CpuModel<'a> {
                     out,
                 );
             });
-        let mut o = vec![0.0f32; n * e];
-        l.wo.matmul(&attn, n, &mut o)?;
-        self.residual(x, &mut o, l.post_attn_norm.as_deref());
+        let o = sized(o, n * e);
+        l.wo.matmul(attn, n, o)?;
+        self.residual(x, o, l.post_attn_norm.as_deref());
 
-        let mut h = x.to_vec();
+        h.copy_from_slice(x);
         h.chunks_mut(e)
             .for_each(|r| ops::rms_norm(r, &l.ffn_norm, blk.eps));
         let ff = c.n_ff;
-        let mut g = vec![0.0f32; n * ff];
-        let mut u = vec![0.0f32; n * ff];
-        l.gate.matmul(&h, n, &mut g)?;
-        l.up.matmul(&h, n, &mut u)?;
-        let act: fn(f32) -> f32 = match blk.activation {
-            Activation::SwiGlu => ops::silu,
-            Activation::GeGlu => ops::gelu_tanh,
+        let g = sized(g, n * ff);
+        let u = sized(u, n * ff);
+        l.gate.matmul(h, n, g)?;
+        l.up.matmul(h, n, u)?;
+        let glu = match blk.activation {
+            Activation::SwiGlu => Glu::Silu,
+            Activation::GeGlu => Glu::GeluTanh,
         };
-        g.iter_mut().zip(&u).for_each(|(g, u)| *g = act(*g) * u);
-        let mut d = vec![0.0f32; n * e];
-        l.down.matmul(&g, n, &mut d)?;
-        self.residual(x, &mut d, l.post_ffn_norm.as_deref());
+        // Element-wise, so the split changes no bits; on both cores, since a
+        // prompt's gate holds n · n_ff values.
+        g.par_chunks_mut(GLU_CHUNK)
+            .zip(u.par_chunks(GLU_CHUNK))
+            .for_each(|(g, u)| lamina_quant::act::glu(glu, g, u));
+        // The down product's output reuses o's buffer (its values are spent).
+        l.down.matmul(g, n, o)?;
+        self.residual(x, o, l.post_ffn_norm.as_deref());
         Ok(())
     }
 

@@ -432,8 +432,10 @@ impl<'a> HybridModel<'a> {
         let pos0 = cache.len;
         self.cpu.check_room(n, pos0, cache.capacity())?;
         let mut x = self.cpu.embed(tokens)?;
+        let mut scratch = crate::cpu::Scratch::default();
         for il in 0..self.first_gpu {
-            self.cpu.layer(il, &mut x, n, pos0, &mut cache.cpu)?;
+            self.cpu
+                .layer(il, &mut x, n, pos0, &mut cache.cpu, &mut scratch)?;
         }
         let logits = match (self.gpu.as_deref(), &self.head) {
             (Some(g), Some(head)) => self.gpu_part(g, head, &x, n, pos0, cache, which)?,
@@ -479,12 +481,14 @@ impl<'a> HybridModel<'a> {
         }
         let mut xs = Vec::new();
         let mut firsts = Vec::with_capacity(work.len());
+        let mut scratch = crate::cpu::Scratch::default();
         for (tokens, cache) in work.iter_mut() {
             let (n, pos0) = (tokens.len(), cache.len);
             self.cpu.check_room(n, pos0, cache.capacity())?;
             let mut x = self.cpu.embed(tokens)?;
             for il in 0..self.first_gpu {
-                self.cpu.layer(il, &mut x, n, pos0, &mut cache.cpu)?;
+                self.cpu
+                    .layer(il, &mut x, n, pos0, &mut cache.cpu, &mut scratch)?;
             }
             firsts.push(xs.len() / self.cpu.config.n_embd);
             xs.extend_from_slice(&x);
@@ -654,6 +658,15 @@ impl<'a> HybridModel<'a> {
                 .map_err(gpu_err)?;
         }
         // `h` now holds the head's RMSNorm of every token.
+        if which == Logits::Hidden {
+            if segments.len() != 1 {
+                return Err(ModelError::Gpu(
+                    "hidden states are read for one sequence at a time".into(),
+                ));
+            }
+            b.submit().map_err(gpu_err)?;
+            return g.read_f32_range(&s.h, 0, n * e).map_err(gpu_err);
+        }
         let logits = &s.logits;
         let m = if let [_] = segments {
             let first = which.first(n);

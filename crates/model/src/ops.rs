@@ -14,10 +14,28 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
 /// Adjacent pairs (x[2i], x[2i+1]) in normal mode, (x[i], x[i+d/2]) in NeoX
 /// mode. Angles are computed in f64: θᵢ = pos · base^(−2i/d).
 pub fn rope(x: &mut [f32], pos: usize, base: f32, rope_dim: usize, neox: bool) {
-    let half = rope_dim / 2;
-    for i in 0..half {
+    let mut angles = Vec::new();
+    rope_angles(pos, base, rope_dim, &mut angles);
+    rope_with(x, &angles, neox);
+}
+
+/// The (sin θᵢ, cos θᵢ) of [`rope`] for position `pos`, into `out` (cleared).
+/// Every head of a token turns by the same angles: computed once per token
+/// (f64 `powf` and `sin_cos` per pair and head were a twentieth of a
+/// prompt's time), with the same operations, so the same bits.
+pub fn rope_angles(pos: usize, base: f32, rope_dim: usize, out: &mut Vec<(f64, f64)>) {
+    out.clear();
+    out.extend((0..rope_dim / 2).map(|i| {
         let theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
-        let (s, c) = theta.sin_cos();
+        theta.sin_cos()
+    }));
+}
+
+/// [`rope`] with the angles of [`rope_angles`] (their count is half the
+/// rotated dimensions).
+pub fn rope_with(x: &mut [f32], angles: &[(f64, f64)], neox: bool) {
+    let half = angles.len();
+    for (i, &(s, c)) in angles.iter().enumerate() {
         let (a, b) = if neox {
             (i, i + half)
         } else {
@@ -43,15 +61,12 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
+/// SiLU, as the CPU's gated products compute it ([`lamina_quant::act`]).
+pub use lamina_quant::act::silu;
 
-/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`).
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
-}
+/// GELU, tanh approximation (Gemma's `gelu_pytorch_tanh`), as the CPU's gated
+/// products compute it.
+pub use lamina_quant::act::gelu_tanh;
 
 #[cfg(test)]
 mod tests {

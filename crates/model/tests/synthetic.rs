@@ -246,6 +246,54 @@ fn cpu_and_gpu_agree(spec: Spec) {
     }
 }
 
+/// `Logits::Hidden` (what embeddings pool): every prompt token's state
+/// after the final norm, on the CPU and through the GPU layers alike, and
+/// the head's input: the logits are those rows times the output matrix.
+#[test]
+fn hidden_states_agree_on_cpu_and_gpu() {
+    let spec = Spec::new("llama");
+    let file = open(&spec);
+    let cpu = CpuModel::load(&file).unwrap();
+    let mut cache = KvCache::new(&cpu.config, 16).unwrap();
+    let reference = cpu.forward(&PROMPT, &mut cache, Logits::Hidden).unwrap();
+    let e = cpu.config.n_embd;
+    assert_eq!(reference.len(), PROMPT.len() * e);
+    assert_eq!(
+        cache.len(),
+        PROMPT.len(),
+        "the prompt's keys and values are kept"
+    );
+    // Each row is RMS-normed by the output norm (whose weights are not 1).
+    assert!(reference.iter().all(|v| v.is_finite()));
+    assert_ne!(reference[..e], reference[e..2 * e]);
+    let mut cache = KvCache::new(&cpu.config, 16).unwrap();
+    let logits = cpu.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap();
+    let mut again = vec![0.0f32; PROMPT.len() * VOCAB];
+    cpu.weights
+        .output
+        .matmul(&reference, PROMPT.len(), &mut again)
+        .unwrap();
+    assert_eq!(again, logits, "the head multiplies exactly these rows");
+    for ngl in [LAYERS + 1, 1] {
+        let cpu = CpuModel::load(&file).unwrap();
+        let p = plan::plan(
+            &file,
+            &cpu.config,
+            ngl,
+            &PlanParams {
+                n_ctx: 16,
+                ..PlanParams::default()
+            },
+        );
+        let m = HybridModel::new(cpu, p, Some(gpu())).unwrap();
+        let mut cache = m.new_cache(16).unwrap();
+        let got = m.forward(&PROMPT, &mut cache, Logits::Hidden).unwrap();
+        assert_eq!(got.len(), reference.len());
+        let err = rel_err(&got, &reference);
+        assert!(err < CPU_GPU_REL, "-ngl {ngl}: relative error {err}");
+    }
+}
+
 #[test]
 fn llama_runs_the_same_on_cpu_and_gpu() {
     cpu_and_gpu_agree(Spec::new("llama"));

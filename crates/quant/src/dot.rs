@@ -15,14 +15,17 @@
 //! - **AVX-512** (x86-64 with `avx512f/bw/vl` and `fma`, run-time detection; `avx512` module,
 //!   built with Rust ≥ 1.89): the 16 lanes of a (row, column) pair are one register;
 //!   4- and 5-bit weights are looked up in a table of the block's possible weights
-//!   (each entry computed by the scalar decoder's operations), 8-bit and 6-bit ones
-//!   converted. Four rows at once in a mat-vec; in a mat-mul, tiles of 2 rows × 4
-//!   columns (legacy types) or 1 row × 8 columns (k-quants); from 9 columns, 4 rows
-//!   decoded once into a buffer and run against every column in 4 × 4 register tiles.
-//! - **AVX2** (x86-64 with `avx2`, `f16c` and `fma`; `avx2` module): the common block types
-//!   are decoded straight into registers, 32 weights at a time, four rows at once in a
-//!   mat-vec (independent add chains, one x load per four rows) and four columns at
-//!   once in a mat-mul (one decode per four columns); the 16 lanes are two registers.
+//!   (each entry computed by the scalar decoder's operations), the others (2-, 3-, 6-
+//!   and 8-bit quants, F16 and BF16) converted. Four rows at once in a mat-vec; in a
+//!   mat-mul, tiles of 2 rows × 4 columns (32-weight blocks) or 1 row × 8 columns
+//!   (256-weight blocks); from 9 columns, 4 rows decoded once into a buffer and run
+//!   against every column in 4 × 4 register tiles.
+//! - **AVX2** (x86-64 with `avx2`, `f16c` and `fma`; `avx2` module): the same types
+//!   (the legacy ones, the k-quants but Q8_K, IQ4_NL, IQ4_XS, TQ2_0, and F16/BF16 rows
+//!   of whole 32-weight units) are decoded straight into registers, 32 weights at a
+//!   time, four rows at once in a mat-vec (independent add chains, one x load per four
+//!   rows) and four columns at once in a mat-mul (one decode per four columns); the 16
+//!   lanes are two registers.
 //! - **Portable** (every type and CPU): a row is walked in chunks of [`CHUNK`] weights
 //!   (whole blocks); each chunk is decoded into a stack buffer by the type's scalar
 //!   decoder and multiplied into the lanes of each column, up to [`COL_TILE`] columns
@@ -151,6 +154,10 @@ pub(crate) struct RowKernel {
     /// The path `simd` belongs to (`Portable` when it is `None`).
     level: SimdLevel,
 }
+
+/// Output columns per task of [`RowKernel::matmul`]'s transpose: 16 floats,
+/// one cache line of a row-major result row.
+const TRANSPOSE_COLS: usize = 16;
 
 impl RowKernel {
     /// The kernel for rows of `ty`, using this CPU's SIMD path where one exists.
@@ -287,11 +294,28 @@ impl RowKernel {
             .par_chunks_mut(per_task * n)
             .zip(w.par_chunks(per_task * row_bytes))
             .for_each(|(out, w)| self.dots(w, row_bytes, x, n, out));
-        for (r, vals) in by_row.chunks_exact(n).enumerate() {
-            for (c, v) in vals.iter().enumerate() {
-                y[c * rows + r] = *v;
-            }
-        }
+        // The transpose on both cores too (serial, it was a twelfth of a
+        // prompt's time), in TRANSPOSE_COLS × TRANSPOSE_COLS blocks: each
+        // task takes that many output columns and walks the rows a block at
+        // a time, so a block's reads (one cache line per row) and writes
+        // (one line per column) stay in L1.
+        const B: usize = TRANSPOSE_COLS;
+        y[..rows * n]
+            .par_chunks_mut(rows * B)
+            .enumerate()
+            .for_each(|(b, ys)| {
+                let c0 = b * B;
+                let nc = ys.len() / rows;
+                for r0 in (0..rows).step_by(B) {
+                    let rn = B.min(rows - r0);
+                    for j in 0..nc {
+                        let col = &mut ys[j * rows + r0..][..rn];
+                        for (i, v) in col.iter_mut().enumerate() {
+                            *v = by_row[(r0 + i) * n + c0 + j];
+                        }
+                    }
+                }
+            });
     }
 }
 

@@ -14,6 +14,7 @@
 //! Inputs are untrusted: lengths are checked up front and reported as
 //! [`QuantError`]; nothing in this crate panics on a malformed buffer.
 
+pub mod act;
 mod block;
 mod dot;
 mod error;

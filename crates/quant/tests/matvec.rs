@@ -77,11 +77,12 @@ fn random_matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u
     }
 }
 
-/// Row lengths to try: 2 and 3 blocks for block types, awkward lengths for plain floats.
+/// Row lengths to try: 2 and 3 blocks for block types; for plain floats awkward lengths
+/// (the portable path) and whole units of 32 weights (the SIMD kernels' rows).
 fn col_counts(ty: GgmlType) -> Vec<usize> {
     let bs = ty.block_size() as usize;
     if bs == 1 {
-        vec![1, 15, 17, 531]
+        vec![1, 15, 17, 96, 531]
     } else {
         vec![2 * bs, 3 * bs]
     }

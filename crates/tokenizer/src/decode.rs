@@ -22,8 +22,10 @@ pub(crate) fn piece(tok: &Tokenizer, id: u32, render_special: bool) -> Vec<u8> {
     }
     if a & attr::NORMAL != 0 {
         return match v.kind {
-            VocabKind::Spm => text.replace('\u{2581}', " ").into_bytes(),
-            VocabKind::Bpe => byte_level_decode(tok, text),
+            VocabKind::Bpe if !v.escape_whitespaces => byte_level_decode(tok, text),
+            // SentencePiece, SentencePiece-style BPE and WordPiece: `▁` is a
+            // space (a WordPiece word start).
+            _ => text.replace('\u{2581}', " ").into_bytes(),
         };
     }
     if a & attr::BYTE != 0 {

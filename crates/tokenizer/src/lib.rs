@@ -5,7 +5,9 @@
 //!   end-of-generation set (llama.cpp's `llama_vocab::impl::load`).
 //! - [`pre`]: `gpt2` byte-level BPE: the `tokenizer.ggml.pre` regex table and
 //!   the `tokenizers` pipeline built from it.
+//! - `merges`: `gemma4` SentencePiece-style BPE by merge rank on raw UTF-8.
 //! - `spm`: `llama` SentencePiece merging by score with byte fallback.
+//! - `wpm`: `bert` WordPiece with llama.cpp's BERT normalizer.
 //! - `partition`: special tokens split out of raw text first.
 //! - [`decode`]: pieces, whole-sequence decoding and the streaming
 //!   [`Detokenizer`].
@@ -15,11 +17,13 @@
 
 pub mod decode;
 pub mod error;
+mod merges;
 pub mod meta;
 mod partition;
 pub mod pre;
 mod spm;
 pub mod vocab;
+mod wpm;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -32,11 +36,20 @@ pub use vocab::{SpecialTokens, VocabKind};
 use partition::Fragment;
 use vocab::{attr, Vocab};
 
+/// The algorithm that turns one fragment of raw text into ids.
+enum Engine {
+    Spm,
+    /// Byte-level BPE: the `tokenizers` pipeline.
+    ByteLevel(Box<tokenizers::Tokenizer>),
+    /// SentencePiece-style BPE by merge rank.
+    Merges(merges::Merges),
+    Wpm,
+}
+
 /// A tokenizer for one model. Immutable once built; share it across threads.
 pub struct Tokenizer {
     vocab: Vocab,
-    /// The `tokenizers` pipeline (BPE vocabularies only).
-    bpe: Option<tokenizers::Tokenizer>,
+    engine: Engine,
     byte_to_char: [char; 256],
     char_to_byte: HashMap<char, u8>,
 }
@@ -62,19 +75,24 @@ impl Tokenizer {
     /// Builds the tokenizer from any source of GGUF metadata.
     pub fn from_metadata(meta: &dyn Metadata) -> Result<Self, TokenizerError> {
         let vocab = Vocab::load(meta)?;
-        let bpe = match &vocab.pre {
-            Some((name, spec)) => {
+        let engine = match (&vocab.pre, vocab.kind) {
+            (_, VocabKind::Wpm) => Engine::Wpm,
+            (Some((name, spec)), _) => {
                 let merges =
                     meta::strings(meta, vocab::KEY_MERGES)?.ok_or(TokenizerError::MissingKey {
                         key: vocab::KEY_MERGES,
                     })?;
-                Some(pre::build_bpe(name, spec, &vocab.tokens, merges)?)
+                if spec.spm_style {
+                    Engine::Merges(merges::Merges::new(merges))
+                } else {
+                    Engine::ByteLevel(Box::new(pre::build_bpe(name, spec, &vocab.tokens, merges)?))
+                }
             }
-            None => None,
+            (None, _) => Engine::Spm,
         };
         Ok(Self {
             vocab,
-            bpe,
+            engine,
             byte_to_char: pre::byte_to_char_table(),
             char_to_byte: pre::char_to_byte_map(),
         })
@@ -127,9 +145,13 @@ impl Tokenizer {
                     let Some(raw) = text.get(start..end) else {
                         continue;
                     };
-                    match &self.bpe {
-                        Some(bpe) => self.encode_bpe(bpe, raw, &mut out),
-                        None => {
+                    match &self.engine {
+                        Engine::ByteLevel(bpe) => self.encode_bpe(bpe, raw, &mut out),
+                        Engine::Merges(m) => {
+                            merges::tokenize(v, m, &raw.replace(' ', "\u{2581}"), &mut out)
+                        }
+                        Engine::Wpm => wpm::tokenize(v, v.normalizer, raw, &mut out),
+                        Engine::Spm => {
                             let mut s = String::with_capacity(raw.len() + 3);
                             if v.add_space_prefix && prev_special {
                                 s.push(' ');
@@ -145,6 +167,9 @@ impl Tokenizer {
         }
         if add_special && v.add_eos {
             out.extend(v.specials.eos);
+        }
+        if add_special && v.add_sep {
+            out.extend(v.specials.sep);
         }
         out
     }
@@ -228,6 +253,16 @@ impl Tokenizer {
         self.vocab.add_eos
     }
 
+    /// Whether `encode(.., add_special = true, ..)` appends the separator
+    /// (WordPiece's `[SEP]`).
+    pub fn add_sep(&self) -> bool {
+        self.vocab.add_sep
+    }
+
+    pub fn sep(&self) -> Option<u32> {
+        self.vocab.specials.sep
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.vocab.tokens.len()
     }
@@ -237,7 +272,7 @@ impl Tokenizer {
     }
 
     /// The `tokenizer.ggml.pre` value in force (BPE only; "default" when
-    /// the key is missing).
+    /// the key is missing, "gemma4" for a `gemma4` model whatever it says).
     pub fn pre(&self) -> Option<&str> {
         self.vocab.pre.as_ref().map(|(name, _)| name.as_str())
     }

@@ -31,6 +31,13 @@ const UFAKZEKA: &str =
     r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const MINICPM5: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const PORO: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+/// CJK ideographs, the ranges DeepSeek's tokenizers split out.
+const DEEPSEEK_CJK: &str = "[一-龥ࠀ-一가-퟿]+";
+/// DeepSeek LLM's letters: llama.cpp's list of cased-letter ranges,
+/// transcribed character for character.
+const DEEPSEEK_LLM_LETTERS: &str = "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+/// DeepSeek LLM's ASCII and full-width punctuation.
+const DEEPSEEK_LLM_PUNCT: &str = "\\s?[!-/:-~！-／：-～‘-‟\u{3000}-。]+";
 
 /// How one `tokenizer.ggml.pre` value tokenizes, as llama.cpp's loader sets it.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +54,11 @@ pub(crate) struct PreSpec {
     pub add_bos: bool,
     /// The family has no BOS token at all (chatglm).
     pub no_bos: bool,
+    /// SentencePiece-style BPE (llama.cpp's GEMMA4 pre-type): spaces become
+    /// `▁`, merges run on raw UTF-8 (no GPT-2 byte map) over runs of
+    /// newlines and of other text, a newline run that is a token stays
+    /// whole, and BOS is always added. `regexes` is unused then.
+    pub spm_style: bool,
 }
 
 const fn spec(family: &'static str, regexes: &'static [&'static str]) -> PreSpec {
@@ -57,19 +69,17 @@ const fn spec(family: &'static str, regexes: &'static [&'static str]) -> PreSpec
         ignore_merges: false,
         add_bos: false,
         no_bos: false,
+        spm_style: false,
     }
 }
 
 /// Pre-tokenizer names llama.cpp knows but whose splitting Lamina does not
 /// reproduce yet (custom C++ splitters, or regexes not yet transcribed).
 const KNOWN_UNSUPPORTED: &[&str] = &[
-    "deepseek-llm",
     "deepseek-v3",
     "spark2_5",
     "youtu",
     "jais-2",
-    "gemma4",
-    "granite-embed-multi-311m",
     "sarvam-moe",
     "jina-v1-en",
     "jina-v2-code",
@@ -121,14 +131,30 @@ pub(crate) fn lookup(pre: Option<&str>) -> Result<PreSpec, TokenizerError> {
             clean_spaces: false,
             ..spec(
                 "deepseek-coder",
+                &["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", DEEPSEEK_CJK, r"\p{N}"],
+            )
+        },
+        "deepseek-llm" => PreSpec {
+            clean_spaces: false,
+            ..spec(
+                "deepseek-llm",
                 &[
                     "[\r\n]",
-                    r"\s?\p{L}+",
-                    r"\s?\p{P}+",
-                    "[一-龥ࠀ-一가-퟿]+",
-                    r"\p{N}",
+                    DEEPSEEK_LLM_LETTERS,
+                    DEEPSEEK_LLM_PUNCT,
+                    // `$` is the end of each piece the earlier regexes left,
+                    // as in llama.cpp, which runs each regex piece by piece.
+                    r"\s+$",
+                    DEEPSEEK_CJK,
+                    r"\p{N}+",
                 ],
             )
+        },
+        // Also the pre-type llama.cpp forces for `tokenizer.ggml.model = gemma4`.
+        "gemma4" | "granite-embed-multi-311m" => PreSpec {
+            add_bos: true,
+            spm_style: true,
+            ..spec("gemma4", &[])
         },
         "falcon" => spec(
             "falcon",
@@ -318,6 +344,7 @@ mod tests {
             "dbrx",
             "minicpm5",
             "deepseek-coder",
+            "deepseek-llm",
             "falcon",
             "gpt-2",
             "trillion",

@@ -11,6 +11,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::error::TokenizerError;
 use crate::meta::{self, Metadata};
 use crate::pre::{self, PreSpec};
+use crate::wpm::Normalizer;
 
 /// Token attributes, llama.cpp's `llama_token_attr` bits.
 pub(crate) mod attr {
@@ -45,8 +46,11 @@ fn attr_from_type(t: i32) -> u16 {
 pub enum VocabKind {
     /// `llama`: SentencePiece BPE by score with `<0xNN>` byte fallback.
     Spm,
-    /// `gpt2`: byte-level BPE by merge rank after a regex pre-split.
+    /// `gpt2`: byte-level BPE by merge rank after a regex pre-split;
+    /// `gemma4`: BPE by merge rank on raw UTF-8 with `▁` for spaces.
     Bpe,
+    /// `bert`: WordPiece, greedy longest match after BERT normalization.
+    Wpm,
 }
 
 /// Special token ids; `None` where the file has none (LLAMA_TOKEN_NULL).
@@ -81,6 +85,15 @@ pub(crate) struct Vocab {
     pub add_eos: bool,
     pub add_space_prefix: bool,
     pub clean_spaces: bool,
+    /// WordPiece appends the separator token (`[SEP]`) after the text.
+    pub add_sep: bool,
+    /// Spaces are `▁` in the tokens (SentencePiece-style BPE): escaped
+    /// before tokenizing, unescaped when decoding.
+    pub escape_whitespaces: bool,
+    /// WordPiece's normalizer switches.
+    pub normalizer: Normalizer,
+    /// The longest token text in bytes (bounds WordPiece's search).
+    pub max_token_len: usize,
     pub eog: BTreeSet<u32>,
     /// Control, user-defined and unknown tokens, longest text first: the
     /// order in which llama.cpp splits them out of raw text.
@@ -100,6 +113,8 @@ const KEY_ADD_SEP: &str = "tokenizer.ggml.add_sep_token";
 const KEY_BOS: &str = "tokenizer.ggml.bos_token_id";
 const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
 const KEY_SEP: &str = "tokenizer.ggml.seperator_token_id";
+const KEY_LOWERCASE: &str = "tokenizer.ggml.normalizer.lowercase";
+const KEY_STRIP_ACCENTS: &str = "tokenizer.ggml.normalizer.strip_accents";
 
 /// Texts llama.cpp takes as an end-of-turn token when the file names none.
 const EOT_TEXTS: &[&str] = &[
@@ -212,15 +227,38 @@ impl Vocab {
                     Some((pre_name.unwrap_or("default").to_owned(), spec)),
                 )
             }
-            "no_vocab" | "none" | "bert" | "t5" | "rwkv" | "plamo2" | "gemma4" | "hybriddna"
-            | "whitespace" => return Err(TokenizerError::UnsupportedModel(model.to_owned())),
+            // llama.cpp's defaults; the file's keys usually override them.
+            "bert" => (
+                VocabKind::Wpm,
+                SpecialTokens {
+                    bos: Some(101),
+                    unk: Some(100),
+                    sep: Some(102),
+                    pad: Some(0),
+                    mask: Some(103),
+                    ..SpecialTokens::default()
+                },
+                None,
+            ),
+            // BPE whatever `tokenizer.ggml.pre` says: llama.cpp forces the
+            // `gemma4` pre-type and has no default special tokens here.
+            "gemma4" => (
+                VocabKind::Bpe,
+                SpecialTokens::default(),
+                Some(("gemma4".to_owned(), pre::lookup(Some("gemma4"))?)),
+            ),
+            "no_vocab" | "none" | "t5" | "rwkv" | "plamo2" | "hybriddna" | "whitespace" => {
+                return Err(TokenizerError::UnsupportedModel(model.to_owned()))
+            }
             other => return Err(TokenizerError::UnknownModel(other.to_owned())),
         };
 
-        let (mut add_bos, mut add_space_prefix, clean_spaces) = match &pre {
-            None => (true, true, false),
-            Some((_, spec)) => (spec.add_bos, false, spec.clean_spaces),
+        let (mut add_bos, mut add_space_prefix, clean_spaces) = match (&pre, kind) {
+            (None, VocabKind::Wpm) => (true, false, true),
+            (None, _) => (true, true, false),
+            (Some((_, spec)), _) => (spec.add_bos, false, spec.clean_spaces),
         };
+        let escape_whitespaces = pre.as_ref().is_some_and(|(_, spec)| spec.spm_style);
         let mut add_eos = false;
         if let Some(v) = meta::flag(meta, KEY_ADD_PREFIX)? {
             add_space_prefix = v;
@@ -290,16 +328,39 @@ impl Vocab {
         if let Some(v) = meta::flag(meta, KEY_ADD_EOS)? {
             add_eos = v;
         }
-        let add_sep = meta::flag(meta, KEY_ADD_SEP)?.unwrap_or(false);
-        for (flag, id, flag_key, id_key) in [
-            (add_bos, specials.bos, KEY_ADD_BOS, KEY_BOS),
-            (add_eos, specials.eos, KEY_ADD_EOS, KEY_EOS),
-            (add_sep, specials.sep, KEY_ADD_SEP, KEY_SEP),
-        ] {
-            if flag && id.is_none() {
-                return Err(TokenizerError::MissingSpecial { flag_key, id_key });
-            }
+        // llama.cpp adds BOS to Gemma 4 prompts whatever the file says.
+        if escape_whitespaces {
+            add_bos = true;
         }
+        let mut add_sep = meta::flag(meta, KEY_ADD_SEP)?.unwrap_or(false);
+        if kind == VocabKind::Wpm {
+            // llama.cpp's WordPiece ignores the flags: with special tokens
+            // on it writes BOS ([CLS]) and the separator ([SEP]), whichever
+            // of them exist.
+            add_bos = specials.bos.is_some();
+            add_eos = false;
+            add_sep = specials.sep.is_some();
+        } else {
+            for (flag, id, flag_key, id_key) in [
+                (add_bos, specials.bos, KEY_ADD_BOS, KEY_BOS),
+                (add_eos, specials.eos, KEY_ADD_EOS, KEY_EOS),
+                (add_sep, specials.sep, KEY_ADD_SEP, KEY_SEP),
+            ] {
+                if flag && id.is_none() {
+                    return Err(TokenizerError::MissingSpecial { flag_key, id_key });
+                }
+            }
+            // Only WordPiece writes the separator itself.
+            add_sep = false;
+        }
+        // BERT's normalizer: lowercasing on unless the file says otherwise,
+        // accent stripping following it unless set on its own.
+        let lowercase = meta::flag(meta, KEY_LOWERCASE)?.unwrap_or(true);
+        let normalizer = Normalizer {
+            lowercase,
+            strip_accents: meta::flag(meta, KEY_STRIP_ACCENTS)?.unwrap_or(lowercase),
+        };
+        let max_token_len = tokens.iter().map(String::len).max().unwrap_or(0);
 
         detect_by_text(&tokens, &mut attrs, &mut specials);
         let eog = build_eog(&tokens, &mut attrs, &specials);
@@ -331,6 +392,10 @@ impl Vocab {
             add_eos,
             add_space_prefix,
             clean_spaces,
+            add_sep,
+            escape_whitespaces,
+            normalizer,
+            max_token_len,
             eog,
             special_cache,
         })

@@ -1,7 +1,8 @@
 //! Small hand-built vocabularies: the SentencePiece merge order, byte
 //! fallback, the dummy prefix, special-token splitting, text-detected
-//! end-of-generation tokens, byte-level BPE and every way the metadata can
-//! be unusable.
+//! end-of-generation tokens, byte-level BPE, WordPiece and its normalizer
+//! keys, Gemma 4's raw-UTF-8 BPE, and every way the metadata can be
+//! unusable.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
 use std::collections::HashMap;
@@ -289,7 +290,7 @@ fn unusable_metadata_is_an_error_naming_the_key() {
     assert!(err(&m).contains("tokenizer.ggml.model"));
 
     let mut m = good.clone();
-    m.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
+    m.insert("tokenizer.ggml.model".into(), Value::String("t5".into()));
     assert!(matches!(
         Tokenizer::from_metadata(&m),
         Err(TokenizerError::UnsupportedModel(_))
@@ -423,4 +424,150 @@ fn tokenizer_and_detokenizer_cross_threads() {
     fn shareable<T: Send + Sync>() {}
     shareable::<Tokenizer>();
     shareable::<lamina_tokenizer::Detokenizer>();
+}
+
+/// A `bert` vocabulary: `[PAD] [UNK] [CLS] [SEP]`, then `pieces` (NORMAL).
+/// The special ids are the file's, not llama.cpp's BERT defaults (101…),
+/// which fall outside so small a vocabulary.
+fn bert(pieces: &[&str], with_unk: bool) -> Meta {
+    let mut tokens: Vec<&str> = vec!["[PAD]", "[UNK]", "[CLS]", "[SEP]"];
+    tokens.extend_from_slice(pieces);
+    let mut types = vec![3; 4];
+    types.resize(tokens.len(), 1);
+    let mut m = Meta::from([
+        ("tokenizer.ggml.model".into(), Value::String("bert".into())),
+        ("tokenizer.ggml.tokens".into(), strings(&tokens)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::I32(types)),
+        ),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.seperator_token_id".into(), Value::U32(3)),
+    ]);
+    if with_unk {
+        m.insert("tokenizer.ggml.unknown_token_id".into(), Value::U32(1));
+    }
+    m
+}
+
+#[test]
+fn wordpiece_longest_match_normalized_with_unk_and_cls_sep() {
+    let words = ["▁hello", "▁hel", "lo", "▁world", "▁!", "▁,", "x"];
+    let tok = Tokenizer::from_metadata(&bert(&words, true)).unwrap();
+    assert_eq!(tok.kind(), VocabKind::Wpm);
+    let enc = |s: &str| texts(&tok, &tok.encode(s, false, false));
+    // Lowercased, accents stripped, punctuation split off as its own word.
+    assert_eq!(enc("Héllo, WORLD!"), ["▁hello", "▁,", "▁world", "▁!"]);
+    // Longest piece first, continuations bare.
+    assert_eq!(enc("hellolo"), ["▁hello", "lo"]);
+    assert_eq!(enc("hellox"), ["▁hello", "x"]);
+    // One uncoverable position discards the whole word.
+    assert_eq!(enc("helloq world"), ["[UNK]", "▁world"]);
+    assert!(enc(" \t\n").is_empty());
+
+    assert!(tok.add_bos() && tok.add_sep() && !tok.add_eos());
+    let ids = tok.encode("hello", true, false);
+    assert_eq!(texts(&tok, &ids), ["[CLS]", "▁hello", "[SEP]"]);
+    // llama.cpp keeps the first word's space and hides [CLS]/[SEP].
+    assert_eq!(tok.decode(&ids), " hello");
+    assert_eq!(
+        tok.decode(&tok.encode("hello , world !", false, false)),
+        " hello, world!"
+    );
+
+    // A file without an unknown token: the word vanishes, nothing panics.
+    let tok = Tokenizer::from_metadata(&bert(&words, false)).unwrap();
+    assert_eq!(tok.specials().unk, None);
+    assert_eq!(
+        texts(&tok, &tok.encode("q hello", false, false)),
+        ["▁hello"]
+    );
+}
+
+#[test]
+fn wordpiece_normalizer_keys_are_read() {
+    let mut m = bert(&["▁Héllo", "▁hello"], true);
+    m.insert(
+        "tokenizer.ggml.normalizer.lowercase".into(),
+        Value::Bool(false),
+    );
+    let tok = Tokenizer::from_metadata(&m).unwrap();
+    // Accent stripping follows lowercasing unless set on its own.
+    assert_eq!(texts(&tok, &tok.encode("Héllo", false, false)), ["▁Héllo"]);
+    m.insert(
+        "tokenizer.ggml.normalizer.strip_accents".into(),
+        Value::Bool(true),
+    );
+    let tok = Tokenizer::from_metadata(&m).unwrap();
+    assert_eq!(texts(&tok, &tok.encode("Héllo", false, false)), ["[UNK]"]);
+}
+
+/// A `gemma4` vocabulary: `<pad> <eos> <bos> <unk>`, the 256 byte tokens,
+/// then `pieces`, with `merges` in rank order.
+fn gemma4(pieces: &[&str], merges: &[&str]) -> Meta {
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>"]
+        .map(String::from)
+        .to_vec();
+    let mut types = vec![3; 4];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    tokens.extend(pieces.iter().map(|s| (*s).to_owned()));
+    types.resize(tokens.len(), 1);
+    Meta::from([
+        (
+            "tokenizer.ggml.model".into(),
+            Value::String("gemma4".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::String(tokens)),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::I32(types)),
+        ),
+        ("tokenizer.ggml.merges".into(), strings(merges)),
+        ("tokenizer.ggml.bos_token_id".into(), Value::U32(2)),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
+        // llama.cpp adds BOS to Gemma 4 prompts whatever this says.
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ])
+}
+
+#[test]
+fn gemma4_merges_raw_utf8_by_rank_with_spaces_as_underscores() {
+    let pieces = ["▁", "a", "b", "x", "y", "▁a", "▁ab", "\n", "\n\n"];
+    let merges = ["▁ a", "a b", "▁a b", "x y", "\n \n"];
+    let tok = Tokenizer::from_metadata(&gemma4(&pieces, &merges)).unwrap();
+    assert_eq!((tok.kind(), tok.pre()), (VocabKind::Bpe, Some("gemma4")));
+    let enc = |s: &str| texts(&tok, &tok.encode(s, false, false));
+    // Rank 0 (▁ a) before rank 1 (a b), then ▁a b.
+    assert_eq!(enc(" ab"), ["▁ab"]);
+    // "xy" is merged though it is not a token, then falls back to bytes:
+    // llama.cpp's order, where the tokenizers BPE model would give x, y.
+    assert_eq!(enc("xy"), ["<0x78>", "<0x79>"]);
+    // A character outside the vocabulary: its UTF-8 bytes.
+    assert_eq!(enc("é"), ["<0xC3>", "<0xA9>"]);
+    // Newline runs are split off; a run that is a token stays whole, one
+    // that is not is merged pairwise from the left.
+    assert_eq!(enc("a\n\nb"), ["a", "\n\n", "b"]);
+    assert_eq!(enc("\n\n\n"), ["\n\n", "\n"]);
+
+    assert!(tok.add_bos());
+    let ids = tok.encode(" ab", true, false);
+    assert_eq!(ids.first(), Some(&2));
+    assert_eq!(tok.decode(&ids), " ab");
+    assert_eq!(tok.decode(&tok.encode("xy é\n", false, false)), "xy é\n");
+}
+
+#[test]
+fn gemma4_without_merges_is_an_error_naming_the_key() {
+    let mut m = gemma4(&["a"], &[]);
+    m.remove("tokenizer.ggml.merges");
+    assert!(matches!(
+        Tokenizer::from_metadata(&m),
+        Err(TokenizerError::MissingKey { key }) if key == "tokenizer.ggml.merges"
+    ));
 }

@@ -16,6 +16,8 @@
 //! `input`) with `stop_reason: "tool_use"`; streamed, each call is a
 //! `tool_use` block whose input comes as one `input_json_delta` once the
 //! call is complete (`tools.rs`).
+//! `tool_choice` `any` or `tool` forces a call by grammar, and `none`
+//! leaves the tools out of the prompt.
 //!
 //! Reasoning (`reasoning.rs`) comes first as a `thinking` block with an
 //! empty `signature` (a local model has nothing to sign, as in
@@ -51,7 +53,8 @@ use super::generate::{collect_with, job, render_chat_text};
 use super::params::{Body, Sampling};
 use super::reasoning::{Reader, Thinking};
 use super::shutdown::{self, CutSignal};
-use super::tools::Calls;
+use super::structured;
+use super::tools::{forced, Calls, Choice};
 use super::AppState;
 
 /// An [`ApiError`] answered in Anthropic's error shape.
@@ -281,16 +284,22 @@ fn tools(b: &Body) -> Result<Option<Value>> {
     Ok((!out.is_empty()).then_some(Value::Array(out)))
 }
 
-/// Anthropic's `tool_choice`: whether the answer is read for calls (all
-/// but `none`; `any` and `tool` cannot force a call yet).
-fn tool_choice(b: &Body) -> Result<bool> {
+/// Anthropic's `tool_choice`: `auto`, `none`, `any` (a call is required)
+/// or `tool` with a name (that call is required); with
+/// `disable_parallel_tool_use`, a required call is one call.
+fn tool_choice(b: &Body) -> Result<(Choice, bool)> {
     let Some(choice) = b.get("tool_choice") else {
-        return Ok(true);
+        return Ok((Choice::Auto, false));
     };
+    let parallel = choice.get("disable_parallel_tool_use") != Some(&Value::Bool(true));
     match choice.get("type").and_then(Value::as_str) {
-        Some("none") => Ok(false),
-        Some("auto" | "any") => Ok(true),
-        Some("tool") if choice.get("name").is_some_and(Value::is_string) => Ok(true),
+        Some("none") => Ok((Choice::None, false)),
+        Some("auto") => Ok((Choice::Auto, parallel)),
+        Some("any") => Ok((Choice::Required, parallel)),
+        Some("tool") if choice.get("name").is_some_and(Value::is_string) => {
+            let name = choice.get("name").and_then(Value::as_str).unwrap_or_default();
+            Ok((Choice::Named(name.to_owned()), parallel))
+        }
         _ => Err(invalid(
             "tool_choice",
             "tool_choice must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or {\"type\": \"tool\", \"name\": ...}",
@@ -351,11 +360,12 @@ async fn prompt(
     st: &AppState,
     info: &Arc<ModelInfo>,
     b: &Body,
+    tools: Option<Value>,
 ) -> Result<(Thinking, Vec<u32>, String)> {
     let messages = Value::Array(messages(b)?);
     let thinking = Thinking::decide(st, info, None, thinking_switch(b)?, None)?;
     let kwargs = thinking.kwargs(None);
-    let (tokens, text) = render_chat_text(st, info, messages, tools(b)?, Some(kwargs)).await?;
+    let (tokens, text) = render_chat_text(st, info, messages, tools, Some(kwargs)).await?;
     Ok((thinking, tokens, text))
 }
 
@@ -395,9 +405,15 @@ pub async fn messages_route(
 ) -> Result<Response> {
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let s = sampling(&st, &info, &b)?;
-    let calls = Calls::new(&info, tools(&b)?.as_ref(), tool_choice(&b)?);
-    let (thinking, tokens, text) = prompt(&st, &info, &b).await?;
+    let mut s = sampling(&st, &info, &b)?;
+    let (choice, parallel) = tool_choice(&b)?;
+    let tools = tools(&b)?.filter(|_| choice.offers_tools());
+    if let Some(w) = forced(&info, tools.as_ref(), &choice, parallel)? {
+        structured::add(&mut s, w)?;
+    }
+    structured::compile(&st, &info, &mut s).await?;
+    let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
+    let (thinking, tokens, text) = prompt(&st, &info, &b, tools).await?;
     let calls = Reader::new(&info, &thinking, &text, calls);
     let n_prompt = tokens.len();
     let rx = st
@@ -450,7 +466,9 @@ pub async fn count_tokens(
 ) -> Result<Response> {
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let (_, tokens, _) = prompt(&st, &info, &b).await?;
+    let (choice, _) = tool_choice(&b)?;
+    let tools = tools(&b)?.filter(|_| choice.offers_tools());
+    let (_, tokens, _) = prompt(&st, &info, &b, tools).await?;
     Ok(Json(json!({"input_tokens": tokens.len()})).into_response())
 }
 

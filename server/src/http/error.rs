@@ -22,6 +22,9 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// A prompt too long for a slot: `(n_prompt_tokens, n_ctx)`, sent as
+    /// llama-server sends them.
+    pub context: Option<(usize, usize)>,
 }
 
 impl ApiError {
@@ -33,6 +36,7 @@ impl ApiError {
             message: message.into(),
             param: Some(param.into()),
             code: Some("invalid_value"),
+            context: None,
         }
     }
 
@@ -44,6 +48,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some("invalid_json"),
+            context: None,
         }
     }
 
@@ -54,6 +59,7 @@ impl ApiError {
             message: "invalid or missing API key (send it as `Authorization: Bearer KEY`)".into(),
             param: None,
             code: Some("invalid_api_key"),
+            context: None,
         }
     }
 
@@ -64,6 +70,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some("not_found"),
+            context: None,
         }
     }
 
@@ -74,6 +81,7 @@ impl ApiError {
             message: "this route does not accept that method".into(),
             param: None,
             code: Some("method_not_allowed"),
+            context: None,
         }
     }
 
@@ -86,6 +94,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some("not_supported"),
+            context: None,
         }
     }
 
@@ -97,6 +106,7 @@ impl ApiError {
             message: "the request body is larger than the server's limit (--body-limit)".into(),
             param: None,
             code: Some("request_too_large"),
+            context: None,
         }
     }
 
@@ -111,6 +121,7 @@ impl ApiError {
             ),
             param: None,
             code: Some("request_timeout"),
+            context: None,
         }
     }
 
@@ -122,6 +133,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: Some(code),
+            context: None,
         }
     }
 
@@ -133,17 +145,23 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            context: None,
         }
     }
 
     /// The JSON object, also sent as an SSE event when a stream fails late.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
+        let mut v = json!({"error": {
             "message": self.message,
             "type": self.kind,
             "param": self.param,
             "code": self.code,
-        }})
+        }});
+        if let Some((n_prompt, n_ctx)) = self.context {
+            v["error"]["n_prompt_tokens"] = json!(n_prompt);
+            v["error"]["n_ctx"] = json!(n_ctx);
+        }
+        v
     }
 }
 
@@ -170,11 +188,26 @@ impl From<EngineError> for ApiError {
             EngineError::FileChanged { .. } => {
                 ApiError::unavailable(e.to_string(), "model_file_changed")
             }
+            EngineError::ContextExceeded { n_prompt, n_ctx } => {
+                let mut err = ApiError::invalid("messages", e.to_string());
+                err.kind = "exceed_context_size_error";
+                err.code = Some("context_length_exceeded");
+                err.context = Some((n_prompt, n_ctx));
+                err
+            }
             EngineError::Invalid { param, message } => {
                 let mut err = ApiError::invalid(param, message);
                 if param == "prompt" {
                     err.code = Some("context_length_exceeded");
                 }
+                err
+            }
+            // A constraint that failed while generating: what the request
+            // asked for could not be kept (a grammar engine limit, or
+            // logit_bias banning all the grammar allows).
+            EngineError::Constraint(message) => {
+                let mut err = ApiError::invalid("response_format", message);
+                err.code = Some("constraint_failed");
                 err
             }
             EngineError::Stopped | EngineError::Load(_) | EngineError::Model(_) => {

@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lamina_chat::{Piece, RenderOptions, ToolCall};
-use lamina_engine::{Constraint, Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
+use lamina_engine::{Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -22,6 +22,7 @@ use super::params::{self, Api, Body, Sampling};
 use super::reasoning::{self, reasoning_of, Reader, Thinking};
 use super::shutdown::{self, CutSignal};
 use super::stream;
+use super::structured;
 use super::tools::{self, Calls};
 use super::AppState;
 
@@ -55,7 +56,7 @@ pub async fn chat(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    let s = params::sampling(
+    let mut s = params::sampling(
         &b,
         &info,
         st.engine.max_tokens_cap(),
@@ -63,8 +64,15 @@ pub async fn chat(
         &st.options.sampler,
     )?;
     let messages = params::messages(&b)?;
-    let tools = params::tools(&b)?.cloned();
-    let parse = tools::openai_choice(b.get("tool_choice"))?;
+    let choice = tools::openai_choice(b.get("tool_choice"))?;
+    // "none" offers no tools: the prompt does not list them.
+    let tools = params::tools(&b)?
+        .filter(|_| choice.offers_tools())
+        .cloned();
+    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
+    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel)? {
+        structured::add(&mut s, w)?;
+    }
     let kwargs = params::template_kwargs(&b)?;
     let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
     let thinking = Thinking::decide(&st, &info, kwargs, asked, b.get("reasoning_format"))?;
@@ -74,7 +82,7 @@ pub async fn chat(
     // Each choice reads its own answer.
     let readers = (0..s.n)
         .map(|_| {
-            let calls = Calls::new(&info, tools.as_ref(), parse);
+            let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
             Reader::new(&info, &thinking, &text, calls)
         })
         .collect();
@@ -191,10 +199,14 @@ pub fn job(
         e
     };
     if prompt.len() >= n_slot {
-        return Err(too_long(format!(
+        // llama-server's type and numbers, which its clients read.
+        let mut e = too_long(format!(
             "the prompt has {} tokens, but the context of a slot is {n_slot} tokens and at least one must be left to generate",
             prompt.len()
-        )));
+        ));
+        e.kind = "exceed_context_size_error";
+        e.context = Some((prompt.len(), n_slot));
+        return Err(e);
     }
     let max_tokens = match s.max_tokens {
         Some(m) if prompt.len() + m > n_slot => {
@@ -217,7 +229,7 @@ pub fn job(
         stop: s.stop.clone(),
         logprobs: s.logprobs,
         timeout: None,
-        constraint: s.json.then_some(Constraint::JsonObject),
+        constraint: s.constraint.clone(),
     })
 }
 
@@ -250,11 +262,12 @@ async fn run(
     st: &AppState,
     info: &Arc<ModelInfo>,
     prompt: Vec<u32>,
-    s: Sampling,
+    mut s: Sampling,
     prompt_param: &'static str,
     api: Api,
     readers: Vec<Option<Reader>>,
 ) -> Result<Response, ApiError> {
+    structured::compile(st, info, &mut s).await?;
     let jobs = choices(job(st, info, prompt, &s, prompt_param)?, s.n);
     let rxs = submit_all(st, jobs)?;
     let meta = Meta::new(st.model_id(info), api);

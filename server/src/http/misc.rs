@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -45,6 +45,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Result<Response, ApiErro
             "object": "model",
             "created": st.started_unix,
             "owned_by": "lamina",
+            "aliases": st.options.aliases,
+            "tags": st.options.tags,
             "meta": {
                 "architecture": c.arch.name(),
                 "n_vocab": c.n_vocab,
@@ -186,6 +188,72 @@ pub async fn apply_template(
         })
         .await?;
     Ok(Json(json!({"prompt": prompt})).into_response())
+}
+
+/// `GET /slots`: each slot as the last step left it, in llama-server's
+/// shape (its `params` only with `--verbose` there, so not here either).
+/// With `?fail_on_no_slot=1`, a 503 when every slot is busy, as
+/// llama-server answers load balancers.
+pub async fn slots(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    slots_enabled(&st)?;
+    st.ready()?;
+    let slots = st.engine.slots();
+    let fail = q
+        .get("fail_on_no_slot")
+        .is_some_and(|v| v == "1" || v == "true");
+    if fail && !slots.is_empty() && slots.iter().all(|s| s.is_processing) {
+        return Err(ApiError::unavailable(
+            "no slot available",
+            "no_slot_available",
+        ));
+    }
+    let out: Vec<Value> = slots
+        .iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "id_task": -1,
+                "n_ctx": s.n_ctx,
+                "speculative": false,
+                "is_processing": s.is_processing,
+                "n_cached": s.n_cached,
+                "next_token": [{
+                    "has_next_token": s.is_processing,
+                    "has_new_line": false,
+                    "n_remain": s.n_remain,
+                    "n_decoded": s.n_decoded,
+                }],
+            })
+        })
+        .collect();
+    Ok(Json(Value::Array(out)).into_response())
+}
+
+/// The 501 llama-server gives with `--no-slots`.
+fn slots_enabled(st: &AppState) -> Result<(), ApiError> {
+    if st.options.slots {
+        Ok(())
+    } else {
+        Err(ApiError::not_implemented(
+            "this server does not show its slots: start it without --no-slots",
+        ))
+    }
+}
+
+/// `POST /slots/{id}?action=save|restore|erase`: not implemented yet (a
+/// 501 that says so, never a silent success).
+pub async fn slot_action(
+    State(st): State<Arc<AppState>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    slots_enabled(&st)?;
+    let action = q.get("action").map_or("", String::as_str);
+    Err(ApiError::not_implemented(format!(
+        "slot action {action:?}: saving, restoring and erasing slots is not implemented"
+    )))
 }
 
 /// Prometheus text format, version 0.0.4.
@@ -343,13 +411,129 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     ] {
         metric(name, "gauge", help, &one(v));
     }
+    llama_cpp_metrics(&mut out, &m);
     (
         StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [
+            (
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8".to_owned(),
+            ),
+            (
+                header::HeaderName::from_static("process-start-time-unix"),
+                st.started_unix.to_string(),
+            ),
+        ],
         out,
     )
         .into_response()
+}
+
+/// The same counters under llama-server's names (`llamacpp:…`), so the
+/// dashboards and alerts written for it read Lamina unchanged. Lamina has
+/// no speculative decoding: its draft counters stay 0.
+fn llama_cpp_metrics(out: &mut String, m: &lamina_engine::MetricsSnapshot) {
+    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    let per_step = if m.steps > 0 {
+        m.step_sequences as f64 / m.steps as f64
+    } else {
+        0.0
+    };
+    let rows: [(&str, &str, &str, f64); 15] = [
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Number of prompt tokens processed.",
+            m.prompt_tokens as f64,
+        ),
+        (
+            "prompt_tokens_cached_total",
+            "counter",
+            "Number of prompt tokens reused from a slot's cache.",
+            m.cached_tokens as f64,
+        ),
+        (
+            "prompt_seconds_total",
+            "counter",
+            "Prompt process time",
+            m.prompt_seconds,
+        ),
+        (
+            "tokens_predicted_total",
+            "counter",
+            "Number of generation tokens processed.",
+            m.generated_tokens as f64,
+        ),
+        (
+            "tokens_predicted_seconds_total",
+            "counter",
+            "Predict process time",
+            m.predicted_seconds,
+        ),
+        (
+            "n_decode_total",
+            "counter",
+            "Total number of llama_decode() calls",
+            m.steps as f64,
+        ),
+        (
+            "n_tokens_max",
+            "counter",
+            "Largest observed n_tokens.",
+            m.step_tokens_max as f64,
+        ),
+        (
+            "spec_decode_num_draft_tokens_total",
+            "counter",
+            "Draft tokens proposed (no speculative decoding here).",
+            0.0,
+        ),
+        (
+            "spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Draft tokens accepted (no speculative decoding here).",
+            0.0,
+        ),
+        (
+            "spec_decode_num_drafts_total",
+            "counter",
+            "Drafts made (no speculative decoding here).",
+            0.0,
+        ),
+        (
+            "n_busy_slots_per_decode",
+            "gauge",
+            "Average number of busy slots per llama_decode() call",
+            per_step,
+        ),
+        (
+            "prompt_tokens_seconds",
+            "gauge",
+            "Average prompt throughput in tokens/s.",
+            rate(m.prompt_tokens, m.prompt_seconds),
+        ),
+        (
+            "predicted_tokens_seconds",
+            "gauge",
+            "Average generation throughput in tokens/s.",
+            rate(m.generated_tokens, m.predicted_seconds),
+        ),
+        (
+            "requests_processing",
+            "gauge",
+            "Number of requests processing.",
+            m.active as f64,
+        ),
+        (
+            "requests_deferred",
+            "gauge",
+            "Number of requests deferred.",
+            m.queued as f64,
+        ),
+    ];
+    for (name, kind, help, v) in rows {
+        let _ = writeln!(out, "# HELP llamacpp:{name} {help}");
+        let _ = writeln!(out, "# TYPE llamacpp:{name} {kind}");
+        let _ = writeln!(out, "llamacpp:{name} {v}");
+    }
 }

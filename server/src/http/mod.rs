@@ -17,6 +17,7 @@
 
 mod anthropic;
 mod cors;
+mod embed;
 mod error;
 mod generate;
 mod listen;
@@ -30,6 +31,7 @@ pub mod reasoning;
 mod responses;
 pub mod shutdown;
 mod stream;
+mod structured;
 #[cfg(test)]
 mod tests;
 mod tools;
@@ -67,8 +69,11 @@ const DEFAULT_PREPARE_WAIT: Duration = Duration::from_secs(600);
 /// What the command line sets for the HTTP layer.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `-a/--alias`: the model's name in responses, instead of the file's.
-    pub alias: Option<String>,
+    /// `-a/--alias`, sorted and without repeats: the first is the model's
+    /// name in responses, instead of the file's.
+    pub aliases: Vec<String>,
+    /// `--tags`, sorted and without repeats.
+    pub tags: Vec<String>,
     /// The sampling a request gets for every field it leaves out
     /// (`--temp`, `--top-k`, `--seed` …).
     pub sampler: SamplerConfig,
@@ -84,12 +89,21 @@ pub struct Options {
     pub reasoning: reasoning::ReasoningMode,
     /// `--reasoning-format`: how reasoning comes back.
     pub reasoning_format: lamina_chat::ReasoningFormat,
+    /// Serve GET /slots (`--no-slots`: 501).
+    pub slots: bool,
+    /// `--embedding`: serve the embedding endpoints (else 501).
+    pub embedding: bool,
+    /// `--pooling`; `None`: the file's, else none.
+    pub pooling: Option<lamina_engine::pooling::Pooling>,
+    /// `--embd-normalize`: the default norm of pooled embeddings.
+    pub embd_normalize: i32,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
-            alias: None,
+            aliases: Vec::new(),
+            tags: Vec::new(),
             sampler: SamplerConfig::default(),
             n_predict: None,
             metrics: true,
@@ -97,8 +111,25 @@ impl Default for Options {
             web_ui: true,
             reasoning: reasoning::ReasoningMode::default(),
             reasoning_format: lamina_chat::ReasoningFormat::default(),
+            slots: true,
+            embedding: false,
+            pooling: None,
+            embd_normalize: 2,
         }
     }
+}
+
+/// A comma-separated flag value as a sorted list without repeats or
+/// blanks (llama-server keeps aliases and tags in a `std::set`).
+pub fn list(value: Option<&str>) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> = value
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    set.into_iter().collect()
 }
 
 /// What every handler shares.
@@ -139,11 +170,12 @@ impl AppState {
         self
     }
 
-    /// The model's name in responses: `--alias`, or the file's.
+    /// The model's name in responses: the first alias, or the file's.
     pub fn model_id(&self, info: &ModelInfo) -> String {
         self.options
-            .alias
-            .clone()
+            .aliases
+            .first()
+            .cloned()
             .unwrap_or_else(|| info.id.clone())
     }
 
@@ -251,7 +283,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/api/ps", get(ollama::ps))
         .route("/api/version", get(ollama::version))
         .route("/api/embed", post(ollama::embed))
-        .route("/api/embeddings", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
+        .route("/v1/embeddings", post(embed::openai))
+        .route("/embedding", post(embed::native))
+        .route("/embeddings", post(embed::native))
         // llama-server's native API; `/completions` is its alias there too
         // (only `/v1/completions` is OpenAI's).
         .route("/completion", post(native::completion))
@@ -261,11 +296,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/apply-template", post(misc::apply_template))
         .route("/props", get(misc::props))
         .route("/metrics", get(misc::metrics))
-        // llama-server without --slots answers 501; Lamina has no slots API.
-        .route(
-            "/slots",
-            get(|| async { ApiError::not_implemented("this server has no /slots endpoint") }),
-        );
+        .route("/slots", get(misc::slots))
+        .route("/slots/{id}", post(misc::slot_action));
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));

@@ -39,6 +39,7 @@ use super::error::ApiError;
 use super::generate::{choices, collect, job, timings, token_ids};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
+use super::structured;
 use super::AppState;
 
 /// How often an idle stream gets a comment line.
@@ -61,7 +62,7 @@ pub async fn completion(
 ) -> Result<Response, ApiError> {
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
-    let s = params::sampling(
+    let mut s = params::sampling(
         &b,
         &info,
         st.engine.max_tokens_cap(),
@@ -87,6 +88,7 @@ pub async fn completion(
         .ok_or_else(|| ApiError::invalid("prompt", "prompt is required"))?;
     let info2 = info.clone();
     let prompts = st.prepare.run(move || prompts(&info2, &prompt)).await?;
+    structured::compile(&st, &info, &mut s).await?;
     // `n` > 1: each prompt's choices in a row, each its own result.
     let jobs = prompts
         .into_iter()
@@ -155,7 +157,7 @@ fn prompts(info: &ModelInfo, p: &Value) -> Result<Vec<Vec<u32>>, ApiError> {
     }
 }
 
-fn subprompt(info: &ModelInfo, p: &Value, param: &str) -> Result<Vec<u32>, ApiError> {
+pub(super) fn subprompt(info: &ModelInfo, p: &Value, param: &str) -> Result<Vec<u32>, ApiError> {
     match p {
         Value::String(text) => Ok(info.tokenizer.encode(text, true, true)),
         Value::Array(a) => mixed(info, a, param),

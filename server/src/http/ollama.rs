@@ -6,12 +6,12 @@
 //! Lamina serves one model, so every route answers for it whatever `model`
 //! names (as the OpenAI routes do). Requests go through the OpenAI route's
 //! checks and engine job: `options` become the sampling fields
-//! (`num_predict` is `max_tokens`, `stop` the stop strings …), `format:
-//! "json"` is JSON mode, and chat messages render through the model's own
-//! template. Options that only tune Ollama's runtime (`num_ctx`,
+//! (`num_predict` is `max_tokens`, `stop` the stop strings …), `format`
+//! (`"json"` or a JSON schema) constrains the output as `response_format`
+//! does (`structured.rs`), and chat messages render through the model's
+//! own template. Options that only tune Ollama's runtime (`num_ctx`,
 //! `num_gpu`, `num_thread` …) are accepted and logged as not applied: the
-//! server's command line decides those. A JSON-schema `format` and images
-//! are a 400 that says so. Errors are Ollama's `{"error": "..."}`.
+//! server's command line decides those. Images are a 400 that says so. Errors are Ollama's `{"error": "..."}`.
 //!
 //! A chat request with `tools` has its answer read for calls (`tools.rs`):
 //! each call comes as `message.tool_calls: [{"function": {"name",
@@ -44,6 +44,7 @@ use super::generate::{collect_with, job, render_chat_text};
 use super::params::{self, Body, Sampling};
 use super::reasoning::{Reader, Thinking};
 use super::shutdown::{self, CutSignal};
+use super::structured;
 use super::tools::Calls;
 use super::AppState;
 
@@ -164,20 +165,10 @@ fn sampling(st: &AppState, info: &ModelInfo, b: &Body) -> Result<Sampling> {
         }
         Some(_) => return Err(invalid("options", "options must be an object")),
     }
-    match b.get("format") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(f)) if f == "json" => {
-            o.insert("response_format".into(), json!({"type": "json_object"}));
-        }
-        Some(Value::String(f)) if f.is_empty() => {}
-        Some(_) => {
-            return Err(invalid(
-                "format",
-                "format must be \"json\": JSON schemas are not supported yet",
-            ))
-        }
-    }
-    Ok(st.chat_sampling(info, o)?)
+    let format = structured::ollama_format(b.get("format"))?;
+    let mut s = st.chat_sampling(info, o)?;
+    s.wanted = format;
+    Ok(s)
 }
 
 /// A 400 for a non-empty `images` list at `param`: no model Lamina serves
@@ -315,10 +306,11 @@ async fn answer(
     st: &AppState,
     info: &Arc<ModelInfo>,
     prompt: Vec<u32>,
-    s: &Sampling,
+    s: &mut Sampling,
     a: Answer,
     calls: Option<Reader>,
 ) -> Result<Response> {
+    structured::compile(st, info, s).await?;
     let param = match a.route {
         Route::Chat => "messages",
         Route::Generate => "prompt",
@@ -352,7 +344,7 @@ pub async fn chat(
     let started = Instant::now();
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let s = sampling(&st, &info, &b)?;
+    let mut s = sampling(&st, &info, &b)?;
     let messages = chat_messages(&b)?;
     let tools = params::tools(&b)?.cloned();
     // Ollama has no `tool_choice`: tools given are tools the model may call.
@@ -367,7 +359,7 @@ pub async fn chat(
         started,
         context: None,
     };
-    answer(&st, &info, prompt, &s, a, calls).await
+    answer(&st, &info, prompt, &mut s, a, calls).await
 }
 
 pub async fn generate(
@@ -377,7 +369,7 @@ pub async fn generate(
     let started = Instant::now();
     let info = st.ready()?;
     let b = Body::parse(&body.map_err(ApiError::from)?)?;
-    let s = sampling(&st, &info, &b)?;
+    let mut s = sampling(&st, &info, &b)?;
     refuse_images(b.get("images"), "images")?;
     for (field, what) in [
         ("suffix", "fill-in-the-middle (suffix)"),
@@ -430,7 +422,7 @@ pub async fn generate(
         started,
         context: Some(prompt.clone()),
     };
-    answer(&st, &info, prompt, &s, a, reader).await
+    answer(&st, &info, prompt, &mut s, a, reader).await
 }
 
 /// NDJSON lines as the engine's events arrive: one per piece of text (or
@@ -697,10 +689,92 @@ pub async fn version() -> Response {
 }
 
 /// `/api/embed` and `/api/embeddings`: not served yet.
-pub async fn embed() -> Result<Response> {
-    Err(OllamaError(ApiError::not_implemented(
-        "embeddings are not supported by this server yet",
-    )))
+/// `POST /api/embed`: `input` a string or a list of strings, each answered
+/// with one L2-normalized vector (as Ollama normalizes), pooled as the
+/// server's `--pooling` says; `truncate` (default true) cuts an input to a
+/// slot's context instead of refusing it.
+pub async fn embed(
+    State(st): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let started = Instant::now();
+    let b = Body::parse(&body.map_err(ApiError::from)?)?;
+    let info = st.ready()?;
+    let pooling = ollama_pooling(&st, &info)?;
+    let texts: Vec<String> = match b.get("input") {
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(|| invalid("input", "input must be a string or a list of strings"))?,
+        Some(_) => {
+            return Err(invalid(
+                "input",
+                "input must be a string or a non-empty list of strings",
+            ))
+        }
+        None => return Err(invalid("input", "input is required")),
+    };
+    let truncate = b.bool("truncate")?.unwrap_or(true);
+    let prompts = tokenize_inputs(&info, &texts, truncate)?;
+    let (vectors, tokens) = super::embed::embed_prompts(&st, &info, prompts, pooling, 2).await?;
+    let embeddings: Vec<Vec<f32>> = vectors.into_iter().filter_map(|mut v| v.pop()).collect();
+    Ok(Json(json!({
+        "model": b.str("model")?.map_or_else(|| st.model_id(&info), str::to_owned),
+        "embeddings": embeddings,
+        "total_duration": started.elapsed().as_nanos() as u64,
+        "load_duration": 0,
+        "prompt_eval_count": tokens,
+    }))
+    .into_response())
+}
+
+/// `POST /api/embeddings`, Ollama's older endpoint: one `prompt`, one
+/// vector, not normalized (as Ollama answers it).
+pub async fn embeddings(
+    State(st): State<Arc<AppState>>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let b = Body::parse(&body.map_err(ApiError::from)?)?;
+    let info = st.ready()?;
+    let pooling = ollama_pooling(&st, &info)?;
+    let prompt = b
+        .str("prompt")?
+        .ok_or_else(|| invalid("prompt", "prompt is required"))?
+        .to_owned();
+    let prompts = tokenize_inputs(&info, &[prompt], true)?;
+    let (mut vectors, _) = super::embed::embed_prompts(&st, &info, prompts, pooling, -1).await?;
+    let v = vectors.pop().and_then(|mut v| v.pop()).unwrap_or_default();
+    Ok(Json(json!({ "embedding": v })).into_response())
+}
+
+/// The server's pooling for Ollama's endpoints, which carry one vector per
+/// input: pooling none cannot answer them.
+fn ollama_pooling(st: &AppState, info: &ModelInfo) -> Result<lamina_engine::pooling::Pooling> {
+    let pooling = super::embed::enabled(st, info)?;
+    if pooling == lamina_engine::pooling::Pooling::None {
+        return Err(invalid(
+            "pooling",
+            "this model names no pooling: start the server with --pooling mean, cls or last",
+        ));
+    }
+    Ok(pooling)
+}
+
+/// Each text tokenized as a prompt; with `truncate`, cut to a slot's
+/// context (keeping its start, as Ollama does).
+fn tokenize_inputs(info: &ModelInfo, texts: &[String], truncate: bool) -> Result<Vec<Vec<u32>>> {
+    texts
+        .iter()
+        .map(|t| {
+            let mut ids = info.tokenizer.encode(t, true, true);
+            if truncate {
+                ids.truncate(info.n_ctx_slot);
+            }
+            Ok(ids)
+        })
+        .collect()
 }
 
 #[cfg(test)]

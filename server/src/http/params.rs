@@ -4,11 +4,12 @@
 //! client sends: every value is type-checked and range-checked before it is
 //! converted.
 
-use lamina_engine::ModelInfo;
+use lamina_engine::{Constraint, ModelInfo};
 use lamina_sampling::SamplerConfig;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::structured::{self, Wanted};
 
 /// At most this many stop strings (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
@@ -119,8 +120,11 @@ pub struct Sampling {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
-    /// `response_format: {"type": "json_object"}`.
-    pub json: bool,
+    /// What the output must be (`response_format`, `json_schema`,
+    /// `grammar`, Ollama's `format`, a required tool call), as asked.
+    pub wanted: Option<Wanted>,
+    /// `wanted`, compiled (`structured::compile`) before the job is made.
+    pub constraint: Option<Constraint>,
 }
 
 /// Which endpoint a body came to: each spells log-probs its own way.
@@ -142,22 +146,7 @@ pub fn sampling(
     defaults: &SamplerConfig,
 ) -> Result<Sampling, ApiError> {
     let n = b.int("n", 1, MAX_N)?.map_or(1, |n| n as usize);
-    let json = match b.get("response_format") {
-        None => false,
-        Some(rf) => match rf.get("type").and_then(Value::as_str) {
-            Some("text") => false,
-            Some("json_object") => true,
-            ty => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    format!(
-                        "response_format type {} is not supported yet (\"text\" and \"json_object\" are)",
-                        ty.map_or("(missing)".to_owned(), |t| format!("{t:?}"))
-                    ),
-                ))
-            }
-        },
-    };
+    let wanted = structured::from_body(b)?;
 
     let d = defaults.clone();
     let mut s = SamplerConfig {
@@ -276,7 +265,8 @@ pub fn sampling(
         n,
         stream: b.bool("stream")?.unwrap_or(false),
         include_usage,
-        json,
+        wanted,
+        constraint: None,
     })
 }
 

@@ -307,8 +307,8 @@ async fn invalid_fields_are_400_naming_the_field() {
         ),
         (
             json!({"response_format": {"type": "json_schema"}}),
-            "response_format",
-            "not supported yet",
+            "response_format.json_schema",
+            "needs json_schema",
         ),
         (json!({"stream": "yes"}), "stream", "boolean"),
         (
@@ -346,8 +346,13 @@ async fn prompt_and_max_tokens_beyond_the_context_give_both_numbers() {
         chat(json!({"messages": [{"role": "user", "content": long}]})),
     )
     .await;
-    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "exceed_context_size_error");
     assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert_eq!(v["error"]["n_ctx"], SLOT);
+    assert!(
+        v["error"]["n_prompt_tokens"].as_u64().unwrap() > SLOT as u64,
+        "{v}"
+    );
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(
         msg.contains(&SLOT.to_string()) && msg.contains("tokens"),
@@ -472,6 +477,32 @@ async fn metrics_are_prometheus_text() {
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
+    // llama-server's names too, each with its type and help, as its
+    // dashboards read them.
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("llamacpp:{name} ")))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    for (name, kind) in [
+        ("prompt_tokens_total", "counter"),
+        ("prompt_tokens_cached_total", "counter"),
+        ("tokens_predicted_total", "counter"),
+        ("n_decode_total", "counter"),
+        ("n_tokens_max", "counter"),
+        ("requests_processing", "gauge"),
+        ("n_busy_slots_per_decode", "gauge"),
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE llamacpp:{name} {kind}\n")),
+            "{name}: {text}"
+        );
+        assert!(text.contains(&format!("# HELP llamacpp:{name} ")), "{name}");
+        assert!(value(name).is_some(), "{name}: {text}");
+    }
+    assert!(value("n_decode_total").unwrap() >= 1.0, "{text}");
+    assert!(value("tokens_predicted_total").unwrap() >= 1.0, "{text}");
+    assert!(value("n_busy_slots_per_decode").unwrap() >= 1.0, "{text}");
 }
 
 /// `serve` on a free loopback port with `read_timeout`; it stops when the
@@ -736,6 +767,56 @@ async fn no_webui_leaves_the_chat_page_out_and_the_api_in() {
     }
     let (s, _, _) = send(router_with(options, None), get("/health")).await;
     assert_ne!(s, StatusCode::NOT_FOUND);
+}
+
+/// `-a a,b` and `--tags`: every alias and tag listed, sorted, the first
+/// alias the model's name (llama-server keeps them in a `std::set`).
+#[tokio::test]
+async fn aliases_and_tags_are_listed_and_the_first_alias_names_the_model() {
+    let options = super::Options {
+        aliases: super::list(Some("tinyllama-2, fim,code,fim")),
+        tags: super::list(Some("chat,fim,,small")),
+        ..super::Options::default()
+    };
+    let (s, v, _) = send(router_with(options, None), get("/v1/models")).await;
+    assert_eq!(s, StatusCode::OK);
+    let m = &v["data"][0];
+    assert_eq!(m["aliases"], json!(["code", "fim", "tinyllama-2"]), "{v}");
+    assert_eq!(m["tags"], json!(["chat", "fim", "small"]), "{v}");
+    assert_eq!(m["id"], "code");
+    let (_, v, _) = send(router(None, 1 << 20), get("/v1/models")).await;
+    assert_eq!(v["data"][0]["aliases"], json!([]));
+    assert_eq!(v["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+/// `GET /slots` in llama-server's shape, one entry per slot; 501 with
+/// `--no-slots`, and for the save, restore and erase actions Lamina lacks.
+#[tokio::test]
+async fn slots_are_shown_unless_turned_off() {
+    let (s, v, _) = send(router(None, 1 << 20), get("/slots")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let slots = v.as_array().unwrap();
+    assert_eq!(slots.len(), 2, "{v}");
+    for (i, slot) in slots.iter().enumerate() {
+        assert_eq!(slot["id"], i);
+        assert_eq!(slot["n_ctx"], SLOT);
+        assert!(slot["is_processing"].is_boolean());
+        assert!(slot.get("params").is_none());
+    }
+    let options = super::Options {
+        slots: false,
+        ..super::Options::default()
+    };
+    let (s, v, _) = send(router_with(options, None), get("/slots")).await;
+    assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
+    let req = Request::builder()
+        .method("POST")
+        .uri("/slots/0?action=erase")
+        .body(Body::empty())
+        .unwrap();
+    let (s, v, _) = send(router(None, 1 << 20), req).await;
+    assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
+    assert!(v["error"]["message"].as_str().unwrap().contains("erase"));
 }
 
 #[tokio::test]

@@ -7,13 +7,21 @@
 //! format's markers when the vocabulary holds them as control tokens
 //! (Llama 3.x's `<|python_tag|>`, Mistral's `[TOOL_CALLS]`), which
 //! detokenizing hides. Each route then writes the pieces in its own shape.
+//!
+//! `tool_choice` "required" (Anthropic's "any") or a named function forces
+//! a call: [`forced`] gives the grammar of a call in the template's format
+//! to the allowed tools (`lamina_grammar::call_grammar`), so the answer is
+//! always one the parser reads back. "none" offers no tools at all: they
+//! are left out of the prompt and the answer is not read for calls.
 
 use lamina_chat::{Piece, ToolCall, ToolCallParser, ToolFormat};
 use lamina_engine::{FinishReason, ModelInfo};
+use lamina_grammar::{call_grammar, Spec, ToolSpec};
 use lamina_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
+use super::structured::Wanted;
 
 /// The parser of one answer and the marker tokens to feed it.
 #[derive(Debug)]
@@ -74,27 +82,116 @@ pub(super) fn hidden_markers(
         .collect()
 }
 
-/// OpenAI's `tool_choice`: whether calls are parsed. `"none"` turns them
-/// off; `"auto"`, `"required"` and a named function leave the model to
-/// call (nothing forces a call yet: the answer is read, not constrained).
-pub fn openai_choice(v: Option<&Value>) -> Result<bool, ApiError> {
+/// What a request's `tool_choice` asks of the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// No tools: left out of the prompt, the answer not read for calls.
+    None,
+    /// Call or answer, as the model likes (the default).
+    Auto,
+    /// Call one of the tools (or several, with parallel calls).
+    Required,
+    /// Call this one.
+    Named(String),
+}
+
+impl Choice {
+    /// Whether tools are offered and the answer read for calls.
+    pub fn offers_tools(&self) -> bool {
+        *self != Choice::None
+    }
+}
+
+/// OpenAI's `tool_choice`: `"none"`, `"auto"`, `"required"` or
+/// `{"type": "function", "function": {"name": ...}}`.
+pub fn openai_choice(v: Option<&Value>) -> Result<Choice, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(true),
-        Some(Value::String(s)) if s == "none" => Ok(false),
-        Some(Value::String(s)) if s == "auto" || s == "required" => Ok(true),
+        None | Some(Value::Null) => Ok(Choice::Auto),
+        Some(Value::String(s)) if s == "none" => Ok(Choice::None),
+        Some(Value::String(s)) if s == "auto" => Ok(Choice::Auto),
+        Some(Value::String(s)) if s == "required" => Ok(Choice::Required),
         Some(Value::Object(o))
             if o.get("type").and_then(Value::as_str) == Some("function")
                 && o.get("function")
                     .and_then(|f| f.get("name"))
                     .is_some_and(Value::is_string) =>
         {
-            Ok(true)
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            Ok(Choice::Named(name.to_owned()))
         }
         Some(_) => Err(ApiError::invalid(
             "tool_choice",
             "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
         )),
     }
+}
+
+/// The constraint that forces a call when `choice` requires one: the
+/// grammar of a call (or, with `parallel`, of one or more) to the allowed
+/// tools in the format the template tells, written as `Calls` reads it.
+pub fn forced(
+    info: &ModelInfo,
+    tools: Option<&Value>,
+    choice: &Choice,
+    parallel: bool,
+) -> Result<Option<Wanted>, ApiError> {
+    const P: &str = "tool_choice";
+    let only = match choice {
+        Choice::None | Choice::Auto => return Ok(None),
+        Choice::Required => None,
+        Choice::Named(n) => Some(n.as_str()),
+    };
+    let list = tools
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                P,
+                "tool_choice requires a call, but the request has no tools",
+            )
+        })?;
+    let mut specs = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let name = t
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    format!("tools[{i}].function.name"),
+                    format!("tools[{i}].function.name must be a string"),
+                )
+            })?;
+        if only.is_some_and(|n| n != name) {
+            continue;
+        }
+        let parameters = match t.pointer("/function/parameters") {
+            None | Some(Value::Null) => json!({"type": "object"}),
+            Some(p) => p.clone(),
+        };
+        specs.push(ToolSpec {
+            name: name.to_owned(),
+            parameters,
+        });
+    }
+    if let (Some(n), true) = (only, specs.is_empty()) {
+        return Err(ApiError::invalid(
+            P,
+            format!("tool_choice names the function {n:?}, which is not among the tools"),
+        ));
+    }
+    let format = ToolFormat::detect(info.template.source());
+    let markers = hidden_markers(&info.tokenizer, format.markers());
+    let control = |m: &str| markers.iter().find(|(_, t)| *t == m).map(|(id, _)| *id);
+    let lark = call_grammar(format, &specs, parallel, control)
+        .map_err(|e| ApiError::invalid(P, e.to_string()))?;
+    Ok(Some(Wanted {
+        spec: Spec::Lark(lark),
+        param: P,
+    }))
 }
 
 /// An id for a call the model wrote none for.
@@ -163,13 +260,19 @@ mod tests {
 
     #[test]
     fn tool_choice_is_checked() {
-        assert!(openai_choice(None).unwrap());
-        assert!(!openai_choice(Some(&json!("none"))).unwrap());
-        assert!(openai_choice(Some(&json!("required"))).unwrap());
-        assert!(openai_choice(Some(
-            &json!({"type": "function", "function": {"name": "f"}})
-        ))
-        .unwrap());
+        assert_eq!(openai_choice(None).unwrap(), Choice::Auto);
+        assert_eq!(openai_choice(Some(&json!("none"))).unwrap(), Choice::None);
+        assert_eq!(
+            openai_choice(Some(&json!("required"))).unwrap(),
+            Choice::Required
+        );
+        assert_eq!(
+            openai_choice(Some(
+                &json!({"type": "function", "function": {"name": "f"}})
+            ))
+            .unwrap(),
+            Choice::Named("f".into())
+        );
         let e = openai_choice(Some(&json!("sometimes"))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
         assert!(openai_choice(Some(&json!({"type": "function"}))).is_err());

@@ -52,3 +52,53 @@ fn bench_serve_reports_every_level_in_json() {
         assert!(ms("ttft_p50_ms") <= ms("latency_p50_ms"), "{level}");
     }
 }
+
+/// `--server`: the same client measures a server in another process (how
+/// `benches/serve-peer.sh` compares Lamina with llama-server), and a server
+/// that is not there is a clear error, not a hang.
+#[test]
+fn bench_serve_measures_a_running_server() {
+    let server = super::Server::start(&["--parallel", "2"], &[]);
+    let addr = format!("127.0.0.1:{}", server.port);
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["bench", "serve", "--server", &addr])
+        .args(["--clients", "2", "--requests-per-client", "2"])
+        .args(["--max-tokens", "3", "--timeout", "120", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["server"], addr.as_str(), "{v}");
+    let level = &v["levels"][0];
+    assert_eq!(level["requests"], 4, "{v}");
+    assert_eq!(level["errors"], 0, "{v}");
+    let tokens = level["generated_tokens"].as_u64().unwrap();
+    assert!((4..=12).contains(&tokens), "{v}");
+    // The server counted those requests too: it really was the one measured.
+    let (done, metrics) = server.metric("lamina_sequences_finished_total");
+    assert!(done.is_some_and(|n| n >= 5.0), "{metrics}");
+    drop(server);
+
+    // Nothing listens there any more.
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["bench", "serve", "--server", &addr, "--clients", "1"])
+        .args(["--timeout", "5"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("warm-up"), "{stderr}");
+
+    // A model and a server at once is refused before anything starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["bench", "serve", "--server", &addr, "-m", "x.gguf"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--server"));
+}

@@ -193,3 +193,21 @@ fn streams_cut_by_the_shutdown_grace_get_a_final_error_event() {
         server.log()
     );
 }
+
+/// `--host a,b` listens on every address, on one port, as llama-server
+/// does (127.0.0.2 is loopback on Linux, so this needs no IPv6).
+#[test]
+fn several_host_addresses_are_all_served_on_one_port() {
+    let server = Server::start(&["--host", "127.0.0.1,127.0.0.2", "-np", "1"], &[]);
+    assert_eq!(client::get(server.port, "/health").status, 200);
+    let mut s = TcpStream::connect(("127.0.0.2", server.port)).unwrap();
+    write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: 127.0.0.2\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert_eq!(server.log().matches("listening on http://").count(), 2);
+}

@@ -9,6 +9,7 @@ mod chat_page;
 mod client;
 #[path = "../common/mod.rs"]
 mod common;
+mod embeddings;
 mod hardening;
 mod memory;
 mod model_file;
@@ -16,6 +17,7 @@ mod native;
 mod ollama;
 mod openai;
 mod reasoning;
+mod structured;
 mod templates;
 mod tool_calls;
 

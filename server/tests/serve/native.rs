@@ -214,9 +214,9 @@ fn server_wide_defaults_apply_until_a_request_overrides_them() {
 #[test]
 fn an_unimplemented_llama_server_flag_fails_naming_it() {
     for (flag, name) in [
-        (&["--embedding"][..], "--embedding"),
+        (&["--reranking"][..], "--reranking"),
         (&["-ctk", "q8_0"][..], "-ctk"),
-        (&["--slots"][..], "--slots"),
+        (&["--slot-save-path", "/tmp"][..], "--slot-save-path"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
             .args(["serve", "-m", &model(), "--port", "0"])

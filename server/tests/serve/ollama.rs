@@ -5,5 +5,16 @@ use super::python_client_checks;
 
 #[test]
 fn the_ollama_python_client_works_unchanged() {
-    python_client_checks("ollama", &["--parallel", "2", "-c", "4096"]);
+    python_client_checks(
+        "ollama",
+        &[
+            "--parallel",
+            "2",
+            "-c",
+            "4096",
+            "--embedding",
+            "--pooling",
+            "mean",
+        ],
+    );
 }

@@ -8,8 +8,10 @@ Prints one line per check and exits non-zero if any failed.
 
 import json
 import sys
+from typing import Literal
 
 import ollama
+import pydantic
 
 import client_checks
 
@@ -78,6 +80,19 @@ def json_format():
     assert isinstance(json.loads(r.message.content), dict), r
 
 
+def schema_format():
+    # Ollama's structured outputs: a pydantic model's JSON schema as format.
+    class Capital(pydantic.BaseModel):
+        country: Literal["France", "Germany", "Italy"]
+        capital: Literal["Paris", "Berlin", "Rome"]
+
+    r = client.chat(model="m", format=Capital.model_json_schema(),
+                    options={"temperature": 0, "num_predict": 60},
+                    messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert r.done_reason == "stop", r
+    Capital.model_validate_json(r.message.content)
+
+
 def list_show_ps():
     models = client.list().models
     assert len(models) == 1 and models[0].details.format == "gguf", models
@@ -135,9 +150,25 @@ def errors_as_ollama_sends_them():
         assert e.status_code == 401, e
 
 
+def embed():
+    r = client.embed(model="m", input=["The capital of France is Paris.", "I like turtles."])
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) == 576, r
+    for v in r.embeddings:
+        assert abs(sum(x * x for x in v) - 1) < 1e-4
+    one = client.embed(model="m", input="I like turtles.")
+    assert list(one.embeddings[0]) == list(r.embeddings[1])
+    assert one.prompt_eval_count > 0, one
+    old = client.embeddings(model="m", prompt="I like turtles.")
+    norm = sum(x * x for x in old.embedding) ** 0.5
+    assert norm > 1.5, norm
+    cos = sum(a * b for a, b in zip(old.embedding, one.embeddings[0])) / norm
+    assert cos > 0.99999, cos
+
+
 CHECKS = [
+    embed,
     chat_answers_as_the_openai_route, streamed_chat_reassembles, num_predict_and_stop,
-    generate_and_its_context, json_format, list_show_ps, tool_calls_come_back,
+    generate_and_its_context, json_format, schema_format, list_show_ps, tool_calls_come_back,
     errors_as_ollama_sends_them,
 ]
 

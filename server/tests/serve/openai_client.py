@@ -12,7 +12,10 @@ import time
 import urllib.error
 import urllib.request
 
+from typing import Literal
+
 import openai
+import pydantic
 
 import client_checks
 
@@ -311,10 +314,65 @@ def responses():
         assert e.body["param"] == "previous_response_id", e.body
 
 
+def embeddings():
+    texts = ["The capital of France is Paris.", "I like turtles."]
+    # The SDK asks for base64 unless told and decodes it itself.
+    r = client.embeddings.create(model="local", input=texts)
+    assert [d.index for d in r.data] == [0, 1], r
+    vs = [d.embedding for d in r.data]
+    for v in vs:
+        assert len(v) == 576 and abs(sum(x * x for x in v) - 1) < 1e-4, len(v)
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 4, r.usage
+    f = client.embeddings.create(model="local", input=texts, encoding_format="float")
+    assert [d.embedding for d in f.data] == vs, "base64 and float disagree"
+    one = client.embeddings.create(model="local", input=texts[1]).data[0].embedding
+    assert one == vs[1], "a prompt's vector depends on what else was sent"
+    try:
+        client.embeddings.create(model="local", input=[])
+        raise AssertionError("an empty input was accepted")
+    except openai.BadRequestError as e:
+        assert "empty" in str(e), e
+
+
+class Capital(pydantic.BaseModel):
+    country: Literal["France", "Germany", "Italy"]
+    capital: Literal["Paris", "Berlin", "Rome"]
+    certain: bool
+
+
+def structured_output():
+    # The SDK's own structured-output path: a pydantic model sent as a
+    # strict json_schema and the answer parsed back into it.
+    parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+    r = parse(model="local", messages=MSG, response_format=Capital, temperature=0, max_tokens=60)
+    got = r.choices[0].message.parsed
+    assert isinstance(got, Capital), r
+    assert r.choices[0].finish_reason == "stop", r
+
+    # A required call to a named tool, on a question the model would
+    # answer in words.
+    r = client.chat.completions.create(
+        model="local", messages=MSG, tools=TOOLS, temperature=0, max_tokens=60,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather", call
+    assert isinstance(json.loads(call.function.arguments), dict), call
+
+    try:
+        client.chat.completions.create(
+            model="local", messages=MSG, max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "hiccup"}}})
+        raise AssertionError("an invalid schema was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400, e
+
+
 CHECKS = [
+    embeddings,
     non_streaming, streaming_with_usage, max_tokens_and_stop, seed_reproducibility,
     logprobs, completions_and_models, tokenize_round_trip, bad_requests,
-    eight_concurrent_streams, disconnect_mid_stream, tool_calls, several_choices, responses,
+    eight_concurrent_streams, disconnect_mid_stream, tool_calls, structured_output,
+    several_choices, responses,
 ]
 
 client_checks.run("openai", CHECKS)

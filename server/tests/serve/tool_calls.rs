@@ -132,6 +132,15 @@ fn tool_calls_are_structured_on_every_chat_route() {
         .as_str()
         .unwrap()
         .contains("<tool_call>"));
+    // "none" offers no tools: the prompt is the one without them.
+    assert_eq!(
+        none["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"],
+        "{none}"
+    );
+    assert!(
+        none["usage"]["prompt_tokens"].as_u64() < v["usage"]["prompt_tokens"].as_u64(),
+        "{none} {v}"
+    );
     let mut body = openai_body(false);
     body["tool_choice"] = json!("sometimes");
     let bad = server.chat(body);

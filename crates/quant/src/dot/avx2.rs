@@ -21,7 +21,10 @@ use super::SimdDots;
 
 pub(super) mod units;
 
-use units::{Unit, IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use units::{
+    Unit, BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, Q8_1,
+    TQ2_0,
+};
 
 /// Rows decoded together in a mat-vec: 4 × 2 accumulator registers, enough
 /// independent add chains to hide the add latency.
@@ -38,15 +41,22 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         return None;
     }
     let f: SimdDots = match ty {
+        GgmlType::F16 => dots::<F16>,
+        GgmlType::BF16 => dots::<BF16>,
         GgmlType::Q4_0 => dots::<Q4_0>,
         GgmlType::Q4_1 => dots::<Q4_1>,
         GgmlType::Q5_0 => dots::<Q5_0>,
         GgmlType::Q5_1 => dots::<Q5_1>,
         GgmlType::Q8_0 => dots::<Q8_0>,
+        GgmlType::Q8_1 => dots::<Q8_1>,
+        GgmlType::TQ2_0 => dots::<TQ2_0>,
+        GgmlType::Q2K => dots::<Q2K>,
+        GgmlType::Q3K => dots::<Q3K>,
         GgmlType::Q4K => dots::<Q4K>,
         GgmlType::Q5K => dots::<Q5K>,
         GgmlType::Q6K => dots::<Q6K>,
         GgmlType::IQ4NL => dots::<IQ4NL>,
+        GgmlType::IQ4XS => dots::<IQ4XS>,
         _ => return None,
     };
     Some(f)

@@ -14,7 +14,9 @@ use std::arch::x86_64::*;
 use lamina_gguf::GgmlType;
 
 use super::avx2::reduce;
-use super::avx2::units::{IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::avx2::units::{
+    BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, Q8_1, TQ2_0,
+};
 use super::SimdDots;
 
 mod units;
@@ -47,15 +49,22 @@ pub(super) fn dots_fn(ty: GgmlType) -> Option<SimdDots> {
         return None;
     }
     let f: SimdDots = match ty {
+        GgmlType::F16 => dots::<F16>,
+        GgmlType::BF16 => dots::<BF16>,
         GgmlType::Q4_0 => dots::<Q4_0>,
         GgmlType::Q4_1 => dots::<Q4_1>,
         GgmlType::Q5_0 => dots::<Q5_0>,
         GgmlType::Q5_1 => dots::<Q5_1>,
         GgmlType::Q8_0 => dots::<Q8_0>,
+        GgmlType::Q8_1 => dots::<Q8_1>,
+        GgmlType::TQ2_0 => dots::<TQ2_0>,
+        GgmlType::Q2K => dots::<Q2K>,
+        GgmlType::Q3K => dots::<Q3K>,
         GgmlType::Q4K => dots::<Q4K>,
         GgmlType::Q5K => dots::<Q5K>,
         GgmlType::Q6K => dots::<Q6K>,
         GgmlType::IQ4NL => dots::<IQ4NL>,
+        GgmlType::IQ4XS => dots::<IQ4XS>,
         _ => return None,
     };
     Some(f)
@@ -126,9 +135,10 @@ unsafe fn dots_avx512<K: Unit512>(
             );
             return;
         }
-        // Blocks of one unit (the legacy types) share each column load between two
-        // rows; with 8 units a block, the loads of a whole block would be hoisted out
-        // of the row loop and spilled, so the k-quants take one row and more columns.
+        // Blocks of one unit (the legacy types, F16, BF16) share each column load
+        // between two rows; with 8 units a block, the loads of a whole block would be
+        // hoisted out of the row loop and spilled, so those take one row and more
+        // columns.
         if K::BS == 32 {
             matmul_tiles::<K, 2, 4>(wp, rows, row_bytes, xp, cols, n, op);
         } else {

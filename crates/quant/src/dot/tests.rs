@@ -6,6 +6,15 @@
 use super::{simd_kernels, RowKernel, ROW_GROUP};
 use crate::{geometry, GgmlType};
 
+/// The block of the SIMD kernels of `ty` as (weights, bytes): the type's own block,
+/// or for the plain 16-bit floats 32 of their 1-weight "blocks" (one unit); rows that
+/// are not whole such blocks take the portable path.
+fn simd_block(ty: GgmlType) -> (usize, usize) {
+    let (bs, ts) = geometry(ty);
+    let per = 32usize.div_ceil(bs);
+    (per * bs, per * ts)
+}
+
 /// xorshift64*: deterministic, no dependencies.
 struct Rng(u64);
 
@@ -32,14 +41,22 @@ impl Rng {
     }
 }
 
-/// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales.
-const SIMD_TYPES: [(GgmlType, &[usize]); 9] = [
+/// Types with a SIMD kernel on x86-64, with the byte offsets of their f16 scales (of
+/// every value, for the plain floats).
+const SIMD_TYPES: [(GgmlType, &[usize]); 16] = [
+    (GgmlType::F16, &[0]),
+    (GgmlType::BF16, &[0]),
     (GgmlType::Q4_0, &[0]),
     (GgmlType::Q4_1, &[0, 2]),
     (GgmlType::Q5_0, &[0]),
     (GgmlType::Q5_1, &[0, 2]),
     (GgmlType::Q8_0, &[0]),
+    (GgmlType::Q8_1, &[0, 2]),
+    (GgmlType::TQ2_0, &[64]),
     (GgmlType::IQ4NL, &[0]),
+    (GgmlType::IQ4XS, &[0]),
+    (GgmlType::Q2K, &[80, 82]),
+    (GgmlType::Q3K, &[108]),
     (GgmlType::Q4K, &[0, 2]),
     (GgmlType::Q5K, &[0, 2]),
     (GgmlType::Q6K, &[208]),
@@ -94,16 +111,26 @@ fn simd_path_equals_portable_path_bit_for_bit() {
     let mut rng = Rng(0x5EED_51AD);
     for (ty, scales) in SIMD_TYPES {
         let k = kernel(ty);
-        let (bs, ts) = geometry(ty);
+        let (bs, ts) = simd_block(ty);
+        let type_blocks = ts / geometry(ty).1;
         for (name, simd) in simd_kernels(ty) {
             for finite_scales in [true, false] {
                 for blocks_per_row in [1, 2, 3] {
                     let (cols, row_bytes) = (blocks_per_row * bs, blocks_per_row * ts);
                     // Row counts around the SIMD row group, column counts around its tile.
                     for rows in [1, 3, ROW_GROUP, ROW_GROUP + 1, 2 * ROW_GROUP + 3] {
-                        let w = blocks(&mut rng, ty, scales, rows * blocks_per_row, finite_scales);
+                        let n_blocks = rows * blocks_per_row * type_blocks;
+                        let w = blocks(&mut rng, ty, scales, n_blocks, finite_scales);
                         for n in (1..=9).chain([16, 17, 33]) {
-                            let x = rng.x(n * cols);
+                            // With finite weights, ordinary activations: every output is
+                            // then finite, so a single wrong weight shows in its bits
+                            // (with x's specials nearly every 256-weight row sums to ±inf
+                            // or NaN, which hides most wrong weights).
+                            let x = if finite_scales {
+                                uniform(&mut rng, n * cols)
+                            } else {
+                                rng.x(n * cols)
+                            };
                             let mut want = vec![f32::NAN; rows * n];
                             k.portable().dots(&w, row_bytes, &x, n, &mut want);
                             let mut got = vec![f32::NAN; rows * n];
@@ -131,7 +158,7 @@ fn simd_kernels_reject_wrong_shapes() {
         let Some(simd) = kernel(ty).simd else {
             continue;
         };
-        let (bs, ts) = geometry(ty);
+        let (bs, ts) = simd_block(ty);
         let w = vec![0u8; 2 * ts];
         let x = vec![0.0; bs];
         let mut out = [0.0; 2];
@@ -144,7 +171,36 @@ fn simd_kernels_reject_wrong_shapes() {
     }
 }
 
-/// Uniform in [-1, 1): the attention helpers see activations, not specials.
+/// Plain float rows that are not whole units of 32 are the portable path's: the SIMD
+/// kernels decline them, and the kernel's result is still the portable one.
+#[test]
+fn ragged_float_rows_fall_back_to_the_portable_path() {
+    let mut rng = Rng(0xF16_F16);
+    for ty in [GgmlType::F16, GgmlType::BF16] {
+        let k = kernel(ty);
+        for cols in [1, 17, 48, 80, 100] {
+            let (rows, n) = (5, 3);
+            let w = blocks(&mut rng, ty, &[0], rows * cols, true);
+            let x = uniform(&mut rng, n * cols);
+            for (name, simd) in simd_kernels(ty) {
+                let mut out = vec![0.0; rows * n];
+                assert!(
+                    !simd(&w, 2 * cols, &x, n, &mut out),
+                    "{ty} {name} took a row of {cols}"
+                );
+            }
+            let mut want = vec![f32::NAN; rows * n];
+            k.portable().dots(&w, 2 * cols, &x, n, &mut want);
+            let mut got = vec![f32::NAN; rows * n];
+            k.dots(&w, 2 * cols, &x, n, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{ty} cols {cols}");
+        }
+    }
+}
+
+/// Uniform in [-1, 1): activations without specials (the attention helpers, and the
+/// kernels over finite weights).
 fn uniform(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
         .map(|_| (rng.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)

@@ -70,17 +70,24 @@ pub async fn create(
              send the whole conversation in input",
         ));
     }
-    let s = sampling(&st, &info, &b)?;
+    let mut s = sampling(&st, &info, &b)?;
     let messages = messages(&b)?;
-    let tools = tools(&b)?;
-    let parse = tools::openai_choice(tool_choice(&b)?.as_ref())?;
+    let choice = tools::openai_choice(tool_choice(&b)?.as_ref())?;
+    // As on the chat route: "none" leaves the tools out of the prompt,
+    // "required" and a named function force a call.
+    let tools = tools(&b)?.filter(|_| choice.offers_tools());
+    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
+    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel)? {
+        super::structured::add(&mut s, w)?;
+    }
+    super::structured::compile(&st, &info, &mut s).await?;
     let effort = b.get("reasoning").and_then(|r| r.get("effort"));
     let asked = reasoning::effort_switch(effort)?;
     let thinking = Thinking::decide(&st, &info, None, asked, b.get("reasoning_format"))?;
     let kwargs = thinking.kwargs(None);
     let (prompt, text) =
         render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
-    let calls = Calls::new(&info, tools.as_ref(), parse);
+    let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
     let reader = Reader::new(&info, &thinking, &text, calls);
     let rx = st.engine.submit(job(&st, &info, prompt, &s, "input")?)?;
     let head = Head {
@@ -97,7 +104,7 @@ pub async fn create(
             .cloned()
             .unwrap_or_default(),
         tool_choice: b.get("tool_choice").cloned().unwrap_or(json!("auto")),
-        parallel_tool_calls: b.bool("parallel_tool_calls")?.unwrap_or(true),
+        parallel_tool_calls: parallel,
     };
     if s.stream {
         return Ok(sse(rx, head, reader, st.cutoff.clone()).into_response());

@@ -1,8 +1,10 @@
 //! Block decoders for the AVX2 kernels: each hands out its block as units of 32
 //! weights, four `__m256` of 8 consecutive weights each, equal bit for bit to its scalar
-//! decoder in `legacy.rs` / `kquants.rs` / `iquants.rs` (layouts documented there).
+//! decoder in `legacy.rs` / `kquants.rs` / `iquants.rs` / `ternary.rs` / `float.rs`
+//! (layouts documented there).
 //!
-//! The pattern is the same for every type: the quants become 32 small integers in the
+//! The plain floats are widened exactly (F16C for halves, a shift for bf16). For the
+//! quantized types the pattern is the same: the quants become 32 small integers in the
 //! bytes of a vector (exact), are widened to i32 and converted to f32 (exact: |q| < 2⁷),
 //! and then get the scalar decoder's f32 operations in its order: `q·d`, `q·d + m`,
 //! `d₁·q − m₁` or `(d·sc)·q`, each a rounded multiply then a rounded add. Per-block
@@ -147,19 +149,199 @@ pub(crate) fn scale8(d: __m256, bytes: u64, signed: bool, out: &mut [f32; 8]) {
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
 }
 
+/// [`scale8`] of the 16 bytes `lo` (bytes 0–7) and `hi` (bytes 8–15).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn scale16(d: __m256, lo: u64, hi: u64, signed: bool) -> [f32; 16] {
+    let (mut a, mut b) = ([0.0; 8], [0.0; 8]);
+    scale8(d, lo, signed, &mut a);
+    scale8(d, hi, signed, &mut b);
+    let mut out = [0.0; 16];
+    out[..8].copy_from_slice(&a);
+    out[8..].copy_from_slice(&b);
+    out
+}
+
+/// The four 2-bit fields of each of the 32 bytes of `q`: entry j holds bits 2j–2j+1 of
+/// every byte, as bytes 0–3 (the passes of Q2_K, Q3_K and TQ2_0). Shifting 16-bit lanes
+/// moves the neighbouring byte's bits into bits 6–7 at most, which the mask drops.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn crumbs(q: __m256i) -> [__m256i; 4] {
+    let m = _mm256_set1_epi8(3);
+    [
+        _mm256_and_si256(q, m),
+        _mm256_and_si256(_mm256_srli_epi16::<2>(q), m),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q), m),
+        _mm256_and_si256(_mm256_srli_epi16::<6>(q), m),
+    ]
+}
+
+/// The sixteen `d·sc` and `dmin·m` factors of a Q2_K block from its 16 scale bytes at
+/// `sc` (low nibble the sub-block's scale, high nibble its min). Caller: avx2, 16
+/// bytes readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q2_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32; 16], [f32; 16]) {
+    // SAFETY: the caller guarantees the 16 bytes; unaligned reads.
+    let (a, b) = unsafe {
+        let p = sc.cast::<u64>();
+        (p.read_unaligned(), p.add(1).read_unaligned())
+    };
+    const LOW4: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+    let ds = scale16(d, a & LOW4, b & LOW4, false);
+    let dm = scale16(dmin, (a >> 4) & LOW4, (b >> 4) & LOW4, false);
+    (ds, dm)
+}
+
+/// The sixteen `d·sc` factors of a Q3_K block from its 12 scale bytes at `sc`: 6-bit
+/// scales biased by 32, unpacked for all sixteen at once with ggml's `kmask1`/`kmask2`
+/// word trick (see `q3_k_scales` for where each bit lives). Caller: avx2, 12 bytes
+/// readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn q3_factors(sc: *const u8, d: __m256) -> [f32; 16] {
+    // SAFETY: the caller guarantees the 12 bytes; unaligned reads.
+    let (a, b, t) = unsafe {
+        let p = sc.cast::<u32>();
+        (
+            p.read_unaligned(),
+            p.add(1).read_unaligned(),
+            p.add(2).read_unaligned(),
+        )
+    };
+    const K1: u32 = 0x0303_0303;
+    const K2: u32 = 0x0F0F_0F0F;
+    // Scales 4w … 4w + 3 are the bytes of word w.
+    let words = [
+        (a & K2) | ((t & K1) << 4),
+        (b & K2) | (((t >> 2) & K1) << 4),
+        ((a >> 4) & K2) | (((t >> 4) & K1) << 4),
+        ((b >> 4) & K2) | (((t >> 6) & K1) << 4),
+    ];
+    // Each byte s ≤ 63 becomes s − 32 as an i8: s + 0x60 ≤ 0x9F stays inside its byte,
+    // and flipping bit 7 subtracts the remaining 0x80 mod 256.
+    let unbias = |w: u32| u64::from(w.wrapping_add(0x6060_6060) ^ 0x8080_8080);
+    let lo = unbias(words[0]) | unbias(words[1]) << 32;
+    let hi = unbias(words[2]) | unbias(words[3]) << 32;
+    scale16(d, lo, hi, true)
+}
+
+/// The four Q3_K passes over the 32 quant bytes `q` of one half as signed bytes
+/// `low − 4` where the weight's hmask bit is clear, `low` otherwise: pass j takes bits
+/// 2j–2j+1 of `q` and bit j of `hm` (the hmask, shifted right by 4 for the second half).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) fn q3_bytes(q: __m256i, hm: __m256i) -> [__m256i; 4] {
+    let low = crumbs(q);
+    // Bit j of each byte moved to bit 2 within 16-bit lanes; the bits that cross into
+    // the neighbouring byte land in bits 0–1 or 7, never bit 2.
+    let high = [
+        _mm256_slli_epi16::<2>(hm),
+        _mm256_slli_epi16::<1>(hm),
+        hm,
+        _mm256_srli_epi16::<1>(hm),
+    ];
+    let four = _mm256_set1_epi8(4);
+    // 4 where bit 2 is clear, 0 where it is set.
+    let f = |j: usize| _mm256_sub_epi8(low[j], _mm256_andnot_si256(high[j], four));
+    [f(0), f(1), f(2), f(3)]
+}
+
+/// The eight `d·ls` factors of an IQ4_XS block at `b`: `ls` of unit i is nibble i of
+/// `scales_l` (bytes 4–7) below bits 2i–2i+1 of `scales_h` (bytes 2–3), less 32.
+/// Caller: avx2, bytes 2–7 of the block readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn iq4xs_factors(b: *const u8, d: __m256) -> [f32; 8] {
+    // SAFETY: the caller guarantees bytes 2–7; unaligned reads.
+    let (high, low) = unsafe {
+        (
+            b.add(2).cast::<u16>().read_unaligned(),
+            b.add(4).cast::<u32>().read_unaligned(),
+        )
+    };
+    // Lane i shifts its copy of each word right by 4i and 2i.
+    let low = _mm256_and_si256(
+        _mm256_srlv_epi32(
+            _mm256_set1_epi32(low as i32),
+            _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28),
+        ),
+        _mm256_set1_epi32(0xF),
+    );
+    let high = _mm256_and_si256(
+        _mm256_srlv_epi32(
+            _mm256_set1_epi32(i32::from(high)),
+            _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+        ),
+        _mm256_set1_epi32(3),
+    );
+    let ls = _mm256_sub_epi32(
+        _mm256_or_si256(low, _mm256_slli_epi32::<4>(high)),
+        _mm256_set1_epi32(32),
+    );
+    let mut out = [0.0; 8];
+    // SAFETY: `out` is 8 writable f32; unaligned store.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(d, _mm256_cvtepi32_ps(ls))) };
+    out
+}
+
 /// Marker types, one per block layout.
 pub(crate) struct Q4_0;
 pub(crate) struct Q4_1;
 pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
 pub(crate) struct Q8_0;
+pub(crate) struct Q8_1;
+pub(crate) struct TQ2_0;
 pub(crate) struct IQ4NL;
+pub(crate) struct IQ4XS;
+pub(crate) struct Q2K;
+pub(crate) struct Q3K;
 pub(crate) struct Q4K;
 pub(crate) struct Q5K;
 pub(crate) struct Q6K;
+/// Plain IEEE halves, in blocks of 32 (one unit); rows of other lengths are left to
+/// the portable path.
+pub(crate) struct F16;
+/// Plain bf16, in blocks of 32 as [`F16`].
+pub(crate) struct BF16;
 
 // SAFETY (every impl below): offsets are those of the layout table of the type's
 // module and stay inside its TS bytes.
+
+// SAFETY: 32 halves; 64 bytes.
+unsafe impl Unit for F16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    /// F16C widens exactly, as the scalar decoder does.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 16k .. 16k + 16 ≤ 64 of the block for k < 4.
+        let g = |k: usize| unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.add(16 * k).cast())) };
+        f(0, [g(0), g(1), g(2), g(3)]);
+    }
+}
+
+// SAFETY: 32 bf16; 64 bytes.
+unsafe impl Unit for BF16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    /// A bf16 is the top half of its f32: widen each to 32 bits and shift it there.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 16k .. 16k + 16 ≤ 64 of the block for k < 4.
+        let g = |k: usize| unsafe {
+            let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(b.add(16 * k).cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+        };
+        f(0, [g(0), g(1), g(2), g(3)]);
+    }
+}
 
 // SAFETY: d at 0, 16 quant bytes at 2; 18 bytes.
 unsafe impl Unit for Q4_0 {
@@ -259,6 +441,48 @@ unsafe impl Unit for Q8_0 {
     }
 }
 
+// SAFETY: d at 0, s at 2 (unused), 32 signed quant bytes at 4; 36 bytes.
+unsafe impl Unit for Q8_1 {
+    const BS: usize = 32;
+    const TS: usize = 36;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–1 and 4 + 8k .. 12 + 8k (k < 4) of the block.
+        let (d, q) = unsafe {
+            let g = |k: usize| {
+                let v = _mm_loadl_epi64(b.add(4 + 8 * k).cast());
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+            };
+            (f16_splat(b), [g(0), g(1), g(2), g(3)])
+        };
+        f(0, mul(q, d));
+    }
+}
+
+// SAFETY: qs at 0–63, d at 64; 66 bytes.
+unsafe impl Unit for TQ2_0 {
+    const BS: usize = 256;
+    const TS: usize = 66;
+
+    /// Unit 4g + s is bits 2s–2s+1 of `qs[32g..][..32]`, less one: a trit.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 64–65 of the block.
+        let d = unsafe { f16_splat(b.add(64)) };
+        let one = _mm256_set1_epi8(1);
+        for g in 0..2 {
+            // SAFETY: bytes 32g .. 32g + 32 ≤ 64 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 * g).cast()) };
+            for (s, q) in crumbs(q).iter().enumerate() {
+                f(4 * g + s, mul(widen32(_mm256_sub_epi8(*q, one)), d));
+            }
+        }
+    }
+}
+
 // SAFETY: Q4_0's layout (d at 0, 16 nibble bytes at 2); nibbles index `KVALUES_IQ4NL`.
 unsafe impl Unit for IQ4NL {
     const BS: usize = 32;
@@ -274,6 +498,31 @@ unsafe impl Unit for IQ4NL {
         };
         let q = widen(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi));
         f(0, mul(q, d));
+    }
+}
+
+// SAFETY: d at 0; scales_h at 2–3; scales_l at 4–7; qs at 8–135; 136 bytes.
+unsafe impl Unit for IQ4XS {
+    const BS: usize = 256;
+    const TS: usize = 136;
+
+    /// Unit i is `qs[16i..][..16]` in IQ4_NL's nibble order, with the factor `d·ls`.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–7 of the block; the table is 16 bytes.
+        let (ds, table) = unsafe {
+            (
+                iq4xs_factors(b, f16_splat(b)),
+                _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast()),
+            )
+        };
+        for (i, dl) in ds.iter().enumerate() {
+            // SAFETY: bytes 8 + 16i .. 24 + 16i ≤ 136 of the block.
+            let (lo, hi) = unsafe { nibbles16(b.add(8 + 16 * i)) };
+            let q = widen(_mm_shuffle_epi8(table, lo), _mm_shuffle_epi8(table, hi));
+            f(i, mul(q, _mm256_set1_ps(*dl)));
+        }
     }
 }
 
@@ -303,6 +552,84 @@ pub(crate) unsafe fn k4_factors(sc: *const u8, d: __m256, dmin: __m256) -> ([f32
     scale8(d, scales, false, &mut ds);
     scale8(dmin, mins, false, &mut dm);
     (ds, dm)
+}
+
+// SAFETY: scales at 0–15; qs at 16–79; d, dmin at 80, 82; 84 bytes.
+unsafe impl Unit for Q2K {
+    const BS: usize = 256;
+    const TS: usize = 84;
+
+    /// Unit 4n + j is bits 2j–2j+1 of `qs[32n..][..32]`; its first 16 weights take
+    /// scale byte 2(4n + j), its last 16 the next.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–15 and 80–83 of the block.
+        let (ds, dm) = unsafe { q2_factors(b, f16_splat(b.add(80)), f16_splat(b.add(82))) };
+        for n in 0..2 {
+            // SAFETY: bytes 16 + 32n .. 48 + 32n ≤ 80 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(16 + 32 * n).cast()) };
+            for (j, q) in crumbs(q).iter().enumerate() {
+                let u = 4 * n + j;
+                let q = widen32(*q);
+                let s = |k: usize| (_mm256_set1_ps(ds[k]), _mm256_set1_ps(dm[k]));
+                let ((d0, m0), (d1, m1)) = (s(2 * u), s(2 * u + 1));
+                // dl·q − ml: a rounded product, then a rounded difference.
+                let w = |q, d, m| _mm256_sub_ps(_mm256_mul_ps(d, q), m);
+                f(
+                    u,
+                    [
+                        w(q[0], d0, m0),
+                        w(q[1], d0, m0),
+                        w(q[2], d1, m1),
+                        w(q[3], d1, m1),
+                    ],
+                );
+            }
+        }
+    }
+}
+
+// SAFETY: hmask at 0–31; qs at 32–95; scales at 96–107; d at 108; 110 bytes.
+unsafe impl Unit for Q3K {
+    const BS: usize = 256;
+    const TS: usize = 110;
+
+    /// Unit 4n + j is pass j of `q3_bytes` over `qs[32n..][..32]` and the hmask (read
+    /// once for all eight units); its first 16 weights take scale 2(4n + j), its last
+    /// 16 the next.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m256; 4])) {
+        // SAFETY: bytes 0–31 and 96–109 of the block.
+        let (ds, hmask) = unsafe {
+            (
+                q3_factors(b.add(96), f16_splat(b.add(108))),
+                _mm256_loadu_si256(b.cast()),
+            )
+        };
+        for n in 0..2 {
+            // SAFETY: bytes 32 + 32n .. 64 + 32n ≤ 96 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 + 32 * n).cast()) };
+            let hm = if n == 0 {
+                hmask
+            } else {
+                _mm256_srli_epi16::<4>(hmask)
+            };
+            for (j, q) in q3_bytes(q, hm).iter().enumerate() {
+                let u = 4 * n + j;
+                let q = widen32(*q);
+                let (d0, d1) = (_mm256_set1_ps(ds[2 * u]), _mm256_set1_ps(ds[2 * u + 1]));
+                let w = [
+                    _mm256_mul_ps(d0, q[0]),
+                    _mm256_mul_ps(d0, q[1]),
+                    _mm256_mul_ps(d1, q[2]),
+                    _mm256_mul_ps(d1, q[3]),
+                ];
+                f(u, w);
+            }
+        }
+    }
 }
 
 // SAFETY: d, dmin at 0, 2; scales at 4–15; qs at 16–143; 144 bytes.

@@ -5,12 +5,16 @@
 //! possible weights held in one or two registers (`vpermps`, `vpermt2ps`). Each table
 //! entry is computed from the level `q` by the scalar decoder's f32 operations (`q·d`,
 //! `q·d + m`, `d₁·q − m₁`), so looking a weight up gives the bits decoding it would.
-//! Q8_0 and Q6_K have too many levels per scale and convert each quant instead.
+//! Q8_0, Q8_1 and Q6_K have too many levels per scale and convert each quant instead;
+//! the 2- and 3-bit types (Q2_K, Q3_K, TQ2_0) convert the AVX2 decoders' bytes, where a
+//! table would cost as much, and F16/BF16 are widened.
 
 use std::arch::x86_64::*;
 
 use crate::dot::avx2::units::{
-    f16_splat, k4_factors, q6_bytes, scale8, IQ4NL, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+    crumbs, f16_splat, iq4xs_factors, k4_factors, q2_factors, q3_bytes, q3_factors, q6_bytes,
+    scale8, BF16, F16, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0, Q8_1,
+    TQ2_0,
 };
 use crate::iq_tables::KVALUES_IQ4NL;
 
@@ -112,19 +116,59 @@ fn lookup32(nib: __m512i, fifth: u16, lo: __m512, hi: __m512) -> __m512 {
     _mm512_permutex2var_ps(lo, i, hi)
 }
 
+/// Signed bytes 0–15 and 16–31 of `q` to f32 (exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn widen(q: __m256i) -> [__m512; 2] {
+    let f = |v: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+    [
+        f(_mm256_castsi256_si128(q)),
+        f(_mm256_extracti128_si256::<1>(q)),
+    ]
+}
+
 /// Signed bytes 0–15 and 16–31 of `q` to f32, each times its scale.
 #[inline]
 #[target_feature(enable = "avx512f,avx2")]
 fn widen_mul(q: __m256i, d0: __m512, d1: __m512) -> [__m512; 2] {
-    let f = |v: __m128i, d| _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
-    [
-        f(_mm256_castsi256_si128(q), d0),
-        f(_mm256_extracti128_si256::<1>(q), d1),
-    ]
+    let [q0, q1] = widen(q);
+    [_mm512_mul_ps(d0, q0), _mm512_mul_ps(d1, q1)]
 }
 
 // SAFETY (every impl below): offsets are those of the layout table of the type's
 // module and stay inside its TS bytes.
+
+// SAFETY: 32 halves; 64 bytes.
+unsafe impl Unit512 for F16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–63 of the block.
+        let g = |k: usize| unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(b.add(32 * k).cast())) };
+        f(0, [g(0), g(1)]);
+    }
+}
+
+// SAFETY: 32 bf16; 64 bytes.
+unsafe impl Unit512 for BF16 {
+    const BS: usize = 32;
+    const TS: usize = 64;
+
+    /// As the AVX2 decoder: each bf16 shifted into the top half of its lane.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–63 of the block.
+        let g = |k: usize| unsafe {
+            let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(b.add(32 * k).cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v))
+        };
+        f(0, [g(0), g(1)]);
+    }
+}
 
 // SAFETY: d at 0, 16 quant bytes at 2; 18 bytes.
 unsafe impl Unit512 for Q4_0 {
@@ -223,6 +267,42 @@ unsafe impl Unit512 for Q8_0 {
     }
 }
 
+// SAFETY: d at 0, s at 2 (unused), 32 signed quant bytes at 4; 36 bytes.
+unsafe impl Unit512 for Q8_1 {
+    const BS: usize = 32;
+    const TS: usize = 36;
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–1 and 4–35 of the block.
+        let (d, q) = unsafe { (f16_splat16(b), _mm256_loadu_si256(b.add(4).cast())) };
+        f(0, widen_mul(q, d, d));
+    }
+}
+
+// SAFETY: qs at 0–63, d at 64; 66 bytes.
+unsafe impl Unit512 for TQ2_0 {
+    const BS: usize = 256;
+    const TS: usize = 66;
+
+    /// The AVX2 passes (`crumbs`) less one, converted.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 64–65 of the block.
+        let d = unsafe { f16_splat16(b.add(64)) };
+        let one = _mm256_set1_epi8(1);
+        for g in 0..2 {
+            // SAFETY: bytes 32g .. 32g + 32 ≤ 64 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 * g).cast()) };
+            for (s, q) in crumbs(q).iter().enumerate() {
+                f(4 * g + s, widen_mul(_mm256_sub_epi8(*q, one), d, d));
+            }
+        }
+    }
+}
+
 // SAFETY: Q4_0's layout (d at 0, 16 nibble bytes at 2); nibbles index `KVALUES_IQ4NL`.
 unsafe impl Unit512 for IQ4NL {
     const BS: usize = 32;
@@ -239,6 +319,94 @@ unsafe impl Unit512 for IQ4NL {
         // d · value, as the scalar decoder reads it.
         let t = _mm512_mul_ps(d, kv);
         f(0, [lookup16(v, t), lookup16(high(v), t)]);
+    }
+}
+
+// SAFETY: scales at 0–15; qs at 16–79; d, dmin at 80, 82; 84 bytes.
+unsafe impl Unit512 for Q2K {
+    const BS: usize = 256;
+    const TS: usize = 84;
+
+    /// The AVX2 passes (`crumbs`), converted: with four levels per scale a table would
+    /// need as many operations as the conversion.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–15 and 80–83 of the block.
+        let (ds, dm) = unsafe { q2_factors(b, f16_splat(b.add(80)), f16_splat(b.add(82))) };
+        for n in 0..2 {
+            // SAFETY: bytes 16 + 32n .. 48 + 32n ≤ 80 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(16 + 32 * n).cast()) };
+            for (j, q) in crumbs(q).iter().enumerate() {
+                let u = 4 * n + j;
+                let [q0, q1] = widen(*q);
+                // dl·q − ml: a rounded product, then a rounded difference.
+                let w = |q, k: usize| {
+                    let (d, m) = (_mm512_set1_ps(ds[k]), _mm512_set1_ps(dm[k]));
+                    _mm512_sub_ps(_mm512_mul_ps(d, q), m)
+                };
+                f(u, [w(q0, 2 * u), w(q1, 2 * u + 1)]);
+            }
+        }
+    }
+}
+
+// SAFETY: hmask at 0–31; qs at 32–95; scales at 96–107; d at 108; 110 bytes.
+unsafe impl Unit512 for Q3K {
+    const BS: usize = 256;
+    const TS: usize = 110;
+
+    /// The AVX2 passes (`q3_bytes`), converted as Q2_K's are.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–31 and 96–109 of the block.
+        let (ds, hmask) = unsafe {
+            (
+                q3_factors(b.add(96), f16_splat(b.add(108))),
+                _mm256_loadu_si256(b.cast()),
+            )
+        };
+        for n in 0..2 {
+            // SAFETY: bytes 32 + 32n .. 64 + 32n ≤ 96 of the block.
+            let q = unsafe { _mm256_loadu_si256(b.add(32 + 32 * n).cast()) };
+            let hm = if n == 0 {
+                hmask
+            } else {
+                _mm256_srli_epi16::<4>(hmask)
+            };
+            for (j, q) in q3_bytes(q, hm).iter().enumerate() {
+                let u = 4 * n + j;
+                let (d0, d1) = (_mm512_set1_ps(ds[2 * u]), _mm512_set1_ps(ds[2 * u + 1]));
+                f(u, widen_mul(*q, d0, d1));
+            }
+        }
+    }
+}
+
+// SAFETY: d at 0; scales_h at 2–3; scales_l at 4–7; qs at 8–135; 136 bytes.
+unsafe impl Unit512 for IQ4XS {
+    const BS: usize = 256;
+    const TS: usize = 136;
+
+    /// IQ4_NL's lookup per unit, the table scaled by the unit's `d·ls`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+    unsafe fn units(b: *const u8, mut f: impl FnMut(usize, [__m512; 2])) {
+        // SAFETY: bytes 0–7 of the block; the table is 16 f32.
+        let (ds, kv) = unsafe {
+            (
+                iq4xs_factors(b, f16_splat(b)),
+                _mm512_loadu_ps(KVALUES_IQ4NL_F32.as_ptr()),
+            )
+        };
+        for (i, dl) in ds.iter().enumerate() {
+            // SAFETY: bytes 8 + 16i .. 24 + 16i ≤ 136 of the block.
+            let v = unsafe { bytes16(b.add(8 + 16 * i)) };
+            // dl · value, as the scalar decoder reads it.
+            let t = _mm512_mul_ps(_mm512_set1_ps(*dl), kv);
+            f(i, [lookup16(v, t), lookup16(high(v), t)]);
+        }
     }
 }
 
