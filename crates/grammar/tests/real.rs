@@ -281,7 +281,7 @@ fn a_forced_tool_call_parses_back_as_that_call() {
                 .iter()
                 .filter_map(|p| match p {
                     Piece::Call(c) => Some(c),
-                    Piece::Text(_) => None,
+                    Piece::Text(_) | Piece::Reasoning(_) => None,
                 })
                 .collect();
             assert_eq!(calls.len(), 1, "{format:?}: {text:?} gave {pieces:?}");
