@@ -31,13 +31,15 @@
 // [position][n_kv_head][HD]; part [n_tokens][n_head][n_chunks] entries of
 // HD / 4 + 1 vec4s (o_c, then (m_c, l_c, 0, 0)). q and out start at element
 // p.q_offset. With the table, one dispatch serves the tokens of several
-// sequences over one cache buffer.
+// sequences over one cache buffer. The caches hold {{KV}}, widened to f32
+// as they are loaded.
+{{KV_ENABLE}}
 
 #include "common/params.wgsl"
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> k: array<vec4<{{KV}}>>;
+@group(0) @binding(2) var<storage, read> v: array<vec4<{{KV}}>>;
 @group(0) @binding(3) var<storage, read_write> part: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> tab: array<u32>;
@@ -127,7 +129,7 @@ fn main(
             let kb4 = (base + j) * kv_stride4 + kvh * HD4;
             var d: array<vec4<f32>, GC>;
             for (var i = 0u; i < HD4; i++) {
-                let kv = k[kb4 + i];
+                let kv = vec4<f32>(k[kb4 + i]);
                 for (var g = 0u; g < GC; g++) {
                     d[g] = fma(qs[g * HD4 + i], kv, d[g]);
                 }
@@ -192,7 +194,7 @@ fn main(
                 jj += (jj_lo - jj + R - 1u) / R * R;
             }
             for (; jj <= jj_hi; jj += R) {
-                let vv = v[(base + c0 + jj) * kv_stride4 + kvh * HD4 + cq];
+                let vv = vec4<f32>(v[(base + c0 + jj) * kv_stride4 + kvh * HD4 + cq]);
                 for (var g = 0u; g < GC; g++) {
                     o[g] = fma(vec4<f32>(es[g * C + jj]), vv, o[g]);
                 }

@@ -33,6 +33,9 @@
 // rows are gate row r and up row r + half; the kernel writes
 // y[r] = act(gate) * up, the bits glu_split.wgsl gives on the same products.
 
+// With a RoPE epilogue into f16 caches: the directive they need.
+{{KV_ENABLE}}
+
 #include "common/params.wgsl"
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;

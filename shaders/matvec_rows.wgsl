@@ -31,6 +31,9 @@
 // the last row), so every invocation takes part. (Naga takes subgroup
 // operations without an `enable` directive when the device has them.)
 
+// With a RoPE epilogue into f16 caches: the directive they need.
+{{KV_ENABLE}}
+
 #include "common/params.wgsl"
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;

@@ -5,15 +5,17 @@
 // values from element src_base + t * stride: n_head query heads, n_kv_head
 // key heads, n_kv_head value heads. Queries and keys come from `qk` (after
 // per-head norms, if any), values from `vs`. The rotation is rope.wgsl's,
-// operation for operation.
+// operation for operation. The caches store {{KV}} (f16: each value
+// rounded to nearest as it is stored).
+{{KV_ENABLE}}
 
 #include "common/params.wgsl"
 
 @group(0) @binding(0) var<storage, read> qk: array<f32>;
 @group(0) @binding(1) var<storage, read> vs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> q: array<f32>;
-@group(0) @binding(3) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(4) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> kc: array<{{KV}}>;
+@group(0) @binding(4) var<storage, read_write> vc: array<{{KV}}>;
 @group(0) @binding(5) var<storage, read> tab: array<u32>;
 @group(0) @binding(6) var<uniform> p: RopeKvParams;
 
@@ -41,8 +43,8 @@ fn main(
     if (h >= p.n_head + p.n_kv_head) {
         // A value head: copied as it is.
         let dst = cache_base + (h - p.n_head - p.n_kv_head) * p.head_dim;
-        vc[dst + 2u * i] = vs[src + 2u * i];
-        vc[dst + 2u * i + 1u] = vs[src + 2u * i + 1u];
+        vc[dst + 2u * i] = {{KV}}(vs[src + 2u * i]);
+        vc[dst + 2u * i + 1u] = {{KV}}(vs[src + 2u * i + 1u]);
         return;
     }
     let is_q = h < p.n_head;
@@ -60,7 +62,7 @@ fn main(
         q[dst + ab.x] = y.x;
         q[dst + ab.y] = y.y;
     } else {
-        kc[dst + ab.x] = y.x;
-        kc[dst + ab.y] = y.y;
+        kc[dst + ab.x] = {{KV}}(y.x);
+        kc[dst + ab.y] = {{KV}}(y.y);
     }
 }

@@ -7,8 +7,10 @@
 // trip of the product fewer. Rows: n_head query heads, then n_kv_head key
 // heads, then n_kv_head value heads, p.head_dim each; p.rows / 2 pairs.
 
-@group(0) @binding({{KB}}) var<storage, read_write> kc: array<f32>;
-@group(0) @binding({{VB}}) var<storage, read_write> vc: array<f32>;
+// The caches store {{KV}} (the kernel's root starts with the f16 enable
+// directive where that needs one).
+@group(0) @binding({{KB}}) var<storage, read_write> kc: array<{{KV}}>;
+@group(0) @binding({{VB}}) var<storage, read_write> vc: array<{{KV}}>;
 @group(0) @binding({{TB}}) var<storage, read> tab: array<u32>;
 
 #include "common/rope_rot.wgsl"
@@ -32,8 +34,8 @@ fn rope_store(pi: u32, c: u32, v0: f32, v1: f32) {
     let qd = p.n_head * p.head_dim;
     let cache = tab[te] * kvd;
     if (h >= p.n_head + p.n_kv_head) {
-        vc[cache + rows.x - qd - kvd] = v0;
-        vc[cache + rows.y - qd - kvd] = v1;
+        vc[cache + rows.x - qd - kvd] = {{KV}}(v0);
+        vc[cache + rows.y - qd - kvd] = {{KV}}(v1);
         return;
     }
     var o = vec2<f32>(v0, v1);
@@ -44,7 +46,7 @@ fn rope_store(pi: u32, c: u32, v0: f32, v1: f32) {
         y[p.y_offset + c * p.y_stride + rows.x] = o.x;
         y[p.y_offset + c * p.y_stride + rows.y] = o.y;
     } else {
-        kc[cache + rows.x - qd] = o.x;
-        kc[cache + rows.y - qd] = o.y;
+        kc[cache + rows.x - qd] = {{KV}}(o.x);
+        kc[cache + rows.y - qd] = {{KV}}(o.y);
     }
 }

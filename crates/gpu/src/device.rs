@@ -485,6 +485,11 @@ impl Gpu {
         &self.info
     }
 
+    /// Whether kernels may use f16 (`SHADER_F16` is enabled): f16 KV caches.
+    pub fn has_f16(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
     /// Features enabled on the device (a subset of `SHADER_F16 | SUBGROUP`).
     pub fn features(&self) -> wgpu::Features {
         self.features

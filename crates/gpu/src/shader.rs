@@ -357,6 +357,16 @@ mod tests {
     }
 
     #[test]
+    fn f16_cache_kernels_validate_with_shader_f16() {
+        let specs = crate::ops::f16_cache_specs();
+        assert!(specs.len() > 20, "{} kernels", specs.len());
+        for spec in &specs {
+            assert!(spec.compose().unwrap().contains("enable f16;"), "{}", spec.name);
+            validate(spec, wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
+        }
+    }
+
+    #[test]
     fn missing_definition_and_include_are_errors() {
         let spec = KernelSpec::new("matvec.wgsl");
         let err = spec.compose().unwrap_err().to_string();

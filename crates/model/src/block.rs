@@ -122,6 +122,7 @@ mod tests {
             qkv_bias: false,
             activation: Activation::GeGlu,
             attn_scale: 0.25,
+            kv: Default::default(),
         };
         let local = Block::new(&c, 4);
         assert_eq!(local.window, Window::Last(512));

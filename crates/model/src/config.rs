@@ -78,6 +78,10 @@ pub struct Config {
     pub activation: Activation,
     /// Multiplies Q·K before softmax.
     pub attn_scale: f32,
+    /// The KV cache's element types: not from the file but the loader's
+    /// choice (`-ctk` / `-ctv`), kept here because every cache and every
+    /// count of its bytes is made from the config.
+    pub kv: crate::kv::KvTypes,
 }
 
 struct Keys<'a> {
@@ -234,6 +238,7 @@ impl Config {
             // Gemma 3 27B scales by 1/√(n_embd/n_head) instead (its
             // query_pre_attn_scalar); the sizes here all use the head dim.
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            kv: crate::kv::KvTypes::default(),
         })
     }
 

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::block::Block;
 use crate::config::{Activation, Config};
 use crate::error::ModelError;
+use crate::kv::{KvStore, KvType};
 use crate::ops;
 use crate::weights::Weights;
 use lamina_quant::act::Glu;
@@ -18,11 +19,12 @@ use lamina_quant::act::Glu;
 /// Values of the gated activation per rayon task: a few microseconds of work.
 const GLU_CHUNK: usize = 8192;
 
-/// Keys and values of every layer, for positions `0..len`.
+/// Keys and values of every layer, for positions `0..len`, in the
+/// config's cache types ([`crate::kv`]).
 pub struct KvCache {
     n_ctx: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<KvStore>,
+    v: Vec<KvStore>,
     len: usize,
 }
 
@@ -45,6 +47,9 @@ impl KvCache {
     /// keeps it from coming to that.
     pub fn for_layers(c: &Config, n_ctx: usize, n_layers: usize) -> Result<Self, ModelError> {
         crate::memory::kv_host_bytes(c, 1, n_layers, n_ctx)?;
+        if n_layers > 0 {
+            c.kv.check_head(c.head_dim)?;
+        }
         let per_layer = n_ctx
             .checked_mul(c.kv_dim())
             .ok_or(ModelError::KvOverflow {
@@ -52,21 +57,21 @@ impl KvCache {
                 n_ctx,
                 n_layers,
             })?;
-        let layers = || -> Result<Vec<Vec<f32>>, ModelError> {
+        let layers = |ty: KvType| -> Result<Vec<KvStore>, ModelError> {
             let mut v = Vec::new();
             v.try_reserve_exact(n_layers)
                 .map_err(|_| ModelError::Alloc {
-                    bytes: (n_layers as u64).saturating_mul(std::mem::size_of::<Vec<f32>>() as u64),
+                    bytes: (n_layers as u64).saturating_mul(std::mem::size_of::<KvStore>() as u64),
                 })?;
             for _ in 0..n_layers {
-                v.push(crate::memory::try_zeroed(per_layer)?);
+                v.push(KvStore::new(ty, per_layer)?);
             }
             Ok(v)
         };
         Ok(Self {
             n_ctx,
-            k: layers()?,
-            v: layers()?,
+            k: layers(c.kv.k)?,
+            v: layers(c.kv.v)?,
             len: 0,
         })
     }
@@ -405,9 +410,8 @@ impl<'a> CpuModel<'a> {
         }
         for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
             let rows = sg.start * kvd..(sg.start + sg.n) * kvd;
-            let at = sg.pos0 * kvd..(sg.pos0 + sg.n) * kvd;
-            cache.k[il][at.clone()].copy_from_slice(&k[rows.clone()]);
-            cache.v[il][at].copy_from_slice(&v[rows]);
+            cache.k[il].write(sg.pos0 * kvd, &k[rows.clone()]);
+            cache.v[il].write(sg.pos0 * kvd, &v[rows]);
         }
 
         // Attention, one task per token and run of `gs` query heads that
@@ -423,9 +427,9 @@ impl<'a> CpuModel<'a> {
             .filter(|d| group % d == 0)
             .find(|&d| n * c.n_head / d >= threads)
             .unwrap_or(1);
-        let kv: Vec<(&[f32], &[f32])> = caches
+        let kv: Vec<(&KvStore, &KvStore)> = caches
             .iter()
-            .map(|cache| (&cache.k[il][..], &cache.v[il][..]))
+            .map(|cache| (&cache.k[il], &cache.v[il]))
             .collect();
         let q = &*q;
         let attn = sized(attn, n * qd);
@@ -441,20 +445,17 @@ impl<'a> CpuModel<'a> {
                 let qh = &q[t * qd + head * hd..][..gs * hd];
                 let koff = head / group * hd;
                 let mut scores = vec![0.0f32; gs * len];
-                lamina_quant::attention_scores_heads(
+                lamina_quant::attention_scores_rows(
                     qh,
-                    hd,
-                    &kc[lo * kvd + koff..],
-                    kvd,
+                    &kc.rows(lo * kvd + koff, kvd, hd),
                     blk.attn_scale,
                     &mut scores,
                 );
                 scores.chunks_mut(len).for_each(ops::softmax);
-                lamina_quant::attention_values_heads(
+                lamina_quant::attention_values_rows(
                     &scores,
                     len,
-                    &vc[lo * kvd + koff..],
-                    kvd,
+                    &vc.rows(lo * kvd + koff, kvd, hd),
                     out,
                 );
             });

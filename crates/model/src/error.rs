@@ -57,6 +57,8 @@ pub enum ModelError {
         human_size(*.bytes)
     )]
     Alloc { bytes: u64 },
+    #[error("KV cache type: {0}")]
+    KvType(String),
     #[error("GPU: {0}")]
     Gpu(String),
     #[error(transparent)]

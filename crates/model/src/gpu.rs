@@ -16,14 +16,15 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Fuse, Gate, Gpu, MatmulKernel, QkvLayout, Rope, RopeOut, Tensor,
-    TokenRow, TokenTable, Weight,
+    Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel, QkvLayout, Rope, RopeOut,
+    Tensor, TokenRow, TokenTable, Weight,
 };
 
 use crate::block::Block;
 use crate::config::{Activation, Config};
 use crate::cpu::{CpuModel, KvCache, Logits};
 use crate::error::ModelError;
+use crate::kv::KvType;
 use crate::plan::{Device, Plan};
 use crate::weights::{Layer, Matrix};
 
@@ -123,6 +124,8 @@ pub struct HybridModel<'a> {
     /// step's are the first norm and the head): `bench model` prints the
     /// per-block count from it.
     block_dispatches: std::sync::atomic::AtomicU64,
+    /// How the GPU layers' caches store keys and values ([`gpu_kv`]).
+    gpu_kv: KvElem,
 }
 
 /// The GPU layers' keys and values of a set of sequences: per layer one
@@ -132,6 +135,21 @@ struct KvArena {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     n_ctx: usize,
+}
+
+/// How the GPU layers' caches store keys and values: the config's type,
+/// which must be f32 or f16 for both (the kernels have no q8_0 cache, and
+/// one element type serves keys and values alike).
+pub(crate) fn gpu_kv(c: &Config) -> Result<KvElem, ModelError> {
+    match (c.kv.k, c.kv.v) {
+        (KvType::F32, KvType::F32) => Ok(KvElem::F32),
+        (KvType::F16, KvType::F16) => Ok(KvElem::F16),
+        _ => Err(ModelError::KvType(format!(
+            "layers on the GPU keep keys and values as f32 or f16, the same for both; \
+             -ctk {} -ctv {} needs -ngl 0",
+            c.kv.k, c.kv.v
+        ))),
+    }
 }
 
 /// Keys and values: CPU layers in host memory, GPU layers in a slot of
@@ -270,6 +288,15 @@ impl<'a> HybridModel<'a> {
         };
         let mut layers = Vec::new();
         let mut head = None;
+        let mut kv = KvElem::F32;
+        if let (Some(g), true) = (&gpu, first_gpu < n_layer) {
+            kv = gpu_kv(&cpu.config)?;
+            if kv == KvElem::F16 && !g.has_f16() {
+                return Err(ModelError::KvType(
+                    "this GPU has no f16 in its shaders (SHADER_F16): use -ctk f32 -ctv f32".into(),
+                ));
+            }
+        }
         if let Some(g) = &gpu {
             let total = plan.gpu_weights;
             let mut done = 0;
@@ -296,6 +323,7 @@ impl<'a> HybridModel<'a> {
             head,
             scratch: Mutex::new(None),
             block_dispatches: Default::default(),
+            gpu_kv: kv,
         })
     }
 
@@ -340,7 +368,8 @@ impl<'a> HybridModel<'a> {
         let per_arena = match self.gpu.as_deref() {
             Some(g) if self.first_gpu < c.n_layer => {
                 // Less a little for the slack every tensor gets.
-                let limit = (g.binding_limit().saturating_sub(1 << 16) / 4).min(u32::MAX as u64);
+                let elem = self.gpu_kv.bytes() as u64;
+                let limit = (g.binding_limit().saturating_sub(1 << 16) / elem).min(u32::MAX as u64);
                 let limit = limit as usize;
                 (limit / slot_values.max(1)).max(1)
             }
@@ -368,9 +397,10 @@ impl<'a> HybridModel<'a> {
                         n_ctx,
                         n_layers: c.n_layer,
                     })?;
+                let words = self.gpu_kv.words(values);
                 for _ in self.first_gpu..c.n_layer {
-                    arena.k.push(g.tensor(values).map_err(gpu_err)?);
-                    arena.v.push(g.tensor(values).map_err(gpu_err)?);
+                    arena.k.push(g.tensor(words).map_err(gpu_err)?);
+                    arena.v.push(g.tensor(words).map_err(gpu_err)?);
                 }
             }
             let arena = Arc::new(arena);
@@ -751,6 +781,7 @@ impl<'a> HybridModel<'a> {
             n_head: c.n_head,
             n_kv_head: c.n_head_kv,
             head_dim: hd,
+            kv: self.gpu_kv,
         };
         let folded = Self::folded_gate_up(b, l, n);
         let fused = folded.is_some();
@@ -820,6 +851,7 @@ impl<'a> HybridModel<'a> {
                 pos0: 0,
                 window,
                 scale: blk.attn_scale,
+                kv: layout.kv,
             };
             b.attention_rows(
                 &s.q,
@@ -928,6 +960,7 @@ impl<'a> HybridModel<'a> {
                 pos0: 0,
                 window,
                 scale: attn_scale,
+                kv: layout.kv,
             };
             b.attention_rows(&s.q, kc, vc, &s.scores, &s.attn, &a, table, seg.first)?;
             at += run;

@@ -26,28 +26,32 @@ pub const SKIP_CHECK_ENV: &str = "LAMINA_NO_MEMORY_CHECK";
 pub const RUNTIME_RESERVE: u64 = 256 << 20;
 
 /// Bytes of `count` caches of `n_ctx` positions over `n_layers` layers held
-/// in host memory: keys and values, `kv_dim` f32 values per position.
+/// in host memory: keys and values, `kv_dim` values per position each, in
+/// the config's cache types.
 pub fn kv_host_bytes(
     c: &Config,
     count: usize,
     n_layers: usize,
     n_ctx: usize,
 ) -> Result<u64, ModelError> {
-    [
-        count,
-        n_layers,
-        2,
-        n_ctx,
-        c.kv_dim(),
-        std::mem::size_of::<f32>(),
-    ]
-    .iter()
-    .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
-    .ok_or(ModelError::KvOverflow {
+    let overflow = ModelError::KvOverflow {
         count,
         n_ctx,
         n_layers,
-    })
+    };
+    let values = [count, n_layers, n_ctx, c.kv_dim()]
+        .iter()
+        .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
+        .ok_or(overflow)?;
+    // Both types' bytes of `values` elements, each no more than 4 per value.
+    values
+        .checked_mul(4)
+        .map(|_| c.kv.k.bytes(values) + c.kv.v.bytes(values))
+        .ok_or(ModelError::KvOverflow {
+            count,
+            n_ctx,
+            n_layers,
+        })
 }
 
 /// What the machine can give now, and where the figure came from.
@@ -195,6 +199,7 @@ mod tests {
             qkv_bias: false,
             activation: crate::Activation::SwiGlu,
             attn_scale: 0.125,
+            kv: Default::default(),
         }
     }
 
@@ -202,11 +207,24 @@ mod tests {
     fn kv_bytes_are_slots_layers_k_and_v_positions_and_width() {
         let c = cfg();
         // SmolLM2-135M: 200 slots of 8192 positions, 30 layers, kv_dim 192.
+        // In the default f16, two bytes a value.
         assert_eq!(
             kv_host_bytes(&c, 200, 30, 8192).unwrap(),
-            200 * 30 * 2 * 8192 * 192 * 4
+            200 * 30 * 2 * 8192 * 192 * 2
         );
         assert_eq!(kv_host_bytes(&c, 4, 0, 4096).unwrap(), 0);
+        // f32 keys and q8_0 values: 4 bytes, then 34 per 32 values.
+        let mixed = Config {
+            kv: crate::KvTypes {
+                k: crate::KvType::F32,
+                v: crate::KvType::Q8_0,
+            },
+            ..c
+        };
+        assert_eq!(
+            kv_host_bytes(&mixed, 1, 30, 8192).unwrap(),
+            30 * 8192 * (192 * 4 + 192 / 32 * 34)
+        );
     }
 
     #[test]

@@ -377,6 +377,7 @@ mod tests {
             qkv_bias: false,
             activation: crate::Activation::SwiGlu,
             attn_scale: 0.25,
+            kv: Default::default(),
         }
     }
 

@@ -40,6 +40,7 @@
 //! column j is bit-identical to `matvec` of column j and to `dot_row`, for any number
 //! of columns or threads.
 
+use crate::kv::KvRows;
 use rayon::prelude::*;
 
 use crate::Decoder;
@@ -351,57 +352,52 @@ pub fn attention_scores_heads(
     scale: f32,
     out: &mut [f32],
 ) {
+    attention_scores_rows(q, &KvRows::F32 { data: keys, stride, d }, scale, out);
+}
+
+/// [`attention_scores_heads`] over keys in any cache type ([`KvRows`]): a
+/// row stored as f16 or q8_0 is widened to f32 first (exactly, for f16),
+/// so the scores are those of an f32 cache holding the same values.
+pub fn attention_scores_rows(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was just detected.
-        unsafe { scores_avx512(q, d, keys, stride, scale, out) };
+        unsafe { scores_avx512(q, keys, scale, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the feature was just detected.
-        unsafe { scores_fma(q, d, keys, stride, scale, out) };
+        unsafe { scores_fma(q, keys, scale, out) };
         return;
     }
-    scores_body(q, d, keys, stride, scale, out);
+    scores_body(q, keys, scale, out);
 }
 
-/// [`attention_scores_heads`] compiled for AVX-512: the 16 lanes of the
+/// [`attention_scores_rows`] compiled for AVX-512: the 16 lanes of the
 /// product are one register, the same operations as the other paths.
 /// Caller: the CPU has `avx512f`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn scores_avx512(
-    q: &[f32],
-    d: usize,
-    keys: &[f32],
-    stride: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    scores_body(q, d, keys, stride, scale, out);
+unsafe fn scores_avx512(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+    scores_body(q, keys, scale, out);
 }
 
-/// [`attention_scores_heads`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+/// [`attention_scores_rows`] compiled with the FMA instructions. Caller: the CPU has `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-unsafe fn scores_fma(
-    q: &[f32],
-    d: usize,
-    keys: &[f32],
-    stride: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    scores_body(q, d, keys, stride, scale, out);
+unsafe fn scores_fma(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+    scores_body(q, keys, scale, out);
 }
 
 #[inline(always)]
-fn scores_body(q: &[f32], d: usize, keys: &[f32], stride: usize, scale: f32, out: &mut [f32]) {
+fn scores_body(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+    let d = keys.width();
     let heads = q.len() / d.max(1);
     let len = out.len() / heads.max(1);
+    let mut buf = keys.buffer();
     for j in 0..len {
-        let k = &keys[j * stride..][..d];
+        let k = keys.row(j, &mut buf);
         for h in 0..heads {
             let mut acc = [0.0f32; LANES];
             accumulate_lanes(&mut acc, &q[h * d..][..d], k);
@@ -410,10 +406,8 @@ fn scores_body(q: &[f32], d: usize, keys: &[f32], stride: usize, scale: f32, out
     }
 }
 
-/// `out = Σ_j p[j] · v_j` for the rows `v_j = values[j·stride ..][..out.len()]`, each
-/// element a chain of FMAs in increasing j (`out` is zeroed first). Compiled for FMA
-/// where the CPU has it, four rows a pass so `out` is loaded and stored a quarter as
-/// often; the chain, and so the bits, do not depend on that grouping.
+/// `out = Σ_j p[j] · v_j` for the rows `v_j = values[j·stride ..][..out.len()]`, `j <
+/// p.len()`.
 pub fn attention_values(p: &[f32], values: &[f32], stride: usize, out: &mut [f32]) {
     attention_values_heads(p, p.len(), values, stride, out);
 }
@@ -429,44 +423,67 @@ pub fn attention_values_heads(
     stride: usize,
     out: &mut [f32],
 ) {
+    let heads = p.len() / len.max(1);
+    let d = out.len() / heads.max(1);
+    attention_values_rows(p, len, &KvRows::F32 { data: values, stride, d }, out);
+}
+
+/// [`attention_values_heads`] over values in any cache type ([`KvRows`]),
+/// widened to f32 row by row as [`attention_scores_rows`] does.
+pub fn attention_values_rows(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was just detected.
-        unsafe { values_avx512(p, len, values, stride, out) };
+        unsafe { values_avx512(p, len, values, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the feature was just detected.
-        unsafe { values_fma(p, len, values, stride, out) };
+        unsafe { values_fma(p, len, values, out) };
         return;
     }
-    values_body(p, len, values, stride, out);
+    values_body(p, len, values, out);
 }
 
-/// [`attention_values_heads`] compiled for AVX-512. Caller: the CPU has `avx512f`.
+/// [`attention_values_rows`] compiled for AVX-512. Caller: the CPU has `avx512f`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn values_avx512(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [f32]) {
-    values_body(p, len, values, stride, out);
+unsafe fn values_avx512(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
+    values_body(p, len, values, out);
 }
 
-/// [`attention_values_heads`] compiled with the FMA instructions. Caller: the CPU has `fma`.
+/// [`attention_values_rows`] compiled with the FMA instructions. Caller: the CPU has `fma`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-unsafe fn values_fma(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [f32]) {
-    values_body(p, len, values, stride, out);
+unsafe fn values_fma(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
+    values_body(p, len, values, out);
 }
 
+/// `out = Σ_j p[j] · v_j`, each element a chain of FMAs in increasing j (`out` is
+/// zeroed first). Compiled for FMA where the CPU has it, four rows a pass so `out`
+/// is loaded and stored a quarter as often; the chain, and so the bits, do not
+/// depend on that grouping.
 #[inline(always)]
-fn values_body(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [f32]) {
+fn values_body(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
     let heads = p.len() / len.max(1);
-    let d = out.len() / heads.max(1);
+    let d = values.width();
     out.fill(0.0);
-    let row = |j: usize| &values[j * stride..][..d];
+    let mut bufs = [
+        values.buffer(),
+        values.buffer(),
+        values.buffer(),
+        values.buffer(),
+    ];
     let mut j = 0;
     while j + 4 <= len {
-        let (v0, v1, v2, v3) = (row(j), row(j + 1), row(j + 2), row(j + 3));
+        let [b0, b1, b2, b3] = &mut bufs;
+        let (v0, v1, v2, v3) = (
+            values.row(j, b0),
+            values.row(j + 1, b1),
+            values.row(j + 2, b2),
+            values.row(j + 3, b3),
+        );
         for h in 0..heads {
             let ph = &p[h * len..][..len];
             let (p0, p1, p2, p3) = (ph[j], ph[j + 1], ph[j + 2], ph[j + 3]);
@@ -483,7 +500,7 @@ fn values_body(p: &[f32], len: usize, values: &[f32], stride: usize, out: &mut [
         j += 4;
     }
     while j < len {
-        let v = row(j);
+        let v = values.row(j, &mut bufs[0]);
         for h in 0..heads {
             let pj = p[h * len + j];
             for (o, x) in out[h * d..][..d].iter_mut().zip(v) {

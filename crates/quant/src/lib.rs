@@ -23,13 +23,15 @@ mod fp4;
 pub mod iq_tables;
 mod iquants;
 mod kquants;
+pub mod kv;
 mod legacy;
 mod ternary;
 
 pub use dot::{
-    attention_scores, attention_scores_heads, attention_values, attention_values_heads, dot_f32,
-    SIMD_LIMIT_VAR,
+    attention_scores, attention_scores_heads, attention_scores_rows, attention_values,
+    attention_values_heads, attention_values_rows, dot_f32, SIMD_LIMIT_VAR,
 };
+pub use kv::KvRows;
 pub use error::QuantError;
 pub use lamina_gguf::GgmlType;
 

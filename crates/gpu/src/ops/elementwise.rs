@@ -1,7 +1,7 @@
 //! The f32 kernels around the mat-muls: RMSNorm, RoPE, softmax, attention,
 //! gated activations, add, bias rows, scale and copy.
 
-use super::{shape, to_u32, Batch};
+use super::{shape, to_u32, Batch, KvElem};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
 use crate::params::{AttnParams, CopyParams, EltParams, NormParams, RopeParams, SoftmaxParams};
@@ -68,6 +68,8 @@ pub struct Attention {
     pub window: usize,
     /// Multiplier of `q·k` before the softmax (usually `1/√head_dim`).
     pub scale: f32,
+    /// How the caches store keys and values.
+    pub kv: KvElem,
 }
 
 /// Rotary embedding settings for [`Batch::rope`].
@@ -111,10 +113,23 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
     .chain([32, 64, 80, 128, 256, 2048].into_iter().flat_map(|hd| {
         (1..=MAX_HEADS_PER_WG)
             .filter(move |&g| attention_shared(g, hd) <= ATTN_SHARED_VALUES)
-            .map(move |g| attention_spec(g, hd))
+            .map(move |g| attention_spec(g, hd, KvElem::F32))
     }))
     .chain([attention_combine_spec()])
     .collect()
+}
+
+/// The attention variants over f16 caches (they need `SHADER_F16`).
+#[cfg(test)]
+pub(crate) fn attention_f16_specs() -> Vec<KernelSpec> {
+    [64, 128, 256]
+        .into_iter()
+        .flat_map(|hd| {
+            (1..=MAX_HEADS_PER_WG)
+                .filter(move |&g| attention_shared(g, hd) <= ATTN_SHARED_VALUES)
+                .map(move |g| attention_spec(g, hd, KvElem::F16))
+        })
+        .collect()
 }
 
 /// Most query heads one attention workgroup serves (its accumulators are
@@ -137,9 +152,11 @@ const ATTN_WG: usize = 64;
 /// guaranteed 16 KiB).
 const ATTN_SHARED_VALUES: usize = 4096;
 
-fn attention_spec(heads: usize, head_dim: usize) -> KernelSpec {
+fn attention_spec(heads: usize, head_dim: usize, kv: KvElem) -> KernelSpec {
     let hd4 = head_dim / 4;
     KernelSpec::new("attention.wgsl")
+        .def("KV", kv.wgsl())
+        .def("KV_ENABLE", kv.enable())
         .def("GC", heads.to_string())
         .def("HD", head_dim.to_string())
         .def("C", ATTN_CHUNK.to_string())
@@ -549,7 +566,8 @@ impl Batch<'_> {
         let mut split = false;
         for e in rows {
             let end = (e.row as usize + 1).checked_mul(kvd);
-            if e.pos > e.row || end.is_none_or(|end| end > k.len() || end > v.len()) {
+            let (kn, vn) = (a.kv.values(k.len()), a.kv.values(v.len()));
+            if e.pos > e.row || end.is_none_or(|end| end > kn || end > vn) {
                 return Err(bad(format!(
                     "token at position {} in row {} of caches of {} and {} elements",
                     e.pos,
@@ -594,8 +612,9 @@ impl Batch<'_> {
         let heads = heads_per_wg(a.n_tokens, a.n_head, a.n_kv_head, a.head_dim, chunks);
         let groups = to_u32(OP, "workgroups", a.n_tokens * a.n_head / heads * chunks)?;
         to_u32(OP, "scratch", scratch.len())?;
-        to_u32(OP, "cache", k.len().min(v.len()))?;
+        to_u32(OP, "cache", a.kv.values(k.len().min(v.len())))?;
         to_u32(OP, "q", q_len)?;
+        a.kv.check(self.gpu, OP)?;
         let params = AttnParams {
             n_tokens: to_u32(OP, "n_tokens", a.n_tokens)?,
             n_head: to_u32(OP, "n_head", a.n_head)?,
@@ -610,7 +629,7 @@ impl Batch<'_> {
         };
         let (gx, gy) = self.gpu.grid(groups);
         self.push(
-            &attention_spec(heads, a.head_dim),
+            &attention_spec(heads, a.head_dim, a.kv),
             &[
                 (&q.buf, None),
                 (&k.buf, None),

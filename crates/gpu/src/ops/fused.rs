@@ -34,12 +34,71 @@ impl Gate {
     }
 }
 
-/// Heads of a stacked QKV product row.
+/// How a KV cache buffer stores its values: f32, or f16 (half the bytes,
+/// on devices with `SHADER_F16`; written with WGSL's f32 → f16 conversion,
+/// which rounds to nearest on every device Lamina has met, as the CPU's
+/// cache does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvElem {
+    #[default]
+    F32,
+    F16,
+}
+
+impl KvElem {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvElem::F32 => 4,
+            KvElem::F16 => 2,
+        }
+    }
+
+    /// Values a cache tensor of `words` 32-bit elements holds.
+    pub fn values(self, words: usize) -> usize {
+        words.saturating_mul(4 / self.bytes())
+    }
+
+    /// 32-bit elements to allocate for `values` values.
+    pub fn words(self, values: usize) -> usize {
+        values.div_ceil(4 / self.bytes())
+    }
+
+    /// The WGSL scalar type of the cache's bindings.
+    pub(crate) fn wgsl(self) -> &'static str {
+        match self {
+            KvElem::F32 => "f32",
+            KvElem::F16 => "f16",
+        }
+    }
+
+    /// The directive a kernel binding the cache starts with.
+    pub(crate) fn enable(self) -> &'static str {
+        match self {
+            KvElem::F32 => "",
+            KvElem::F16 => "enable f16;",
+        }
+    }
+
+    /// Fails for f16 on a device without `SHADER_F16`.
+    pub(crate) fn check(self, gpu: &crate::Gpu, op: &'static str) -> Result<(), GpuError> {
+        if self == KvElem::F16 && !gpu.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(shape(
+                op,
+                "an f16 cache on a device without SHADER_F16".to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Heads of a stacked QKV product row, and how the caches its keys and
+/// values go to store them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QkvLayout {
     pub n_head: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
+    pub kv: KvElem,
 }
 
 impl QkvLayout {
@@ -55,6 +114,12 @@ impl QkvLayout {
     pub(crate) fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
     }
+}
+
+fn rope_kv_spec(kv: KvElem) -> KernelSpec {
+    KernelSpec::new("rope_kv.wgsl")
+        .def("KV", kv.wgsl())
+        .def("KV_ENABLE", kv.enable())
 }
 
 fn add_norm_spec(pre: bool) -> KernelSpec {
@@ -73,8 +138,18 @@ pub(crate) fn fused_specs() -> Vec<KernelSpec> {
         glu_split_spec(Gate::Silu),
         glu_split_spec(Gate::GeluTanh),
         KernelSpec::new("head_norm.wgsl"),
-        KernelSpec::new("rope_kv.wgsl"),
+        rope_kv_spec(KvElem::F32),
     ]
+}
+
+/// Every kernel that writes or reads an f16 cache (they need `SHADER_F16`):
+/// rope_kv, the mat-vecs' RoPE epilogues and attention.
+#[cfg(test)]
+pub(crate) fn f16_cache_specs() -> Vec<KernelSpec> {
+    let mut v = vec![rope_kv_spec(KvElem::F16)];
+    v.extend(super::elementwise::attention_f16_specs());
+    v.extend(super::matmul::rope_f16_specs());
+    v
 }
 
 /// The checks RoPE + cache writes make before a dispatch (rope_kv.wgsl and
@@ -94,7 +169,11 @@ pub(crate) fn check_rope_kv(
 ) -> Result<(), GpuError> {
     let hd = layout.head_dim;
     let kvd = layout.kv_dim();
-    let fits = |t: &Tensor, row: usize| (row + 1).checked_mul(kvd).is_some_and(|e| e <= t.len());
+    let fits = |t: &Tensor, row: usize| {
+        (row + 1)
+            .checked_mul(kvd)
+            .is_some_and(|e| e <= layout.kv.values(t.len()))
+    };
     let bad = |why: String| shape(op, format!("tokens {first}..+{n} of {layout:?}: {why}"));
     let rows = table
         .entries(first, n)
@@ -113,7 +192,11 @@ pub(crate) fn check_rope_kv(
     if hd == 0 || hd % 2 != 0 || rope.n_rot % 2 != 0 || rope.n_rot > hd || rope.head_dim != hd {
         return Err(bad(format!("rotating {} of heads of {hd}", rope.n_rot)));
     }
-    to_u32(op, "cache", k_cache.len().min(v_cache.len()))?;
+    to_u32(
+        op,
+        "cache",
+        layout.kv.values(k_cache.len().min(v_cache.len())),
+    )?;
     Ok(())
 }
 
@@ -377,7 +460,7 @@ impl Batch<'_> {
         if n == 0 {
             return Ok(());
         }
-        to_u32(OP, "cache", k_cache.len().min(v_cache.len()))?;
+        layout.kv.check(self.gpu, OP)?;
         let params = RopeKvParams {
             head_dim: to_u32(OP, "head_dim", hd)?,
             n_rot: to_u32(OP, "n_rot", rope.n_rot)?,
@@ -395,7 +478,7 @@ impl Batch<'_> {
         let pairs = to_u32(OP, "pairs", n * stride / 2)?;
         let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));
         self.push(
-            &KernelSpec::new("rope_kv.wgsl"),
+            &rope_kv_spec(layout.kv),
             &[
                 (&qk.buf, None),
                 (&vs.buf, None),

@@ -44,7 +44,7 @@
 
 use lamina_gguf::GgmlType;
 
-use super::{shape, to_u32, Batch, Gate, QkvLayout, Rope, TokenTable};
+use super::{shape, to_u32, Batch, Gate, KvElem, QkvLayout, Rope, TokenTable};
 use crate::buffer::{Tensor, Weight, TENSOR_SLACK};
 use crate::error::GpuError;
 use crate::params::{MatParams, RowsParams};
@@ -252,7 +252,7 @@ impl Fuse<'_> {
         FuseKind {
             norm: self.norm.is_some(),
             add: self.add,
-            rope: self.rope.is_some(),
+            rope: self.rope.map(|r| r.layout.kv),
         }
     }
 }
@@ -284,7 +284,8 @@ pub(crate) fn matvec_spec(
 pub(crate) struct FuseKind {
     pub norm: bool,
     pub add: bool,
-    pub rope: bool,
+    /// A RoPE epilogue, into caches of this element type.
+    pub rope: Option<KvElem>,
 }
 
 /// [`matvec_spec`] with a norm prologue and / or an add epilogue.
@@ -313,7 +314,7 @@ pub(crate) fn matvec_spec_fused(
     // After the weight's bindings: the norm weight, then the caches and the
     // token table of the RoPE epilogue.
     let n_bind = quant::weight_bindings(ty) + usize::from(fuse.norm);
-    let extra = usize::from(fuse.norm) + 3 * usize::from(fuse.rope);
+    let extra = usize::from(fuse.norm) + 3 * usize::from(fuse.rope.is_some());
     let spec = quant::weight_defs_with(KernelSpec::new(file), ty, extra)
         .def("KB", n_bind.to_string())
         .def("VB", (n_bind + 1).to_string())
@@ -327,8 +328,10 @@ pub(crate) fn matvec_spec_fused(
         .def("GLU_ON", if glu.is_some() { "true" } else { "false" })
         .def("NORM", if fuse.norm { "on" } else { "off" })
         .def("ADD", if fuse.add { "true" } else { "false" })
-        .def("ROPE", if fuse.rope { "on" } else { "off" })
-        .def("ROPE_ON", if fuse.rope { "true" } else { "false" });
+        .def("ROPE", if fuse.rope.is_some() { "on" } else { "off" })
+        .def("ROPE_ON", if fuse.rope.is_some() { "true" } else { "false" })
+        .def("KV_ENABLE", fuse.rope.unwrap_or_default().enable())
+        .def("KV", fuse.rope.unwrap_or_default().wgsl());
     // One thread per row walks all 32 lanes itself, so it can decode a
     // group of units that share their words from one load.
     let ug = if shape.tpr == 1 {
@@ -377,6 +380,9 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                 if rope && shape.rpt != 2 {
                     continue;
                 }
+                // The f16-cache variants need SHADER_F16: the f16 kernel
+                // validation test builds those.
+                let rope = rope.then_some(KvElem::F32);
                 let fuse = FuseKind { norm, add, rope };
                 for window in [None, Some(64)] {
                     v.push(matvec_spec_fused(ty, maxc, shape, window, None, sg, fuse));
@@ -399,6 +405,30 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                     sg,
                     norm,
                 ));
+            }
+        }
+    }
+    v
+}
+
+/// The mat-vec variants with a RoPE epilogue into f16 caches, over the
+/// types the real models' QKV weights use.
+#[cfg(test)]
+pub(crate) fn rope_f16_specs() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::F32] {
+        for shape in MatvecShape::CANDIDATES.into_iter().filter(|s| s.rpt == 2) {
+            for maxc in [1, MAX_SMALL_COLS] {
+                for sg in [false, true] {
+                    for norm in [false, true] {
+                        let fuse = FuseKind {
+                            norm,
+                            add: false,
+                            rope: Some(KvElem::F16),
+                        };
+                        v.push(matvec_spec_fused(ty, maxc, shape, None, None, sg, fuse));
+                    }
+                }
             }
         }
     }
@@ -663,6 +693,7 @@ impl Batch<'_> {
         if let Some(r) = &fuse.rope {
             let (kc, vc) = (r.k_cache, r.v_cache);
             super::fused::check_rope_kv(OP, &r.layout, &r.rope, r.table, r.first, n, kc, vc)?;
+            r.layout.kv.check(self.gpu, OP)?;
             if glu.is_some() || fuse.add || w.chunks.len() != 1 || w.rows() != r.layout.stride() {
                 return Err(shape(
                     OP,

@@ -18,8 +18,8 @@ pub mod matmul;
 pub(crate) use elementwise::elementwise_specs;
 pub use elementwise::{attention_scratch_len, Attention, Rope, TokenRow, TokenTable, ATTN_CHUNK};
 #[cfg(test)]
-pub(crate) use fused::fused_specs;
-pub use fused::{Gate, QkvLayout};
+pub(crate) use fused::{f16_cache_specs, fused_specs};
+pub use fused::{Gate, KvElem, QkvLayout};
 #[cfg(test)]
 pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
 pub use matmul::{Columns, Fuse, MatmulKernel, MatvecShape, RopeOut, LANES, MAX_SMALL_COLS};

@@ -3,7 +3,7 @@
 use super::common;
 
 use common::Rng;
-use lamina_gpu::{attention_scratch_len, Attention, Gpu, Rope, Tensor};
+use lamina_gpu::{attention_scratch_len, Attention, Gpu, KvElem, Rope, Tensor};
 
 /// RMSNorm: a 1000-term f32 sum of squares (relative error ≲ 1000·ε/√3 in
 /// the worst order, far less in a tree), a divide, a square root and two
@@ -299,6 +299,7 @@ fn attention_matches_reference() {
             pos0,
             window,
             scale: 1.0 / (head_dim as f32).sqrt(),
+            kv: KvElem::F32,
         };
         let kv_len = pos0 + n_tokens;
         let q: Vec<f32> = rng
@@ -318,6 +319,77 @@ fn attention_matches_reference() {
             &attention_reference(&q, &k, &v, &a),
             ATTN_REL_TOL,
         );
+    }
+}
+
+/// Over f16 caches, attention gives the bits it gives over f32 caches
+/// holding the same (rounded) values: the kernel widens each load exactly.
+#[test]
+fn attention_over_f16_caches_equals_f32_caches_of_the_rounded_values() {
+    let (_turn, gpu) = common::gpu();
+    if !gpu.has_f16() {
+        eprintln!("skipped: the device has no SHADER_F16");
+        return;
+    }
+    let mut rng = Rng::new(23);
+    for (n_tokens, pos0, n_head, n_kv_head, head_dim, window) in
+        [(3, 5, 4, 2, 64, 0), (1, 300, 9, 3, 64, 0), (20, 3, 4, 1, 256, 5)]
+    {
+        let a = Attention {
+            n_tokens,
+            n_head,
+            n_kv_head,
+            head_dim,
+            pos0,
+            window,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            kv: KvElem::F32,
+        };
+        let kv_len = pos0 + n_tokens;
+        let q = rng.vec(n_tokens * n_head * head_dim);
+        let round = |x: Vec<f32>| -> Vec<f32> {
+            x.iter()
+                .map(|&v| half::f16::from_f32(v * 3.0).to_f32())
+                .collect()
+        };
+        let k = round(rng.vec(kv_len * n_kv_head * head_dim));
+        let v = round(rng.vec(kv_len * n_kv_head * head_dim));
+        let [qt, kt, vt, scores] = attention_buffers(gpu, &a, &q, &k, &v);
+        let want = run(gpu, q.len(), |b, y| {
+            b.attention(&qt, &kt, &vt, &scores, y, &a).unwrap()
+        });
+        let pack = |x: &[f32]| -> Tensor {
+            let words: Vec<u32> = x
+                .chunks(2)
+                .map(|p| {
+                    let lo = half::f16::from_f32(p[0]).to_bits() as u32;
+                    let hi = p.get(1).map_or(0, |&h| half::f16::from_f32(h).to_bits() as u32);
+                    lo | hi << 16
+                })
+                .collect();
+            gpu.upload_u32(&words).unwrap()
+        };
+        let (kh, vh) = (pack(&k), pack(&v));
+        let a16 = Attention {
+            kv: KvElem::F16,
+            ..a
+        };
+        let got = run(gpu, q.len(), |b, y| {
+            b.attention(&qt, &kh, &vh, &scores, y, &a16).unwrap()
+        });
+        let diff = (0..q.len())
+            .filter(|&i| got[i].to_bits() != want[i].to_bits())
+            .count();
+        assert_eq!(diff, 0, "{a16:?}: {diff} of {} outputs differ", q.len());
+        // And an f32 attention call over the f16 buffers is refused by size
+        // when they are too small for f32 rows, never read out of bounds.
+        if kv_len > 1 {
+            let err = gpu
+                .batch()
+                .attention(&qt, &kh, &vh, &scores, &qt, &a)
+                .unwrap_err();
+            assert!(err.to_string().contains("caches of"), "{err}");
+        }
     }
 }
 
@@ -353,6 +425,7 @@ fn attention_is_the_same_for_a_token_alone_and_in_a_batch() {
             pos0,
             window,
             scale: 0.125,
+            kv: KvElem::F32,
         };
         let kv_len = pos0 + n_tokens;
         let q = rng.vec(n_tokens * n_head * head_dim);

@@ -8,7 +8,7 @@ use super::common;
 
 use common::Rng;
 use lamina_gguf::GgmlType;
-use lamina_gpu::{Columns, Gate, Gpu, QkvLayout, Rope, Tensor};
+use lamina_gpu::{Columns, Gate, Gpu, KvElem, QkvLayout, Rope, Tensor};
 
 fn bits(gpu: &Gpu, t: &Tensor) -> Vec<u32> {
     gpu.read_u32(t).unwrap()
@@ -160,6 +160,7 @@ fn qkv_epilogue_equals_norms_rope_and_copies() {
         n_head: 4,
         n_kv_head: 2,
         head_dim: 32,
+        kv: KvElem::F32,
     };
     let (hd, qd, kvd) = (32, 4 * 32, 2 * 32);
     let stride = layout.stride();
@@ -480,13 +481,25 @@ fn a_fused_product_refuses_the_tiled_kernel() {
 /// the mat-vec, and with the norm prologue in front.
 #[test]
 fn rope_epilogue_equals_product_then_rope_kv() {
-    use lamina_gpu::{Fuse, MatmulKernel, MatvecShape, RopeOut, TokenRow, TokenTable};
     let (_turn, gpu) = common::gpu();
+    // Into f32 caches, and into f16 caches where the device has f16.
+    let mut elems = vec![KvElem::F32];
+    if gpu.has_f16() {
+        elems.push(KvElem::F16);
+    }
+    for kv in elems {
+        rope_epilogue_case(gpu, kv);
+    }
+}
+
+fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
+    use lamina_gpu::{Fuse, MatmulKernel, MatvecShape, RopeOut, TokenRow, TokenTable};
     let mut rng = Rng::new(0x907e);
     let layout = QkvLayout {
         n_head: 4,
         n_kv_head: 2,
         head_dim: 32,
+        kv,
     };
     let (hd, qd, kvd, stride) = (32, 128, 64, layout.stride());
     let (k, ctx) = (96, 40);
@@ -565,6 +578,36 @@ fn rope_epilogue_equals_product_then_rope_kv() {
                 bits(gpu, &kc1),
                 bits(gpu, &vc1),
             ];
+            if kv == KvElem::F16 {
+                // The f16 caches hold the f32 caches' values, rounded to
+                // nearest: the same steps into f32 caches, then compared.
+                let f32_layout = QkvLayout {
+                    kv: KvElem::F32,
+                    ..layout
+                };
+                let (kr, vr) = (
+                    common::poisoned(gpu, ctx * kvd),
+                    common::poisoned(gpu, ctx * kvd),
+                );
+                let q0 = common::poisoned(gpu, (first + n) * qd);
+                let mut b = gpu.batch();
+                b.rope_kv_rows(&qkv, &qkv, &q0, &kr, &vr, &f32_layout, &rope, table, first, n)
+                    .unwrap();
+                b.submit().unwrap();
+                for (half_words, full) in [(&want[1], &kr), (&want[2], &vr)] {
+                    let full = gpu.read_f32(full).unwrap();
+                    let halves: Vec<u16> = half_words
+                        .iter()
+                        .flat_map(|w| [*w as u16, (*w >> 16) as u16])
+                        .collect();
+                    for e in &host[first..first + n] {
+                        for i in e.row as usize * kvd..(e.row as usize + 1) * kvd {
+                            let want = half::f16::from_f32(full[i]).to_bits();
+                            assert_eq!(halves[i], want, "{kv:?} cache value {i}");
+                        }
+                    }
+                }
+            }
             let shapes: Vec<Option<MatvecShape>> = if n == 1 && !norm {
                 MatvecShape::CANDIDATES.map(Some).into_iter().collect()
             } else {
@@ -604,7 +647,7 @@ fn rope_epilogue_equals_product_then_rope_kv() {
                 b.matmul_fused_shaped(kernel, shape, &w, &x, &q2, cols, fuse)
                     .unwrap();
                 b.submit().unwrap();
-                let what = format!("neox {neox} n_rot {n_rot} n {n} norm {norm} {shape:?}");
+                let what = format!("{kv:?} neox {neox} n_rot {n_rot} n {n} norm {norm} {shape:?}");
                 same(&format!("{what}: queries"), &bits(gpu, &q2), &want[0]);
                 same(&format!("{what}: key cache"), &bits(gpu, &kc2), &want[1]);
                 same(&format!("{what}: value cache"), &bits(gpu, &vc2), &want[2]);

@@ -1,0 +1,214 @@
+//! Rows of a key or value cache in the types llama.cpp offers for it
+//! (`-ctk` / `-ctv`): f32, f16 and q8_0, and the conversions that store a
+//! row. The attention kernels (`dot.rs`) read any of them through
+//! [`KvRows`], widening a row to f32 just before its products, so a cache
+//! of f16 or q8_0 values gives the bits an f32 cache holding the same
+//! (rounded) values would.
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// Values per q8_0 block, and its bytes (an f16 scale, then 32 `i8`).
+pub const Q8_0_BLOCK: usize = 32;
+pub const Q8_0_BYTES: usize = 34;
+
+/// The rows `j = 0, 1, …` of one head's keys or values: row j is the `d`
+/// values from element `j · stride` of `data`.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32 {
+        data: &'a [f32],
+        stride: usize,
+        d: usize,
+    },
+    F16 {
+        data: &'a [f16],
+        stride: usize,
+        d: usize,
+    },
+    /// q8_0 blocks; `stride` and `d` count values and are multiples of 32
+    /// (a head's rows start on a block), `data` starts on a block.
+    Q8_0 {
+        data: &'a [u8],
+        stride: usize,
+        d: usize,
+    },
+}
+
+impl<'a> KvRows<'a> {
+    /// Values per row.
+    pub fn width(&self) -> usize {
+        match *self {
+            KvRows::F32 { d, .. } | KvRows::F16 { d, .. } | KvRows::Q8_0 { d, .. } => d,
+        }
+    }
+
+    /// A buffer for [`KvRows::row`]: none for f32 rows, which are borrowed.
+    pub(crate) fn buffer(&self) -> Vec<f32> {
+        match self {
+            KvRows::F32 { .. } => Vec::new(),
+            _ => vec![0.0; self.width()],
+        }
+    }
+
+    /// Row `j` as f32: borrowed from the cache, or widened into `buf` (from
+    /// [`KvRows::buffer`]).
+    #[inline(always)]
+    pub(crate) fn row<'b>(&'b self, j: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        match *self {
+            KvRows::F32 { data, stride, d } => &data[j * stride..][..d],
+            KvRows::F16 { data, stride, d } => {
+                data[j * stride..][..d].convert_to_f32_slice(&mut buf[..d]);
+                &buf[..d]
+            }
+            KvRows::Q8_0 { data, stride, d } => {
+                let b0 = j * stride / Q8_0_BLOCK * Q8_0_BYTES;
+                let blocks = &data[b0..][..d / Q8_0_BLOCK * Q8_0_BYTES];
+                crate::legacy::q8_0(blocks, &mut buf[..d]);
+                &buf[..d]
+            }
+        }
+    }
+}
+
+/// Stores `src` as f16, rounding to nearest, ties to even (as ggml's
+/// `ggml_fp32_to_fp16_row` and the GPU's conversion).
+pub fn f16_row(src: &[f32], dst: &mut [f16]) {
+    dst.convert_from_f32_slice(src);
+}
+
+/// Stores `src` (a multiple of 32 values) as q8_0 blocks into `dst`, as
+/// ggml's `quantize_row_q8_0_ref`: per block, `d = max|x| / 127` (stored
+/// as f16), `q = round(x / d)` with ties away from zero.
+pub fn q8_0_row(src: &[f32], dst: &mut [u8]) {
+    for (x, y) in src
+        .chunks_exact(Q8_0_BLOCK)
+        .zip(dst.chunks_exact_mut(Q8_0_BYTES))
+    {
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        y[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for (q, v) in y[2..].iter_mut().zip(x) {
+            *q = ((v * id).round() as i8) as u8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noise(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn f16_rows_round_to_nearest_and_widen_exactly() {
+        let x = noise(128, 7);
+        let mut h = vec![f16::ZERO; 128];
+        f16_row(&x, &mut h);
+        let rows = KvRows::F16 {
+            data: &h,
+            stride: 64,
+            d: 64,
+        };
+        let mut buf = rows.buffer();
+        let r1 = rows.row(1, &mut buf).to_vec();
+        for (i, (&v, &orig)) in r1.iter().zip(&x[64..]).enumerate() {
+            assert_eq!(v, f16::from_f32(orig).to_f32(), "value {i}");
+            // Within half an f16 ulp (2^-11 relative).
+            assert!((v - orig).abs() <= orig.abs() * (1.0 / 2048.0) + 1e-7, "{v} vs {orig}");
+        }
+    }
+
+    #[test]
+    fn q8_0_rows_match_ggml_rounding() {
+        let mut x = noise(64, 3);
+        x[5] = 0.0;
+        let mut q = vec![0u8; 2 * Q8_0_BYTES];
+        q8_0_row(&x, &mut q);
+        let rows = KvRows::Q8_0 {
+            data: &q,
+            stride: 32,
+            d: 32,
+        };
+        let mut buf = rows.buffer();
+        for j in 0..2 {
+            let r = rows.row(j, &mut buf).to_vec();
+            let amax = x[j * 32..][..32].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = f16::from_f32(amax / 127.0).to_f32();
+            // The largest value maps to ±127 and every value lands within
+            // half a step of its original.
+            assert!(r.iter().any(|v| (v.abs() - 127.0 * d).abs() < 1e-6));
+            for (v, o) in r.iter().zip(&x[j * 32..][..32]) {
+                assert!((v - o).abs() <= 0.5 * d + 1e-3 * d, "{v} vs {o} (step {d})");
+            }
+        }
+        assert_eq!(rows.row(0, &mut buf)[5], 0.0);
+        // An all-zero block stores d = 0 and zeros, not NaN.
+        let mut z = vec![0u8; Q8_0_BYTES];
+        q8_0_row(&[0.0; 32], &mut z);
+        assert!(z.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn widened_rows_give_the_bits_of_f32_rows_holding_the_same_values() {
+        // Scores and values over an f16 cache equal those over an f32 cache
+        // of the rounded values: the kernels see the same f32 rows.
+        let (d, len, heads) = (64, 37, 3);
+        let k = noise(len * 2 * d, 11);
+        let v = noise(len * 2 * d, 12);
+        let q = noise(heads * d, 13);
+        let p = noise(heads * len, 14);
+        let round = |ty: &str, x: &[f32]| -> Vec<f32> {
+            if ty == "f16" {
+                return x.iter().map(|&a| f16::from_f32(a).to_f32()).collect();
+            }
+            let mut b = vec![0u8; x.len() / 32 * Q8_0_BYTES];
+            q8_0_row(x, &mut b);
+            let mut out = vec![0.0; x.len()];
+            crate::legacy::q8_0(&b, &mut out);
+            out
+        };
+        for ty in ["f16", "q8_0"] {
+            let (kr, vr) = (round(ty, &k), round(ty, &v));
+            let (mut kh, mut vh) = (vec![f16::ZERO; k.len()], vec![f16::ZERO; v.len()]);
+            f16_row(&k, &mut kh);
+            f16_row(&v, &mut vh);
+            let (mut kq, mut vq) = (
+                vec![0u8; k.len() / 32 * Q8_0_BYTES],
+                vec![0u8; v.len() / 32 * Q8_0_BYTES],
+            );
+            q8_0_row(&k, &mut kq);
+            q8_0_row(&v, &mut vq);
+            // Second head of each row: offset d into the row of 2d values.
+            let (krows, vrows) = match ty {
+                "f16" => (
+                    KvRows::F16 { data: &kh[d..], stride: 2 * d, d },
+                    KvRows::F16 { data: &vh[d..], stride: 2 * d, d },
+                ),
+                _ => (
+                    KvRows::Q8_0 { data: &kq[d / 32 * Q8_0_BYTES..], stride: 2 * d, d },
+                    KvRows::Q8_0 { data: &vq[d / 32 * Q8_0_BYTES..], stride: 2 * d, d },
+                ),
+            };
+            let mut want = vec![0.0; heads * len];
+            crate::attention_scores_heads(&q, d, &kr[d..], 2 * d, 0.125, &mut want);
+            let mut got = vec![0.0; heads * len];
+            crate::attention_scores_rows(&q, &krows, 0.125, &mut got);
+            assert_eq!(want, got, "{ty} scores");
+            let mut want = vec![0.0; heads * d];
+            crate::attention_values_heads(&p, len, &vr[d..], 2 * d, &mut want);
+            let mut got = vec![0.0; heads * d];
+            crate::attention_values_rows(&p, len, &vrows, &mut got);
+            assert_eq!(want, got, "{ty} values");
+        }
+    }
+}
