@@ -274,6 +274,7 @@ pub struct ModelArgs {
     /// Context already in the cache before each pp and tg run.
     pub depth: usize,
     pub ngl: Ngl,
+    pub kv: lamina_model::KvTypes,
     /// Levels of concurrent decoding to measure besides the single stream.
     pub npl: Vec<usize>,
     pub json: bool,
@@ -294,6 +295,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         gpu_memory: None,
         n_ctx,
         n_parallel: a.npl.iter().copied().max().unwrap_or(1).max(1),
+        kv: a.kv,
     };
     let (m, table) = lamina_model::placement::load(&file, &load_args)?;
     if !a.json {

@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 
 use lamina_model::placement::Ngl;
+use lamina_model::{KvType, KvTypes};
 use lamina_sampling::SamplerConfig;
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -33,6 +34,31 @@ pub struct Placement {
     /// GPU memory budget for placement, e.g. 6GiB.
     #[arg(long, env = "LAMINA_GPU_MEMORY", value_parser = parse_size)]
     pub gpu_memory: Option<u64>,
+    #[command(flatten)]
+    pub cache: CacheTypes,
+}
+
+/// The KV cache's element types, as llama.cpp spells them. f16 by default
+/// (llama.cpp's default too): half of f32's bytes, and a few 1e-4 nats
+/// from the exact model (lamina-model's exact-reference test measures it).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheTypes {
+    /// Keys' type in the KV cache: f32, f16 or q8_0 (q8_0 for layers on
+    /// the CPU only). Also -ctk.
+    #[arg(long = "cache-type-k", env = "LAMINA_CACHE_TYPE_K", default_value = "f16")]
+    pub k: KvType,
+    /// Values' type in the KV cache: f32, f16 or q8_0. Also -ctv.
+    #[arg(long = "cache-type-v", env = "LAMINA_CACHE_TYPE_V", default_value = "f16")]
+    pub v: KvType,
+}
+
+impl CacheTypes {
+    pub fn types(&self) -> KvTypes {
+        KvTypes {
+            k: self.k,
+            v: self.v,
+        }
+    }
 }
 
 /// Sampling, as llama.cpp spells it. For `run` these are the sampler's

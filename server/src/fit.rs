@@ -19,6 +19,8 @@ pub struct FitArgs<'a> {
     pub budget: Option<u64>,
     pub n_ctx: Option<usize>,
     pub n_parallel: usize,
+    /// The KV cache types the plans count.
+    pub kv: lamina_model::KvTypes,
     pub json: bool,
     /// Probe the CPU's and the GPU's kernel bandwidth and predict decode speed.
     pub measure: bool,
@@ -98,7 +100,8 @@ fn predict(p: &Plan, tied: bool, probe: &Probe) -> Option<f64> {
 
 pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     let model = Model::open(a.file, LoadMode::Mmap)?;
-    let cfg = Config::from_gguf(&model)?;
+    let mut cfg = Config::from_gguf(&model)?;
+    cfg.kv = a.kv;
     let params = |n_ctx| PlanParams {
         n_ctx,
         n_parallel: a.n_parallel,
@@ -155,6 +158,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             json!({"n_layer": cfg.n_layer, "n_ctx": main_ctx, "n_parallel": a.n_parallel,
                    "budget_bytes": a.budget, "margin_bytes": plan::margin(budgets[0]),
                    "rows": rows, "recommended_ngl": main.ngl, "fits": fits,
+                   "cache_type_k": cfg.kv.k.name(), "cache_type_v": cfg.kv.v.name(),
                    "held_by_missing_kernels": held.iter().map(|h| json!({"tensor": h.tensor, "type": h.ty.name()})).collect::<Vec<_>>(),
                    "probe": probe.as_ref().map(|p| json!({"type": p.ty.name(), "cpu_gb_per_s": p.cpu_gbs,
                        "gpu_gb_per_s": p.gpu_gbs, "gpu": p.gpu_name}))})
@@ -163,10 +167,11 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     }
 
     println!(
-        "{}: {} with {} blocks + output layer; KV cache f32; {} parallel",
+        "{}: {} with {} blocks + output layer; KV cache {}; {} parallel",
         a.file.display(),
         cfg.arch.name(),
         cfg.n_layer,
+        cfg.kv,
         a.n_parallel
     );
     println!("\nAt context {main_ctx}:");

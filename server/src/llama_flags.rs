@@ -50,14 +50,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "Lamina's /slots shows the slots but cannot save or restore them yet",
     ),
     (
-        "--cache-type-k",
-        "the KV cache has one type, chosen by Lamina",
-    ),
-    (
-        "--cache-type-v",
-        "the KV cache has one type, chosen by Lamina",
-    ),
-    (
         "--no-kv-offload",
         "the KV cache follows its layer's placement",
     ),
@@ -308,12 +300,12 @@ mod tests {
 
     #[test]
     fn an_unimplemented_llama_server_flag_is_refused_by_name() {
-        let e = parse(&["lamina", "serve", "-m", "f", "-ctk", "q8_0"])
+        let e = parse(&["lamina", "serve", "-m", "f", "-nkvo"])
             .err()
             .unwrap();
         let line = explain(&e).unwrap();
         assert!(
-            line.contains("--cache-type-k (-ctk) is not implemented"),
+            line.contains("--no-kv-offload (-nkvo) is not implemented"),
             "{line}"
         );
         let e = parse(&["lamina", "serve", "-m", "f", "--reranking"])

@@ -115,6 +115,8 @@ enum Command {
         /// Sequences decoded together.
         #[arg(long, default_value_t = 1)]
         parallel: usize,
+        #[command(flatten)]
+        cache: cli::CacheTypes,
         #[arg(long)]
         json: bool,
         /// Probe the CPU's and GPU's bandwidth and predict decode tokens/s per -ngl.
@@ -216,6 +218,8 @@ enum BenchCommand {
             default_value = "0"
         )]
         ngl: lamina_model::placement::Ngl,
+        #[command(flatten)]
+        cache: cli::CacheTypes,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -334,6 +338,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 no_mmap,
                 ngl: placement.ngl,
                 gpu_memory: placement.gpu_memory,
+                kv: placement.cache.types(),
             })?
         }
         Command::Serve(a) => {
@@ -364,6 +369,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             gpu_memory,
             ctx,
             parallel,
+            cache,
             json,
             measure,
         } => fit::run(fit::FitArgs {
@@ -371,6 +377,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             budget: gpu_memory,
             n_ctx: ctx,
             n_parallel: parallel.max(1),
+            kv: cache.types(),
             json,
             measure,
         })?,
@@ -445,6 +452,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     reps,
                     depth,
                     ngl,
+                    cache,
                     threads,
                     npl,
                     json,
@@ -458,6 +466,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 reps,
                 depth,
                 ngl,
+                kv: cache.types(),
                 npl,
                 json,
             })?
@@ -470,7 +479,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             json,
         } => score::tokenize(&file, &text, !no_bos, !no_parse_special, json)?,
         Command::Score { file, placement } => {
-            score::score(&file, placement.ngl, placement.gpu_memory)?
+            score::score(
+                &file,
+                placement.ngl,
+                placement.gpu_memory,
+                placement.cache.types(),
+            )?
         }
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
@@ -545,6 +559,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         read_timeout_s: a.read_timeout,
         ngl: a.placement.ngl,
         gpu_memory: a.placement.gpu_memory,
+        kv: a.placement.cache.types(),
         shutdown_grace_s: a.shutdown_grace,
         no_mmap: a.no_mmap,
     })

@@ -32,6 +32,7 @@ pub struct RunArgs {
     pub no_mmap: bool,
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
+    pub kv: lamina_model::KvTypes,
 }
 
 /// What a generation produced, and how long each phase took.
@@ -64,6 +65,7 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         gpu_memory: a.gpu_memory,
         n_ctx,
         n_parallel: 1,
+        kv: a.kv,
     };
     let (model, table) = lamina_model::placement::load_with_progress(
         &file,

@@ -51,7 +51,12 @@ fn default_top() -> usize {
 
 /// Teacher forcing: the prompt as one batch, then each forced token in turn;
 /// step `t` is the distribution after `prompt + forced[..t]`.
-pub fn score(file: &Path, ngl: Ngl, gpu_memory: Option<u64>) -> anyhow::Result<()> {
+pub fn score(
+    file: &Path,
+    ngl: Ngl,
+    gpu_memory: Option<u64>,
+    kv: lamina_model::KvTypes,
+) -> anyhow::Result<()> {
     let mut input = String::new();
     std::io::stdin()
         .read_to_string(&mut input)
@@ -70,6 +75,7 @@ pub fn score(file: &Path, ngl: Ngl, gpu_memory: Option<u64>) -> anyhow::Result<(
         gpu_memory,
         n_ctx,
         n_parallel: 1,
+        kv,
     };
     let (m, _) = placement::load(&model, &args)?;
     let mut cache = m.new_cache(n_ctx)?;

@@ -47,6 +47,7 @@ pub struct ServeArgs {
     pub read_timeout_s: u64,
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
+    pub kv: lamina_model::KvTypes,
     pub shutdown_grace_s: u64,
     /// Read the model into memory rather than mapping it.
     pub no_mmap: bool,
@@ -127,6 +128,7 @@ async fn serve(
         parse_special_in_content: a.parse_special_in_content,
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
+        kv: a.kv,
         load_mode: if a.no_mmap {
             LoadMode::Read
         } else {

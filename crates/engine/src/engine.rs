@@ -61,6 +61,8 @@ pub struct EngineConfig {
     pub ngl: Ngl,
     /// GPU memory budget for placement.
     pub gpu_memory: Option<u64>,
+    /// The KV cache's element types (`-ctk` / `-ctv`).
+    pub kv: lamina_model::KvTypes,
     /// Map the file (the default) or read it into memory (`--no-mmap`), where
     /// changes to the file cannot reach the server.
     pub load_mode: LoadMode,
@@ -81,6 +83,7 @@ impl EngineConfig {
             parse_special_in_content: false,
             ngl: Ngl::Auto,
             gpu_memory: None,
+            kv: lamina_model::KvTypes::default(),
             load_mode: LoadMode::Mmap,
         }
     }
@@ -365,6 +368,7 @@ fn load_and_serve(
         gpu_memory: cfg.gpu_memory,
         n_ctx: n_ctx_slot.saturating_mul(cfg.n_parallel.max(1)),
         n_parallel: cfg.n_parallel.max(1),
+        kv: cfg.kv,
     };
     let (model, table) =
         placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;

@@ -13,6 +13,7 @@ use lamina_gpu::{Gpu, GpuOptions};
 use crate::config::Config;
 use crate::cpu::CpuModel;
 use crate::error::ModelError;
+use crate::kv::{KvType, KvTypes};
 use crate::gpu::HybridModel;
 use crate::plan::{self, human_size, Device, Plan, PlanParams};
 
@@ -64,6 +65,8 @@ pub struct LoadArgs {
     pub gpu_memory: Option<u64>,
     pub n_ctx: usize,
     pub n_parallel: usize,
+    /// The KV cache's element types (`-ctk` / `-ctv`).
+    pub kv: KvTypes,
 }
 
 /// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
@@ -254,12 +257,32 @@ pub fn load_with_progress<'m>(
     a: &LoadArgs,
     progress: &dyn Fn(u64, u64),
 ) -> Result<(HybridModel<'m>, String), ModelError> {
-    let cpu = CpuModel::load(model)?;
+    let mut cpu = CpuModel::load(model)?;
+    cpu.config.kv = a.kv;
+    cpu.config.kv.check_head(cpu.config.head_dim)?;
     let gpu = open_gpu(a.ngl)?;
     let info = gpu.as_ref().map(|g| g.adapter_info());
-    let p = choose_plan(model, &cpu.config, a, info)?;
+    let mut p = choose_plan(model, &cpu.config, a, info)?;
+    let mut kv_note = String::new();
+    let gpu_layers = p.slots.iter().any(|s| s.device == Device::Gpu && s.name != "output");
+    if let (Some(g), true) = (&gpu, gpu_layers) {
+        let kv = cpu.config.kv;
+        if !g.has_f16() && (kv.k == KvType::F16 || kv.v == KvType::F16) {
+            // f16 caches need f16 in the shaders; this device's caches take
+            // f32, so the whole cache does (one type, one count of bytes).
+            let f32 = |t| if t == KvType::F16 { KvType::F32 } else { t };
+            cpu.config.kv = KvTypes {
+                k: f32(kv.k),
+                v: f32(kv.v),
+            };
+            kv_note = " (f16 asked; this GPU's shaders have no f16, so f32)".to_string();
+            p = choose_plan(model, &cpu.config, a, info)?;
+        }
+        crate::gpu::gpu_kv(&cpu.config)?;
+    }
     let device = info.map_or("no GPU".to_owned(), |i| i.name.clone());
     let mut table = plan_table(&p, &device);
+    let _ = writeln!(table, "KV cache: {}{kv_note}", cpu.config.kv);
     if let (Ngl::Auto, Some(i)) = (a.ngl, info) {
         let (budget, source) = auto_budget(a.gpu_memory, i.free_memory);
         let _ = writeln!(

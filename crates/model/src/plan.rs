@@ -30,8 +30,6 @@ pub struct PlanParams {
     pub n_parallel: usize,
     /// Tokens of a prompt processed per step.
     pub n_batch: usize,
-    /// Bytes per cached key or value element (4 for f32, 2 for f16).
-    pub kv_elem_bytes: usize,
 }
 
 impl Default for PlanParams {
@@ -40,7 +38,6 @@ impl Default for PlanParams {
             n_ctx: 4096,
             n_parallel: 1,
             n_batch: 512,
-            kv_elem_bytes: 4,
         }
     }
 }
@@ -204,10 +201,8 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
     // Saturating: `-c` and `-np` come from the user, and a plan for an
     // absurd context must say "too much", not wrap (the cache itself is
     // counted with checked arithmetic before it is allocated).
-    let kv_per_layer = (p.n_ctx as u64)
-        .saturating_mul(c.kv_dim() as u64)
-        .saturating_mul(p.kv_elem_bytes as u64)
-        .saturating_mul(2);
+    // In the config's cache types (`-ctk` / `-ctv`).
+    let kv_per_layer = (p.n_ctx as u64).saturating_mul(c.kv.bytes_per_position(c.kv_dim()));
     let embd_bytes = l.embd;
     let mut plan = Plan {
         ngl,
@@ -455,8 +450,15 @@ mod tests {
         let pl = plan_from_bytes(&bytes, 7, false, &c, 2, &p);
         assert_eq!(pl.gpu_weights, 540);
         assert_eq!(pl.cpu_weights, 67);
+        // Keys and values of 32 values a position, 2 bytes each in f16.
+        assert_eq!(pl.gpu_kv, 2 * 4096 * 32 * 2);
+        assert_eq!(pl.cpu_kv, 3 * 2 * 4096 * 32 * 2);
+        let f32_cache = Config {
+            kv: crate::KvTypes::uniform(crate::KvType::F32),
+            ..c.clone()
+        };
+        let pl = plan_from_bytes(&bytes, 7, false, &f32_cache, 2, &p);
         assert_eq!(pl.gpu_kv, 2 * 4096 * 32 * 4);
-        assert_eq!(pl.cpu_kv, 3 * 2 * 4096 * 32 * 4);
         assert_eq!(plan_from_bytes(&bytes, 7, false, &c, 0, &p).gpu_total(), 0);
     }
 
