@@ -39,7 +39,7 @@ pub struct Placement {
 }
 
 /// The KV cache's element types, as llama.cpp spells them. f16 by default
-/// (llama.cpp's default too): half of f32's bytes, and a few 1e-4 nats
+/// (llama.cpp's default too): half of f32's bytes, a median 0.001 nats
 /// from the exact model (lamina-model's exact-reference test measures it).
 #[derive(clap::Args, Debug, Clone)]
 pub struct CacheTypes {

@@ -3,11 +3,13 @@
 //! values in that type.
 //!
 //! f16 is the default, as in llama.cpp: half the bytes of f32, and the
-//! rounding moves the exact-reference log-probabilities by a few 1e-4 nats
-//! (`tests/exact_reference.rs` measures it against the float64 model),
-//! far inside the 0.01-nat bar, where it costs the f32 cache's precision
-//! nothing a sampler could notice. q8_0 is a third of f32 (34 bytes per 32
-//! values) and host-only for now: the GPU kernels read f32 or f16.
+//! rounding moves the exact-reference log-probabilities by a median of
+//! 0.0009 nats on SmolLM2 and 0.0006 on Gemma 3 (`tests/exact_reference.rs`
+//! measures it against the float64 model; the bar is 0.01), with the argmax
+//! unchanged on every step. q8_0 is a little over a quarter of f32 (34
+//! bytes per 32 values) and costs these small models more (medians 0.033
+//! and 0.027, mostly from the keys); it is host-only for now: the GPU
+//! kernels read f32 or f16.
 
 use std::fmt;
 use std::str::FromStr;

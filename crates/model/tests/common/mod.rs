@@ -93,13 +93,20 @@ pub fn cases(reference_file: &str) -> Vec<Case> {
 /// The largest |Δ log-prob| over every listed token of every step, and how
 /// many steps' argmax equals the exact one. `logits` holds one row per step.
 pub fn compare(case: &Case, logits: &[f32], n_vocab: usize) -> (f64, usize) {
+    let (deltas, agree) = deltas(case, logits, n_vocab);
+    (deltas.into_iter().fold(0.0, f64::max), agree)
+}
+
+/// Every |Δ log-prob| of the exact top tokens at every step, and the steps
+/// whose argmax agrees with the exact one.
+pub fn deltas(case: &Case, logits: &[f32], n_vocab: usize) -> (Vec<f64>, usize) {
     assert_eq!(logits.len(), case.top.len() * n_vocab, "{:?}", case.prompt);
-    let mut worst = 0.0f64;
+    let mut all = Vec::new();
     let mut agree = 0;
     for (top, row) in case.top.iter().zip(logits.chunks(n_vocab)) {
         let lp = log_softmax(row);
         for &(id, want) in top {
-            worst = worst.max((lp[id] - want).abs());
+            all.push((lp[id] - want).abs());
         }
         let ours = row
             .iter()
@@ -109,5 +116,5 @@ pub fn compare(case: &Case, logits: &[f32], n_vocab: usize) -> (f64, usize) {
             .0;
         agree += usize::from(ours == top[0].0);
     }
-    (worst, agree)
+    (all, agree)
 }
