@@ -45,10 +45,18 @@ pub struct Placement {
 pub struct CacheTypes {
     /// Keys' type in the KV cache: f32, f16 or q8_0 (q8_0 for layers on
     /// the CPU only). Also -ctk.
-    #[arg(long = "cache-type-k", env = "LAMINA_CACHE_TYPE_K", default_value = "f16")]
+    #[arg(
+        long = "cache-type-k",
+        env = "LAMINA_CACHE_TYPE_K",
+        default_value = "f16"
+    )]
     pub k: KvType,
     /// Values' type in the KV cache: f32, f16 or q8_0. Also -ctv.
-    #[arg(long = "cache-type-v", env = "LAMINA_CACHE_TYPE_V", default_value = "f16")]
+    #[arg(
+        long = "cache-type-v",
+        env = "LAMINA_CACHE_TYPE_V",
+        default_value = "f16"
+    )]
     pub v: KvType,
 }
 

@@ -478,14 +478,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             no_parse_special,
             json,
         } => score::tokenize(&file, &text, !no_bos, !no_parse_special, json)?,
-        Command::Score { file, placement } => {
-            score::score(
-                &file,
-                placement.ngl,
-                placement.gpu_memory,
-                placement.cache.types(),
-            )?
-        }
+        Command::Score { file, placement } => score::score(
+            &file,
+            placement.ngl,
+            placement.gpu_memory,
+            placement.cache.types(),
+        )?,
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())

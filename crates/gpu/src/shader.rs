@@ -361,7 +361,11 @@ mod tests {
         let specs = crate::ops::f16_cache_specs();
         assert!(specs.len() > 20, "{} kernels", specs.len());
         for spec in &specs {
-            assert!(spec.compose().unwrap().contains("enable f16;"), "{}", spec.name);
+            assert!(
+                spec.compose().unwrap().contains("enable f16;"),
+                "{}",
+                spec.name
+            );
             validate(spec, wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP);
         }
     }

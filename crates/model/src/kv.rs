@@ -48,7 +48,9 @@ impl KvType {
         match self {
             KvType::F32 => values.saturating_mul(4),
             KvType::F16 => values.saturating_mul(2),
-            KvType::Q8_0 => values.div_ceil(Q8_0_BLOCK as u64).saturating_mul(Q8_0_BYTES as u64),
+            KvType::Q8_0 => values
+                .div_ceil(Q8_0_BLOCK as u64)
+                .saturating_mul(Q8_0_BYTES as u64),
         }
     }
 
@@ -146,10 +148,9 @@ impl KvStore {
         Ok(match ty {
             KvType::F32 => KvStore::F32(try_filled(values, 0.0f32)?),
             KvType::F16 => KvStore::F16(try_filled(values, f16::ZERO)?),
-            KvType::Q8_0 => KvStore::Q8_0(try_filled(
-                values.div_ceil(Q8_0_BLOCK) * Q8_0_BYTES,
-                0u8,
-            )?),
+            KvType::Q8_0 => {
+                KvStore::Q8_0(try_filled(values.div_ceil(Q8_0_BLOCK) * Q8_0_BYTES, 0u8)?)
+            }
         })
     }
 
@@ -226,7 +227,11 @@ mod tests {
             buf.copy_from_slice(&src[64..]);
             for (g, w) in got.iter().zip(&buf) {
                 // These values are exact in f16; q8_0 within half a step.
-                let tol = if t == KvType::Q8_0 { 4.0 / 127.0 / 2.0 + 1e-6 } else { 0.0 };
+                let tol = if t == KvType::Q8_0 {
+                    4.0 / 127.0 / 2.0 + 1e-6
+                } else {
+                    0.0
+                };
                 assert!((g - w).abs() <= tol, "{t}: {g} vs {w}");
             }
         }

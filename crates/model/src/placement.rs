@@ -13,8 +13,8 @@ use lamina_gpu::{Gpu, GpuOptions};
 use crate::config::Config;
 use crate::cpu::CpuModel;
 use crate::error::ModelError;
-use crate::kv::{KvType, KvTypes};
 use crate::gpu::HybridModel;
+use crate::kv::{KvType, KvTypes};
 use crate::plan::{self, human_size, Device, Plan, PlanParams};
 
 /// Budget assumed by `-ngl auto` when `--gpu-memory` is not given and the
@@ -264,7 +264,10 @@ pub fn load_with_progress<'m>(
     let info = gpu.as_ref().map(|g| g.adapter_info());
     let mut p = choose_plan(model, &cpu.config, a, info)?;
     let mut kv_note = String::new();
-    let gpu_layers = p.slots.iter().any(|s| s.device == Device::Gpu && s.name != "output");
+    let gpu_layers = p
+        .slots
+        .iter()
+        .any(|s| s.device == Device::Gpu && s.name != "output");
     if let (Some(g), true) = (&gpu, gpu_layers) {
         let kv = cpu.config.kv;
         if !g.has_f16() && (kv.k == KvType::F16 || kv.v == KvType::F16) {

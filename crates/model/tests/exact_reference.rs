@@ -197,7 +197,10 @@ fn check_rounded(model_file: &str, reference_file: &str) {
         );
         // Far from a broken cache (a wrong row or scale moves log-probs by
         // whole nats); q8_0's worst measured 0.35 and 0.60.
-        assert!(worst < 1.0, "{model_file} {place} {types}: worst {worst} nats");
+        assert!(
+            worst < 1.0,
+            "{model_file} {place} {types}: worst {worst} nats"
+        );
     }
 }
 

@@ -352,7 +352,16 @@ pub fn attention_scores_heads(
     scale: f32,
     out: &mut [f32],
 ) {
-    attention_scores_rows(q, &KvRows::F32 { data: keys, stride, d }, scale, out);
+    attention_scores_rows(
+        q,
+        &KvRows::F32 {
+            data: keys,
+            stride,
+            d,
+        },
+        scale,
+        out,
+    );
 }
 
 /// [`attention_scores_heads`] over keys in any cache type ([`KvRows`]): a
@@ -425,7 +434,16 @@ pub fn attention_values_heads(
 ) {
     let heads = p.len() / len.max(1);
     let d = out.len() / heads.max(1);
-    attention_values_rows(p, len, &KvRows::F32 { data: values, stride, d }, out);
+    attention_values_rows(
+        p,
+        len,
+        &KvRows::F32 {
+            data: values,
+            stride,
+            d,
+        },
+        out,
+    );
 }
 
 /// [`attention_values_heads`] over values in any cache type ([`KvRows`]),

@@ -124,7 +124,10 @@ mod tests {
         for (i, (&v, &orig)) in r1.iter().zip(&x[64..]).enumerate() {
             assert_eq!(v, f16::from_f32(orig).to_f32(), "value {i}");
             // Within half an f16 ulp (2^-11 relative).
-            assert!((v - orig).abs() <= orig.abs() * (1.0 / 2048.0) + 1e-7, "{v} vs {orig}");
+            assert!(
+                (v - orig).abs() <= orig.abs() * (1.0 / 2048.0) + 1e-7,
+                "{v} vs {orig}"
+            );
         }
     }
 
@@ -191,12 +194,28 @@ mod tests {
             // Second head of each row: offset d into the row of 2d values.
             let (krows, vrows) = match ty {
                 "f16" => (
-                    KvRows::F16 { data: &kh[d..], stride: 2 * d, d },
-                    KvRows::F16 { data: &vh[d..], stride: 2 * d, d },
+                    KvRows::F16 {
+                        data: &kh[d..],
+                        stride: 2 * d,
+                        d,
+                    },
+                    KvRows::F16 {
+                        data: &vh[d..],
+                        stride: 2 * d,
+                        d,
+                    },
                 ),
                 _ => (
-                    KvRows::Q8_0 { data: &kq[d / 32 * Q8_0_BYTES..], stride: 2 * d, d },
-                    KvRows::Q8_0 { data: &vq[d / 32 * Q8_0_BYTES..], stride: 2 * d, d },
+                    KvRows::Q8_0 {
+                        data: &kq[d / 32 * Q8_0_BYTES..],
+                        stride: 2 * d,
+                        d,
+                    },
+                    KvRows::Q8_0 {
+                        data: &vq[d / 32 * Q8_0_BYTES..],
+                        stride: 2 * d,
+                        d,
+                    },
                 ),
             };
             let mut want = vec![0.0; heads * len];

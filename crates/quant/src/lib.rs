@@ -31,8 +31,8 @@ pub use dot::{
     attention_scores, attention_scores_heads, attention_scores_rows, attention_values,
     attention_values_heads, attention_values_rows, dot_f32, SIMD_LIMIT_VAR,
 };
-pub use kv::KvRows;
 pub use error::QuantError;
+pub use kv::KvRows;
 pub use lamina_gguf::GgmlType;
 
 /// Decodes whole blocks: `src` holds `n` blocks and `dst` exactly `n · block_size` weights.

@@ -329,7 +329,10 @@ pub(crate) fn matvec_spec_fused(
         .def("NORM", if fuse.norm { "on" } else { "off" })
         .def("ADD", if fuse.add { "true" } else { "false" })
         .def("ROPE", if fuse.rope.is_some() { "on" } else { "off" })
-        .def("ROPE_ON", if fuse.rope.is_some() { "true" } else { "false" })
+        .def(
+            "ROPE_ON",
+            if fuse.rope.is_some() { "true" } else { "false" },
+        )
         .def("KV_ENABLE", fuse.rope.unwrap_or_default().enable())
         .def("KV", fuse.rope.unwrap_or_default().wgsl());
     // One thread per row walks all 32 lanes itself, so it can decode a

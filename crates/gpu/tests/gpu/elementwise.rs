@@ -332,9 +332,11 @@ fn attention_over_f16_caches_equals_f32_caches_of_the_rounded_values() {
         return;
     }
     let mut rng = Rng::new(23);
-    for (n_tokens, pos0, n_head, n_kv_head, head_dim, window) in
-        [(3, 5, 4, 2, 64, 0), (1, 300, 9, 3, 64, 0), (20, 3, 4, 1, 256, 5)]
-    {
+    for (n_tokens, pos0, n_head, n_kv_head, head_dim, window) in [
+        (3, 5, 4, 2, 64, 0),
+        (1, 300, 9, 3, 64, 0),
+        (20, 3, 4, 1, 256, 5),
+    ] {
         let a = Attention {
             n_tokens,
             n_head,
@@ -363,7 +365,9 @@ fn attention_over_f16_caches_equals_f32_caches_of_the_rounded_values() {
                 .chunks(2)
                 .map(|p| {
                     let lo = half::f16::from_f32(p[0]).to_bits() as u32;
-                    let hi = p.get(1).map_or(0, |&h| half::f16::from_f32(h).to_bits() as u32);
+                    let hi = p
+                        .get(1)
+                        .map_or(0, |&h| half::f16::from_f32(h).to_bits() as u32);
                     lo | hi << 16
                 })
                 .collect();

@@ -591,8 +591,19 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
                 );
                 let q0 = common::poisoned(gpu, (first + n) * qd);
                 let mut b = gpu.batch();
-                b.rope_kv_rows(&qkv, &qkv, &q0, &kr, &vr, &f32_layout, &rope, table, first, n)
-                    .unwrap();
+                b.rope_kv_rows(
+                    &qkv,
+                    &qkv,
+                    &q0,
+                    &kr,
+                    &vr,
+                    &f32_layout,
+                    &rope,
+                    table,
+                    first,
+                    n,
+                )
+                .unwrap();
                 b.submit().unwrap();
                 for (half_words, full) in [(&want[1], &kr), (&want[2], &vr)] {
                     let full = gpu.read_f32(full).unwrap();
