@@ -5,9 +5,10 @@
 // workgroups and no score leaves the workgroup.
 //
 // Token t is entry p.tab_first + t of the token table `tab`, (cache row,
-// position) as two u32; at position pos in rows base ..= row (base = row -
-// pos, its sequence's first row), it attends to positions lo ..= pos, lo = 0
-// or the start of its sliding window; query head h reads KV head
+// position) as two u32; position j of its sequence is in row base + j mod
+// p.ring (base = row - pos mod p.ring, the sequence's first row; p.ring is
+// u32::MAX except for a sliding-window layer's ring of rows), and it attends
+// to positions lo ..= pos, lo = 0 or the start of its sliding window; query head h reads KV head
 // h / (n_head / n_kv_head). Chunk c holds the absolute positions
 // c * C .. c * C + C - 1 (C = {{C}}); token t's chunks are lo / C ..= pos / C,
 // so how a token is split depends on its position and window only, never on
@@ -106,8 +107,8 @@ fn main(
     }
     let kvh = h0 / (p.n_head / p.n_kv_head);
     let kv_stride4 = p.n_kv_head * HD4;
-    // Keys and values of position j sit at row base + j.
-    let base = tab[2u * (p.tab_first + t)] - pos;
+    // Keys and values of position j sit at row base + j mod ring.
+    let base = tab[2u * (p.tab_first + t)] - pos % p.ring;
     let c0 = c * C;
     let j_lo = max(lo, c0);
     let j_hi = min(pos, c0 + C - 1u);
@@ -126,7 +127,7 @@ fn main(
         let jj = u * WG + li;
         let j = c0 + jj;
         if (j >= j_lo && j <= j_hi) {
-            let kb4 = (base + j) * kv_stride4 + kvh * HD4;
+            let kb4 = (base + j % p.ring) * kv_stride4 + kvh * HD4;
             var d: array<vec4<f32>, GC>;
             for (var i = 0u; i < HD4; i++) {
                 let kv = vec4<f32>(k[kb4 + i]);
@@ -194,7 +195,7 @@ fn main(
                 jj += (jj_lo - jj + R - 1u) / R * R;
             }
             for (; jj <= jj_hi; jj += R) {
-                let vv = vec4<f32>(v[(base + c0 + jj) * kv_stride4 + kvh * HD4 + cq]);
+                let vv = vec4<f32>(v[(base + (c0 + jj) % p.ring) * kv_stride4 + kvh * HD4 + cq]);
                 for (var g = 0u; g < GC; g++) {
                     o[g] = fma(vec4<f32>(es[g * C + jj]), vv, o[g]);
                 }

@@ -58,6 +58,11 @@ pub struct CacheTypes {
         default_value = "f16"
     )]
     pub v: KvType,
+    /// Sliding-window layers (Gemma 3's local ones) keep every position
+    /// instead of a ring of their window plus one step, as llama.cpp's
+    /// --swa-full.
+    #[arg(long)]
+    pub swa_full: bool,
 }
 
 impl CacheTypes {
@@ -65,6 +70,7 @@ impl CacheTypes {
         KvTypes {
             k: self.k,
             v: self.v,
+            swa_full: self.swa_full,
         }
     }
 }

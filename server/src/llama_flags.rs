@@ -54,10 +54,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "the KV cache follows its layer's placement",
     ),
     ("--kv-unified", "each slot has its own KV cache"),
-    (
-        "--swa-full",
-        "the sliding-window cache size is chosen by Lamina",
-    ),
     ("--context-shift", "a sequence ends when its slot is full"),
     ("--grp-attn-n", "self-extend is not implemented"),
     ("--grp-attn-w", "self-extend is not implemented"),

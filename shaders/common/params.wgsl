@@ -85,7 +85,7 @@ struct AttnParams {
     n_chunks: u32,    // chunks per (token, head) in the partials
     scale: f32,
     q_offset: u32,    // element offset of token 0 in q and out
-    _pad0: u32,
+    ring: u32,        // rows per sequence of a sliding-window ring (else 0xffffffff)
     _pad1: u32,
     _pad2: u32,
 }

@@ -416,6 +416,9 @@ fn admit<C: Cache>(
     // where generation starts.
     let reuse = common_prefix(&slot.tokens, &p.prompt).min(p.prompt.len().saturating_sub(1));
     slot.cache.truncate(reuse);
+    // A sliding-window ring that no longer holds the window before `reuse`
+    // keeps less (nothing): the cache says what it kept.
+    let reuse = slot.cache.len();
     slot.tokens.truncate(reuse);
     let room = slot.cache.capacity().saturating_sub(p.prompt.len());
     let max_tokens = p.max_tokens.min(ctx.limits.max_tokens).min(room);

@@ -119,7 +119,10 @@ pub(crate) struct AttnParams {
     pub n_chunks: u32,
     pub scale: f32,
     pub q_offset: u32,
-    pub _pad: [u32; 3],
+    /// Rows per sequence of a ring cache (position p in row p mod ring);
+    /// `u32::MAX` for a cache of every position.
+    pub ring: u32,
+    pub _pad: [u32; 2],
 }
 
 /// `HeadNormParams`: per-head RMSNorm of the query and key heads of a

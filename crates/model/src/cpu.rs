@@ -11,7 +11,7 @@ use rayon::prelude::*;
 use crate::block::Block;
 use crate::config::{Activation, Config};
 use crate::error::ModelError;
-use crate::kv::{KvStore, KvType};
+use crate::kv::{KvStore, KvType, Rings};
 use crate::ops;
 use crate::weights::Weights;
 use lamina_quant::act::Glu;
@@ -20,11 +20,16 @@ use lamina_quant::act::Glu;
 const GLU_CHUNK: usize = 8192;
 
 /// Keys and values of every layer, for positions `0..len`, in the
-/// config's cache types ([`crate::kv`]).
+/// config's cache types ([`crate::kv`]). A sliding-window layer keeps a
+/// ring of [`crate::kv::layer_rows`] rows (position p in row p mod rows),
+/// any other layer every position.
 pub struct KvCache {
     n_ctx: usize,
     k: Vec<KvStore>,
     v: Vec<KvStore>,
+    /// Rows each layer keeps.
+    rows: Vec<usize>,
+    rings: Rings,
     len: usize,
 }
 
@@ -50,21 +55,18 @@ impl KvCache {
         if n_layers > 0 {
             c.kv.check_head(c.head_dim)?;
         }
-        let per_layer = n_ctx
-            .checked_mul(c.kv_dim())
-            .ok_or(ModelError::KvOverflow {
-                count: 1,
-                n_ctx,
-                n_layers,
-            })?;
+        let rows: Vec<usize> = (0..n_layers)
+            .map(|il| crate::kv::layer_rows(c, il, n_ctx))
+            .collect();
         let layers = |ty: KvType| -> Result<Vec<KvStore>, ModelError> {
             let mut v = Vec::new();
             v.try_reserve_exact(n_layers)
                 .map_err(|_| ModelError::Alloc {
                     bytes: (n_layers as u64).saturating_mul(std::mem::size_of::<KvStore>() as u64),
                 })?;
-            for _ in 0..n_layers {
-                v.push(KvStore::new(ty, per_layer)?);
+            for &r in &rows {
+                // Counted above: no overflow.
+                v.push(KvStore::new(ty, r * c.kv_dim())?);
             }
             Ok(v)
         };
@@ -72,6 +74,8 @@ impl KvCache {
             n_ctx,
             k: layers(c.kv.k)?,
             v: layers(c.kv.v)?,
+            rows,
+            rings: Rings::new(c, n_ctx),
             len: 0,
         })
     }
@@ -88,9 +92,84 @@ impl KvCache {
         self.n_ctx
     }
 
-    /// Forgets positions `len..` (to reuse a shared prefix).
+    /// Forgets positions `len..` (to reuse a shared prefix). Where a
+    /// sliding-window ring no longer holds the window before `len`, the
+    /// whole cache is forgotten: [`KvCache::len`] says what was kept.
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+        self.len = self.rings.keep(self.len, len);
+    }
+
+    /// Positions `0..len` are written.
+    fn advance(&mut self, len: usize) {
+        self.len = len;
+        self.rings.advance(len);
+    }
+}
+
+/// Runs a step of `n` tokens as steps of at most `limit` tokens (what a
+/// sliding-window ring allows, [`crate::kv::max_step`]): `run(range,
+/// which)` runs one of them. Returns the logits `which` asks of the whole
+/// step. The kernels are batch invariant, so the split changes no bits.
+pub(crate) fn split_steps(
+    n: usize,
+    limit: usize,
+    which: Logits,
+    mut run: impl FnMut(std::ops::Range<usize>, Logits) -> Result<Vec<f32>, ModelError>,
+) -> Result<Vec<f32>, ModelError> {
+    if n <= limit {
+        return run(0..n, which);
+    }
+    let mut out = Vec::new();
+    let mut s = 0;
+    while s < n {
+        let e = (s + limit).min(n);
+        let part = match which {
+            Logits::From(i) if i >= e => Logits::Last,
+            Logits::From(i) => Logits::From(i.saturating_sub(s)),
+            w => w,
+        };
+        let got = run(s..e, part)?;
+        match which {
+            Logits::Last if e == n => out = got,
+            Logits::Hidden => out.extend(got),
+            Logits::From(i) if i < e => out.extend(got),
+            _ => {}
+        }
+        s = e;
+    }
+    Ok(out)
+}
+
+/// [`split_steps`] for a step of several sequences: rounds in which each
+/// sequence with tokens left takes up to `limit` more; each sequence's
+/// logits are those of the round its tokens ended in.
+pub(crate) fn split_multi<C>(
+    work: &mut [(&[u32], &mut C)],
+    limit: usize,
+    mut run: impl FnMut(&mut [(&[u32], &mut C)]) -> Result<Vec<Vec<f32>>, ModelError>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    if work.iter().all(|(t, _)| t.len() <= limit) {
+        return run(work);
+    }
+    let mut out = vec![Vec::new(); work.len()];
+    let mut off = 0;
+    loop {
+        let mut idx = Vec::new();
+        let mut round: Vec<(&[u32], &mut C)> = Vec::new();
+        for (i, (t, c)) in work.iter_mut().enumerate() {
+            let t: &[u32] = t;
+            if t.len() > off {
+                idx.push(i);
+                round.push((&t[off..(off + limit).min(t.len())], &mut **c));
+            }
+        }
+        if round.is_empty() {
+            return Ok(out);
+        }
+        for (i, got) in idx.into_iter().zip(run(&mut round)?) {
+            out[i] = got;
+        }
+        off += limit;
     }
 }
 
@@ -198,6 +277,18 @@ impl<'a> CpuModel<'a> {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        let limit = crate::kv::max_step(&self.config, cache.n_ctx);
+        split_steps(tokens.len(), limit, which, |r, w| {
+            self.forward_step(&tokens[r], cache, w)
+        })
+    }
+
+    fn forward_step(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         in_pool(|| {
             let pos0 = cache.len;
             self.check_room(tokens.len(), pos0, cache.n_ctx)?;
@@ -206,7 +297,7 @@ impl<'a> CpuModel<'a> {
             for il in 0..self.config.n_layer {
                 self.layer(il, &mut x, tokens.len(), pos0, cache, &mut scratch)?;
             }
-            cache.len = pos0 + tokens.len();
+            cache.advance(pos0 + tokens.len());
             self.head(&x, tokens.len(), which)
         })
     }
@@ -219,7 +310,12 @@ impl<'a> CpuModel<'a> {
         &self,
         work: &mut [(&[u32], &mut KvCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        in_pool(|| self.forward_multi_here(work))
+        let limit = work
+            .iter()
+            .map(|(_, c)| crate::kv::max_step(&self.config, c.n_ctx))
+            .min()
+            .unwrap_or(usize::MAX);
+        in_pool(|| split_multi(work, limit, |w| self.forward_multi_here(w)))
     }
 
     fn forward_multi_here(
@@ -248,7 +344,7 @@ impl<'a> CpuModel<'a> {
             self.layer_multi(il, &mut x, &segs, &mut caches, &mut scratch)?;
         }
         for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
-            cache.len = sg.pos0 + sg.n;
+            cache.advance(sg.pos0 + sg.n);
         }
         // The last row of each sequence, through the head as one product.
         let e = c.n_embd;
@@ -312,7 +408,7 @@ impl<'a> CpuModel<'a> {
 
     /// Advances the cache after the layers of a step ran elsewhere too.
     pub(crate) fn commit(cache: &mut KvCache, len: usize) {
-        cache.len = len;
+        cache.advance(len);
     }
 
     /// Runs layer `il` on the CPU over `n` tokens starting at position `pos0`.
@@ -409,9 +505,14 @@ impl<'a> CpuModel<'a> {
             }
         }
         for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
-            let rows = sg.start * kvd..(sg.start + sg.n) * kvd;
-            cache.k[il].write(sg.pos0 * kvd, &k[rows.clone()]);
-            cache.v[il].write(sg.pos0 * kvd, &v[rows]);
+            // Position p in row p mod rows (a ring wraps mid-step).
+            let ring = cache.rows[il];
+            for t in 0..sg.n {
+                let src = (sg.start + t) * kvd..(sg.start + t + 1) * kvd;
+                let at = (sg.pos0 + t) % ring * kvd;
+                cache.k[il].write(at, &k[src.clone()]);
+                cache.v[il].write(at, &v[src]);
+            }
         }
 
         // Attention, one task per token and run of `gs` query heads that
@@ -427,9 +528,9 @@ impl<'a> CpuModel<'a> {
             .filter(|d| group % d == 0)
             .find(|&d| n * c.n_head / d >= threads)
             .unwrap_or(1);
-        let kv: Vec<(&KvStore, &KvStore)> = caches
+        let kv: Vec<(&KvStore, &KvStore, usize)> = caches
             .iter()
-            .map(|cache| (&cache.k[il], &cache.v[il]))
+            .map(|cache| (&cache.k[il], &cache.v[il], cache.rows[il]))
             .collect();
         let q = &*q;
         let attn = sized(attn, n * qd);
@@ -438,7 +539,7 @@ impl<'a> CpuModel<'a> {
             .for_each(|(i, out)| {
                 let runs = c.n_head / gs;
                 let (t, head) = (i / runs, i % runs * gs);
-                let (kc, vc) = kv[row_seg[t]];
+                let (kc, vc, ring) = kv[row_seg[t]];
                 let p = row_pos[t];
                 let lo = blk.window.first(p);
                 let len = p + 1 - lo;
@@ -447,7 +548,7 @@ impl<'a> CpuModel<'a> {
                 let mut scores = vec![0.0f32; gs * len];
                 lamina_quant::attention_scores_rows(
                     qh,
-                    &kc.rows(lo * kvd + koff, kvd, hd),
+                    &kc.rows(koff, kvd, hd, lo % ring, ring),
                     blk.attn_scale,
                     &mut scores,
                 );
@@ -455,7 +556,7 @@ impl<'a> CpuModel<'a> {
                 lamina_quant::attention_values_rows(
                     &scores,
                     len,
-                    &vc.rows(lo * kvd + koff, kvd, hd),
+                    &vc.rows(koff, kvd, hd, lo % ring, ring),
                     out,
                 );
             });

@@ -135,6 +135,23 @@ struct KvArena {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     n_ctx: usize,
+    /// Rows per slot of the sliding-window layers' rings (slot s, position
+    /// p at row s · ring + p mod ring), 0 when no GPU layer keeps a ring:
+    /// one size for them all (it follows from the window, one per model).
+    ring: usize,
+    /// Which GPU layers keep a ring.
+    is_ring: Vec<bool>,
+}
+
+impl KvArena {
+    /// The token table and ring size (0: none) of GPU layer `i`.
+    fn ring_of(&self, i: usize) -> usize {
+        if self.is_ring.get(i).copied().unwrap_or(false) {
+            self.ring
+        } else {
+            0
+        }
+    }
 }
 
 /// How the GPU layers' caches store keys and values: the config's type,
@@ -159,6 +176,8 @@ pub struct HybridCache {
     arena: Arc<KvArena>,
     slot: usize,
     len: usize,
+    /// What every layer's sliding-window ring still holds.
+    rings: crate::kv::Rings,
 }
 
 impl HybridCache {
@@ -174,10 +193,19 @@ impl HybridCache {
         self.arena.n_ctx
     }
 
-    /// Forgets positions `len..` (to reuse a shared prefix).
+    /// Forgets positions `len..` (to reuse a shared prefix), or everything
+    /// where a sliding-window ring no longer holds the window before `len`:
+    /// [`HybridCache::len`] says what was kept.
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-        self.cpu.truncate(len);
+        self.len = self.rings.keep(self.len, len);
+        self.cpu.truncate(self.len);
+    }
+
+    /// Positions `0..len` are written, in every layer.
+    fn advance(&mut self, len: usize) {
+        self.len = len;
+        self.rings.advance(len);
+        CpuModel::commit(&mut self.cpu, len);
     }
 }
 
@@ -239,6 +267,9 @@ struct Scratch {
     /// The token table of the step (`TokenRow`s) and its host copy.
     table: Tensor,
     rows: Vec<TokenRow>,
+    /// The same tokens' rows in the sliding-window layers' rings.
+    table_ring: Tensor,
+    rows_ring: Vec<TokenRow>,
     x: Tensor,
     x2: Tensor,
     /// The normed input of the next product (attention, feed-forward, head).
@@ -384,10 +415,22 @@ impl<'a> HybridModel<'a> {
             })?;
         while out.len() < count {
             let slots = per_arena.min(count - out.len());
+            let rows: Vec<usize> = (self.first_gpu..c.n_layer)
+                .map(|il| crate::kv::layer_rows(c, il, n_ctx))
+                .collect();
+            let is_ring: Vec<bool> = rows.iter().map(|&r| r < n_ctx).collect();
+            let ring = rows.iter().copied().filter(|&r| r < n_ctx).min().unwrap_or(0);
+            if rows.iter().any(|&r| r < n_ctx && r != ring) {
+                return Err(ModelError::KvType(
+                    "sliding-window layers of different windows on the GPU: use --swa-full".into(),
+                ));
+            }
             let mut arena = KvArena {
                 k: Vec::new(),
                 v: Vec::new(),
                 n_ctx,
+                ring,
+                is_ring,
             };
             if let Some(g) = self.gpu.as_deref() {
                 let values = slots
@@ -397,8 +440,14 @@ impl<'a> HybridModel<'a> {
                         n_ctx,
                         n_layers: c.n_layer,
                     })?;
-                let words = self.gpu_kv.words(values);
-                for _ in self.first_gpu..c.n_layer {
+                for (li, &r) in rows.iter().enumerate() {
+                    // A ring layer's buffers hold `ring` rows per slot (no
+                    // more than n_ctx: within `values`).
+                    let words = if arena.is_ring[li] {
+                        self.gpu_kv.words(slots * r * c.kv_dim())
+                    } else {
+                        self.gpu_kv.words(values)
+                    };
                     arena.k.push(g.tensor(words).map_err(gpu_err)?);
                     arena.v.push(g.tensor(words).map_err(gpu_err)?);
                 }
@@ -410,6 +459,7 @@ impl<'a> HybridModel<'a> {
                     arena: arena.clone(),
                     slot,
                     len: 0,
+                    rings: crate::kv::Rings::new(c, n_ctx),
                 });
             }
         }
@@ -449,7 +499,10 @@ impl<'a> HybridModel<'a> {
         cache: &mut HybridCache,
         which: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        crate::cpu::in_pool(|| self.forward_here(tokens, cache, which))
+        let limit = crate::kv::max_step(&self.cpu.config, cache.capacity());
+        crate::cpu::split_steps(tokens.len(), limit, which, |r, w| {
+            crate::cpu::in_pool(|| self.forward_here(&tokens[r], cache, w))
+        })
     }
 
     fn forward_here(
@@ -471,8 +524,7 @@ impl<'a> HybridModel<'a> {
             (Some(g), Some(head)) => self.gpu_part(g, head, &x, n, pos0, cache, which)?,
             _ => self.cpu.head(&x, n, which)?,
         };
-        cache.len = pos0 + n;
-        CpuModel::commit(&mut cache.cpu, pos0 + n);
+        cache.advance(pos0 + n);
         Ok(logits)
     }
 
@@ -489,7 +541,14 @@ impl<'a> HybridModel<'a> {
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        crate::cpu::in_pool(|| self.forward_multi_here(work))
+        let limit = work
+            .iter()
+            .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
+            .min()
+            .unwrap_or(usize::MAX);
+        crate::cpu::in_pool(|| {
+            crate::cpu::split_multi(work, limit, |w| self.forward_multi_here(w))
+        })
     }
 
     fn forward_multi_here(
@@ -501,7 +560,9 @@ impl<'a> HybridModel<'a> {
                 work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
             let out = self.cpu.forward_multi(&mut inner)?;
             for (t, c) in work.iter_mut() {
-                c.len += t.len();
+                let len = c.len + t.len();
+                c.len = len;
+                c.rings.advance(len);
             }
             return Ok(out);
         };
@@ -536,8 +597,8 @@ impl<'a> HybridModel<'a> {
         let flat = self.gpu_step(g, head, &xs, &segments, Logits::Last)?;
         let v = self.cpu.config.n_vocab;
         for (t, c) in work.iter_mut() {
-            c.len += t.len();
-            CpuModel::commit(&mut c.cpu, c.len);
+            let len = c.len + t.len();
+            c.advance(len);
         }
         Ok(flat.chunks_exact(v).map(<[f32]>::to_vec).collect())
     }
@@ -556,10 +617,16 @@ impl<'a> HybridModel<'a> {
             n,
             seqs,
             kv_room,
-            logits: t(n.max(seqs) * c.n_vocab)?,
+            // One row per sequence: the usual ask (a step's last logits).
+            // A step that wants more rows gets a tensor of its own, so a
+            // long prompt over a large vocabulary (Gemma 3's 262144) does
+            // not bind `n` rows of logits it never computes.
+            logits: t(seqs.max(1) * c.n_vocab)?,
             last: t(seqs * e)?,
             table: t(2 * n)?,
             rows: Vec::with_capacity(n),
+            table_ring: t(2 * n)?,
+            rows_ring: Vec::with_capacity(n),
             x: t(n * e)?,
             x2: t(n * e)?,
             h: t(n * e)?,
@@ -636,19 +703,34 @@ impl<'a> HybridModel<'a> {
         };
         // The token table: each token's position and its row in its
         // cache's buffers (its slot's first row plus the position).
+        // A ring layer's table has each token at its slot's first ring row
+        // plus its position mod the ring.
         s.rows.clear();
+        s.rows_ring.clear();
+        let any_ring = segments.iter().any(|seg| seg.cache.arena.ring > 0);
         for seg in segments {
-            let base = seg.cache.slot * seg.cache.arena.n_ctx;
+            let arena = &seg.cache.arena;
+            let base = seg.cache.slot * arena.n_ctx;
             for pos in seg.pos0..seg.pos0 + seg.n {
-                let (row, pos) = (u32::try_from(base + pos), u32::try_from(pos));
-                let (Ok(row), Ok(pos)) = (row, pos) else {
+                let (row, pos32) = (u32::try_from(base + pos), u32::try_from(pos));
+                let (Ok(row), Ok(pos32)) = (row, pos32) else {
                     return Err(ModelError::Gpu("cache rows beyond u32".into()));
                 };
-                s.rows.push(TokenRow { row, pos });
+                s.rows.push(TokenRow { row, pos: pos32 });
+                if any_ring {
+                    let r = arena.ring.max(1);
+                    let row = u32::try_from(seg.cache.slot * r + pos % r)
+                        .map_err(|_| ModelError::Gpu("cache rows beyond u32".into()))?;
+                    s.rows_ring.push(TokenRow { row, pos: pos32 });
+                }
             }
         }
         let flat: Vec<u32> = s.rows.iter().flat_map(|r| [r.row, r.pos]).collect();
         g.write_u32(&s.table, &flat).map_err(gpu_err)?;
+        if any_ring {
+            let flat: Vec<u32> = s.rows_ring.iter().flat_map(|r| [r.row, r.pos]).collect();
+            g.write_u32(&s.table_ring, &flat).map_err(gpu_err)?;
+        }
         let s = &*s;
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
@@ -697,7 +779,17 @@ impl<'a> HybridModel<'a> {
             b.submit().map_err(gpu_err)?;
             return g.read_f32_range(&s.h, 0, n * e).map_err(gpu_err);
         }
-        let logits = &s.logits;
+        let rows = match segments {
+            [_] => n - which.first(n),
+            _ => seqs,
+        };
+        let own;
+        let logits = if rows * c.n_vocab > s.logits.len() {
+            own = g.tensor(rows * c.n_vocab).map_err(gpu_err)?;
+            &own
+        } else {
+            &s.logits
+        };
         let m = if let [_] = segments {
             let first = which.first(n);
             let m = n - first;
@@ -785,10 +877,8 @@ impl<'a> HybridModel<'a> {
         };
         let folded = Self::folded_gate_up(b, l, n);
         let fused = folded.is_some();
-        let table = TokenTable {
-            host: &s.rows,
-            gpu: &s.table,
-        };
+        let ring = segments[0].cache.arena.ring_of(i);
+        let table = Self::table(s, ring);
         let rope = Rope {
             head_dim: hd,
             n_rot: blk.rope.n_rot,
@@ -852,6 +942,7 @@ impl<'a> HybridModel<'a> {
                 window,
                 scale: blk.attn_scale,
                 kv: layout.kv,
+                ring,
             };
             b.attention_rows(
                 &s.q,
@@ -883,6 +974,22 @@ impl<'a> HybridModel<'a> {
             )?;
         }
         self.record_ffn(b, il, l, next_norm, s, cur, spare, n, folded)
+    }
+
+    /// The step's token table for a layer whose cache is a ring of `ring`
+    /// rows per slot (0: every position).
+    fn table(s: &Scratch, ring: usize) -> TokenTable<'_> {
+        if ring > 0 {
+            TokenTable {
+                host: &s.rows_ring,
+                gpu: &s.table_ring,
+            }
+        } else {
+            TokenTable {
+                host: &s.rows,
+                gpu: &s.table,
+            }
+        }
     }
 
     /// Where block `l`'s norms fold into its products for an `n`-token
@@ -919,10 +1026,6 @@ impl<'a> HybridModel<'a> {
     ) -> Result<(), lamina_gpu::GpuError> {
         let c = &self.cpu.config;
         let hd = c.head_dim;
-        let table = TokenTable {
-            host: &s.rows,
-            gpu: &s.table,
-        };
         // Biases (qwen2), then per-head norms of q and k (qwen3, gemma3):
         // `v_src` holds the values, `qk_src` the queries and keys.
         let mut v_src = &s.qkv;
@@ -949,6 +1052,8 @@ impl<'a> HybridModel<'a> {
                 .count();
             let tokens: usize = segments[at..at + run].iter().map(|o| o.n).sum();
             let (kc, vc) = (&arena.k[i], &arena.v[i]);
+            let ring = arena.ring_of(i);
+            let table = Self::table(s, ring);
             b.rope_kv_rows(
                 qk_src, v_src, &s.q, kc, vc, layout, rope, table, seg.first, tokens,
             )?;
@@ -961,6 +1066,7 @@ impl<'a> HybridModel<'a> {
                 window,
                 scale: attn_scale,
                 kv: layout.kv,
+                ring,
             };
             b.attention_rows(&s.q, kc, vc, &s.scores, &s.attn, &a, table, seg.first)?;
             at += run;

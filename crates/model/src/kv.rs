@@ -16,8 +16,10 @@ use std::str::FromStr;
 
 use half::f16;
 use lamina_quant::kv::{Q8_0_BLOCK, Q8_0_BYTES};
-use lamina_quant::KvRows;
+use lamina_quant::{KvData, KvRows};
 
+use crate::block::{Block, Window};
+use crate::config::Config;
 use crate::error::ModelError;
 
 /// One cached key or value element.
@@ -89,16 +91,22 @@ impl FromStr for KvType {
     }
 }
 
-/// The key and the value cache types.
+/// The key and the value cache types, and whether sliding-window layers
+/// keep every position (`--swa-full`) or only their window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct KvTypes {
     pub k: KvType,
     pub v: KvType,
+    pub swa_full: bool,
 }
 
 impl KvTypes {
     pub fn uniform(t: KvType) -> Self {
-        KvTypes { k: t, v: t }
+        KvTypes {
+            k: t,
+            v: t,
+            swa_full: false,
+        }
     }
 
     /// Bytes of one position's keys and values over one layer of `kv_dim`.
@@ -121,6 +129,92 @@ impl fmt::Display for KvTypes {
         } else {
             write!(f, "K {} / V {}", self.k, self.v)
         }
+    }
+}
+
+/// The most tokens one step may bring a sequence whose sliding-window
+/// layers keep a ring: llama.cpp's default micro-batch, which its SWA cache
+/// is sized for too. Longer steps are split (`CpuModel::forward`), which
+/// changes no bits: the kernels are batch invariant.
+pub const SWA_STEP: usize = 512;
+
+/// Rows layer `il` keeps for a sequence of `n_ctx` positions: every
+/// position, or for a sliding-window layer (unless `--swa-full`) a ring of
+/// its window plus one step, rounded up to 256 as llama.cpp's SWA cache is
+/// (so the bytes match its), never more than `n_ctx`. Position p lives in
+/// row p mod rows.
+pub fn layer_rows(c: &Config, il: usize, n_ctx: usize) -> usize {
+    match Block::new(c, il).window {
+        Window::Last(w) if !c.kv.swa_full => {
+            n_ctx.min(w.saturating_add(SWA_STEP).div_ceil(256).saturating_mul(256))
+        }
+        _ => n_ctx,
+    }
+}
+
+/// The most tokens one step may add to a sequence of `n_ctx` positions:
+/// for a ring of `rows` over a window `w`, the step's first token still
+/// sees its whole window when `n ≤ rows − w + 1`.
+pub fn max_step(c: &Config, n_ctx: usize) -> usize {
+    (0..c.n_layer)
+        .filter_map(|il| match Block::new(c, il).window {
+            Window::Last(w) => {
+                let rows = layer_rows(c, il, n_ctx);
+                (rows < n_ctx).then(|| (rows + 1).saturating_sub(w).max(1))
+            }
+            Window::Full => None,
+        })
+        .min()
+        .unwrap_or(usize::MAX)
+}
+
+/// What the ring layers of a cache of `n_ctx` positions still hold, for
+/// reusing a prefix: after positions up to `len` were written, a ring of
+/// `rows` rows has lost every position below `len − rows`, and continuing
+/// at position L needs the `back` positions before it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rings {
+    /// The smallest ring (usize::MAX: no layer is a ring).
+    rows: usize,
+    /// The largest window less one.
+    back: usize,
+    /// No position below this is whole in every ring.
+    valid_from: usize,
+}
+
+impl Rings {
+    pub fn new(c: &Config, n_ctx: usize) -> Self {
+        let mut r = Rings {
+            rows: usize::MAX,
+            ..Rings::default()
+        };
+        for il in 0..c.n_layer {
+            if let Window::Last(w) = Block::new(c, il).window {
+                let rows = layer_rows(c, il, n_ctx);
+                if rows < n_ctx {
+                    r.rows = r.rows.min(rows);
+                    r.back = r.back.max(w.saturating_sub(1));
+                }
+            }
+        }
+        r
+    }
+
+    /// Positions up to `len` have been written.
+    pub fn advance(&mut self, len: usize) {
+        self.valid_from = self.valid_from.max(len.saturating_sub(self.rows));
+    }
+
+    /// The length a cache of `len` positions can be cut to when `want` is
+    /// asked: `want` (at most `len`) when the rings still hold the window
+    /// before it, else 0 (the prefix is computed again).
+    pub fn keep(&mut self, len: usize, want: usize) -> usize {
+        let l = want.min(len);
+        if l == 0 || l.saturating_sub(self.back) < self.valid_from {
+            self.valid_from = 0;
+            return 0;
+        }
+        l
     }
 }
 
@@ -168,25 +262,28 @@ impl KvStore {
         }
     }
 
-    /// The rows of `d` values every `stride` elements from element `start`
-    /// (for q8_0, all multiples of 32).
-    pub(crate) fn rows(&self, start: usize, stride: usize, d: usize) -> KvRows<'_> {
-        match self {
-            KvStore::F32(x) => KvRows::F32 {
-                data: &x[start..],
-                stride,
-                d,
-            },
-            KvStore::F16(x) => KvRows::F16 {
-                data: &x[start..],
-                stride,
-                d,
-            },
-            KvStore::Q8_0(x) => KvRows::Q8_0 {
-                data: &x[start / Q8_0_BLOCK * Q8_0_BYTES..],
-                stride,
-                d,
-            },
+    /// One head's rows: `d` values from element `off` of each row of
+    /// `stride`, row j of the result at storage row `(first + j) mod ring`
+    /// (for q8_0, `off`, `stride` and `d` are multiples of 32).
+    pub(crate) fn rows(
+        &self,
+        off: usize,
+        stride: usize,
+        d: usize,
+        first: usize,
+        ring: usize,
+    ) -> KvRows<'_> {
+        let data = match self {
+            KvStore::F32(x) => KvData::F32(&x[off..]),
+            KvStore::F16(x) => KvData::F16(&x[off..]),
+            KvStore::Q8_0(x) => KvData::Q8_0(&x[off / Q8_0_BLOCK * Q8_0_BYTES..]),
+        };
+        KvRows {
+            data,
+            stride,
+            d,
+            first,
+            ring,
         }
     }
 }
@@ -215,12 +312,38 @@ mod tests {
     }
 
     #[test]
+    fn rings_keep_a_prefix_only_while_they_hold_its_window() {
+        // A ring of 1024 rows over a window of 512.
+        let mut r = Rings {
+            rows: 1024,
+            back: 511,
+            valid_from: 0,
+        };
+        r.advance(900);
+        assert_eq!(r.keep(900, 600), 600);
+        // Written up to 2000: positions below 976 are gone.
+        r.advance(2000);
+        assert_eq!(r.keep(2000, 1500), 1500, "1500 needs 989..1500");
+        assert_eq!(r.keep(2000, 1400), 0, "1400 needs 889.., overwritten");
+        // After forgetting everything, the ring starts clean.
+        r.advance(10);
+        assert_eq!(r.keep(10, 5), 5);
+        // No ring: any prefix stays.
+        let mut none = Rings {
+            rows: usize::MAX,
+            ..Rings::default()
+        };
+        none.advance(100_000);
+        assert_eq!(none.keep(100_000, 3), 3);
+    }
+
+    #[test]
     fn stores_read_back_what_they_wrote() {
         let src: Vec<f32> = (0..128).map(|i| (i as f32 - 64.0) / 16.0).collect();
         for t in KvType::ALL {
             let mut s = KvStore::new(t, 256).unwrap();
             s.write(128, &src);
-            let rows = s.rows(128 + 64, 64, 64);
+            let rows = s.rows(0, 64, 64, 3, 4);
             let mut buf = vec![0.0; 64];
             let mut got = vec![0.0; 64];
             lamina_quant::attention_values_rows(&[1.0], 1, &rows, &mut got);

@@ -25,33 +25,34 @@ pub const SKIP_CHECK_ENV: &str = "LAMINA_NO_MEMORY_CHECK";
 /// logits, rayon's and the HTTP side's threads, the allocator's slack.
 pub const RUNTIME_RESERVE: u64 = 256 << 20;
 
-/// Bytes of `count` caches of `n_ctx` positions over `n_layers` layers held
-/// in host memory: keys and values, `kv_dim` values per position each, in
-/// the config's cache types.
+/// Bytes of `count` caches of `n_ctx` positions over the first `n_layers`
+/// layers held in host memory: keys and values, `kv_dim` values per row
+/// each, in the config's cache types; a sliding-window layer keeps only its
+/// ring's rows ([`crate::kv::layer_rows`]).
 pub fn kv_host_bytes(
     c: &Config,
     count: usize,
     n_layers: usize,
     n_ctx: usize,
 ) -> Result<u64, ModelError> {
-    let overflow = ModelError::KvOverflow {
+    let overflow = || ModelError::KvOverflow {
         count,
         n_ctx,
         n_layers,
     };
-    let values = [count, n_layers, n_ctx, c.kv_dim()]
+    let rows = (0..n_layers)
+        .map(|il| crate::kv::layer_rows(c, il, n_ctx) as u64)
+        .try_fold(0u64, |acc, r| acc.checked_add(r))
+        .ok_or_else(overflow)?;
+    let values = [count as u64, rows, c.kv_dim() as u64]
         .iter()
-        .try_fold(1u64, |acc, &x| acc.checked_mul(x as u64))
-        .ok_or(overflow)?;
+        .try_fold(1u64, |acc, &x| acc.checked_mul(x))
+        .ok_or_else(overflow)?;
     // Both types' bytes of `values` elements, each no more than 4 per value.
     values
         .checked_mul(4)
         .map(|_| c.kv.k.bytes(values) + c.kv.v.bytes(values))
-        .ok_or(ModelError::KvOverflow {
-            count,
-            n_ctx,
-            n_layers,
-        })
+        .ok_or_else(overflow)
 }
 
 /// What the machine can give now, and where the figure came from.
@@ -218,6 +219,7 @@ mod tests {
             kv: crate::KvTypes {
                 k: crate::KvType::F32,
                 v: crate::KvType::Q8_0,
+                swa_full: false,
             },
             ..c
         };

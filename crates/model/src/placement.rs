@@ -277,6 +277,7 @@ pub fn load_with_progress<'m>(
             cpu.config.kv = KvTypes {
                 k: f32(kv.k),
                 v: f32(kv.v),
+                ..kv
             };
             kv_note = " (f16 asked; this GPU's shaders have no f16, so f32)".to_string();
             p = choose_plan(model, &cpu.config, a, info)?;

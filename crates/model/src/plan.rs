@@ -201,8 +201,19 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
     // Saturating: `-c` and `-np` come from the user, and a plan for an
     // absurd context must say "too much", not wrap (the cache itself is
     // counted with checked arithmetic before it is allocated).
-    // In the config's cache types (`-ctk` / `-ctv`).
-    let kv_per_layer = (p.n_ctx as u64).saturating_mul(c.kv.bytes_per_position(c.kv_dim()));
+    // In the config's cache types (`-ctk` / `-ctv`); a sliding-window
+    // layer keeps a ring per sequence (`crate::kv::layer_rows`).
+    let per_position = c.kv.bytes_per_position(c.kv_dim());
+    let n_par = p.n_parallel.max(1);
+    let kv_layer = |il: usize| {
+        let rows = crate::kv::layer_rows(c, il, p.n_ctx / n_par);
+        let rows = if rows < p.n_ctx / n_par {
+            (rows as u64).saturating_mul(n_par as u64)
+        } else {
+            p.n_ctx as u64
+        };
+        rows.saturating_mul(per_position)
+    };
     let embd_bytes = l.embd;
     let mut plan = Plan {
         ngl,
@@ -229,7 +240,7 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         } else {
             w
         };
-        let kv = if i < n_layer { kv_per_layer } else { 0 };
+        let kv = if i < n_layer { kv_layer(i) } else { 0 };
         match device {
             Device::Gpu => {
                 plan.gpu_weights += w;

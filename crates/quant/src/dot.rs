@@ -354,11 +354,7 @@ pub fn attention_scores_heads(
 ) {
     attention_scores_rows(
         q,
-        &KvRows::F32 {
-            data: keys,
-            stride,
-            d,
-        },
+        &KvRows::f32(keys, stride, d),
         scale,
         out,
     );
@@ -437,11 +433,7 @@ pub fn attention_values_heads(
     attention_values_rows(
         p,
         len,
-        &KvRows::F32 {
-            data: values,
-            stride,
-            d,
-        },
+        &KvRows::f32(values, stride, d),
         out,
     );
 }

@@ -12,42 +12,50 @@ use half::slice::HalfFloatSliceExt;
 pub const Q8_0_BLOCK: usize = 32;
 pub const Q8_0_BYTES: usize = 34;
 
-/// The rows `j = 0, 1, …` of one head's keys or values: row j is the `d`
-/// values from element `j · stride` of `data`.
+/// A cache's elements: f32, f16, or q8_0 blocks (34 bytes per 32 values).
 #[derive(Clone, Copy, Debug)]
-pub enum KvRows<'a> {
-    F32 {
-        data: &'a [f32],
-        stride: usize,
-        d: usize,
-    },
-    F16 {
-        data: &'a [f16],
-        stride: usize,
-        d: usize,
-    },
-    /// q8_0 blocks; `stride` and `d` count values and are multiples of 32
-    /// (a head's rows start on a block), `data` starts on a block.
-    Q8_0 {
-        data: &'a [u8],
-        stride: usize,
-        d: usize,
-    },
+pub enum KvData<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Q8_0(&'a [u8]),
+}
+
+/// The rows `j = 0, 1, …` of one head's keys or values: row j is the `d`
+/// values from element `((first + j) mod ring) · stride` of `data` (a
+/// sliding-window layer's cache is a ring of `ring` rows; any other has
+/// `ring` = `usize::MAX`, rows one after another). For q8_0, `stride`,
+/// `d` and the head's offset into `data` are multiples of 32.
+#[derive(Clone, Copy, Debug)]
+pub struct KvRows<'a> {
+    pub data: KvData<'a>,
+    pub stride: usize,
+    pub d: usize,
+    pub first: usize,
+    pub ring: usize,
 }
 
 impl<'a> KvRows<'a> {
+    /// Contiguous f32 rows from row 0 (the plain kernels' layout).
+    pub fn f32(data: &'a [f32], stride: usize, d: usize) -> Self {
+        KvRows {
+            data: KvData::F32(data),
+            stride,
+            d,
+            first: 0,
+            ring: usize::MAX,
+        }
+    }
+
     /// Values per row.
     pub fn width(&self) -> usize {
-        match *self {
-            KvRows::F32 { d, .. } | KvRows::F16 { d, .. } | KvRows::Q8_0 { d, .. } => d,
-        }
+        self.d
     }
 
     /// A buffer for [`KvRows::row`]: none for f32 rows, which are borrowed.
     pub(crate) fn buffer(&self) -> Vec<f32> {
-        match self {
-            KvRows::F32 { .. } => Vec::new(),
-            _ => vec![0.0; self.width()],
+        match self.data {
+            KvData::F32(_) => Vec::new(),
+            _ => vec![0.0; self.d],
         }
     }
 
@@ -55,15 +63,16 @@ impl<'a> KvRows<'a> {
     /// [`KvRows::buffer`]).
     #[inline(always)]
     pub(crate) fn row<'b>(&'b self, j: usize, buf: &'b mut [f32]) -> &'b [f32] {
-        match *self {
-            KvRows::F32 { data, stride, d } => &data[j * stride..][..d],
-            KvRows::F16 { data, stride, d } => {
-                data[j * stride..][..d].convert_to_f32_slice(&mut buf[..d]);
+        let (d, at) = (self.d, (self.first + j) % self.ring * self.stride);
+        match self.data {
+            KvData::F32(x) => &x[at..][..d],
+            KvData::F16(x) => {
+                x[at..][..d].convert_to_f32_slice(&mut buf[..d]);
                 &buf[..d]
             }
-            KvRows::Q8_0 { data, stride, d } => {
-                let b0 = j * stride / Q8_0_BLOCK * Q8_0_BYTES;
-                let blocks = &data[b0..][..d / Q8_0_BLOCK * Q8_0_BYTES];
+            KvData::Q8_0(x) => {
+                let b0 = at / Q8_0_BLOCK * Q8_0_BYTES;
+                let blocks = &x[b0..][..d / Q8_0_BLOCK * Q8_0_BYTES];
                 crate::legacy::q8_0(blocks, &mut buf[..d]);
                 &buf[..d]
             }
@@ -114,10 +123,9 @@ mod tests {
         let x = noise(128, 7);
         let mut h = vec![f16::ZERO; 128];
         f16_row(&x, &mut h);
-        let rows = KvRows::F16 {
-            data: &h,
-            stride: 64,
-            d: 64,
+        let rows = KvRows {
+            data: KvData::F16(&h),
+            ..KvRows::f32(&[], 64, 64)
         };
         let mut buf = rows.buffer();
         let r1 = rows.row(1, &mut buf).to_vec();
@@ -137,10 +145,9 @@ mod tests {
         x[5] = 0.0;
         let mut q = vec![0u8; 2 * Q8_0_BYTES];
         q8_0_row(&x, &mut q);
-        let rows = KvRows::Q8_0 {
-            data: &q,
-            stride: 32,
-            d: 32,
+        let rows = KvRows {
+            data: KvData::Q8_0(&q),
+            ..KvRows::f32(&[], 32, 32)
         };
         let mut buf = rows.buffer();
         for j in 0..2 {
@@ -192,30 +199,15 @@ mod tests {
             q8_0_row(&k, &mut kq);
             q8_0_row(&v, &mut vq);
             // Second head of each row: offset d into the row of 2d values.
+            let at = |data| KvRows {
+                data,
+                ..KvRows::f32(&[], 2 * d, d)
+            };
             let (krows, vrows) = match ty {
-                "f16" => (
-                    KvRows::F16 {
-                        data: &kh[d..],
-                        stride: 2 * d,
-                        d,
-                    },
-                    KvRows::F16 {
-                        data: &vh[d..],
-                        stride: 2 * d,
-                        d,
-                    },
-                ),
+                "f16" => (at(KvData::F16(&kh[d..])), at(KvData::F16(&vh[d..]))),
                 _ => (
-                    KvRows::Q8_0 {
-                        data: &kq[d / 32 * Q8_0_BYTES..],
-                        stride: 2 * d,
-                        d,
-                    },
-                    KvRows::Q8_0 {
-                        data: &vq[d / 32 * Q8_0_BYTES..],
-                        stride: 2 * d,
-                        d,
-                    },
+                    at(KvData::Q8_0(&kq[d / 32 * Q8_0_BYTES..])),
+                    at(KvData::Q8_0(&vq[d / 32 * Q8_0_BYTES..])),
                 ),
             };
             let mut want = vec![0.0; heads * len];
@@ -229,5 +221,19 @@ mod tests {
             crate::attention_values_rows(&p, len, &vrows, &mut got);
             assert_eq!(want, got, "{ty} values");
         }
+    }
+
+    #[test]
+    fn ring_rows_wrap_to_the_start() {
+        // Rows 0..5 of a ring of 5 read from row 3: 3, 4, 0, 1, 2.
+        let data: Vec<f32> = (0..5 * 4).map(|i| i as f32).collect();
+        let rows = KvRows {
+            first: 3,
+            ring: 5,
+            ..KvRows::f32(&data, 4, 2)
+        };
+        let mut buf = rows.buffer();
+        let firsts: Vec<f32> = (0..5).map(|j| rows.row(j, &mut buf)[0]).collect();
+        assert_eq!(firsts, [12.0, 16.0, 0.0, 4.0, 8.0]);
     }
 }

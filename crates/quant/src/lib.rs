@@ -32,7 +32,7 @@ pub use dot::{
     attention_values_heads, attention_values_rows, dot_f32, SIMD_LIMIT_VAR,
 };
 pub use error::QuantError;
-pub use kv::KvRows;
+pub use kv::{KvData, KvRows};
 pub use lamina_gguf::GgmlType;
 
 /// Decodes whole blocks: `src` holds `n` blocks and `dst` exactly `n · block_size` weights.

@@ -70,6 +70,10 @@ pub struct Attention {
     pub scale: f32,
     /// How the caches store keys and values.
     pub kv: KvElem,
+    /// Rows per sequence when the caches are rings (a sliding-window
+    /// layer's: position p in row `first + p mod ring`, the window within
+    /// the ring); 0 for caches of every position.
+    pub ring: usize,
 }
 
 /// Rotary embedding settings for [`Batch::rope`].
@@ -564,10 +568,21 @@ impl Batch<'_> {
         // caches; the partials as many chunks as the furthest position needs.
         let mut kv_len = 0usize;
         let mut split = false;
+        // A ring holds each sequence's last `ring` positions: the window
+        // must fit in it (the caller keeps each step within the ring too).
+        let ring = if a.ring == 0 { usize::MAX } else { a.ring };
+        if a.ring > 0 && (a.window == 0 || a.window > a.ring) {
+            return Err(bad(format!("a ring of {} rows for a window of {}", a.ring, a.window)));
+        }
         for e in rows {
-            let end = (e.row as usize + 1).checked_mul(kvd);
+            // The sequence's rows: base .. base + min(ring, pos + 1).
+            let at = e.pos as usize % ring;
+            let base = (e.row as usize).checked_sub(at);
+            let end = base
+                .and_then(|b| b.checked_add(ring.min(e.pos as usize + 1)))
+                .and_then(|r| r.checked_mul(kvd));
             let (kn, vn) = (a.kv.values(k.len()), a.kv.values(v.len()));
-            if e.pos > e.row || end.is_none_or(|end| end > kn || end > vn) {
+            if end.is_none_or(|end| end > kn || end > vn) {
                 return Err(bad(format!(
                     "token at position {} in row {} of caches of {} and {} elements",
                     e.pos,
@@ -625,7 +640,12 @@ impl Batch<'_> {
             n_chunks: to_u32(OP, "n_chunks", chunks)?,
             scale: a.scale,
             q_offset: to_u32(OP, "q_offset", q_offset)?,
-            _pad: [0; 3],
+            ring: if a.ring == 0 {
+                u32::MAX
+            } else {
+                to_u32(OP, "ring", a.ring)?
+            },
+            _pad: [0; 2],
         };
         let (gx, gy) = self.gpu.grid(groups);
         self.push(

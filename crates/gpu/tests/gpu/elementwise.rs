@@ -300,6 +300,7 @@ fn attention_matches_reference() {
             window,
             scale: 1.0 / (head_dim as f32).sqrt(),
             kv: KvElem::F32,
+            ring: 0,
         };
         let kv_len = pos0 + n_tokens;
         let q: Vec<f32> = rng
@@ -346,6 +347,7 @@ fn attention_over_f16_caches_equals_f32_caches_of_the_rounded_values() {
             window,
             scale: 1.0 / (head_dim as f32).sqrt(),
             kv: KvElem::F32,
+            ring: 0,
         };
         let kv_len = pos0 + n_tokens;
         let q = rng.vec(n_tokens * n_head * head_dim);
@@ -397,6 +399,79 @@ fn attention_over_f16_caches_equals_f32_caches_of_the_rounded_values() {
     }
 }
 
+/// A sliding-window layer's ring cache (position p in row p mod ring,
+/// only the last `ring` positions kept) gives the bits of a cache of every
+/// position, for tokens whose windows and step fit the ring, with f32 and
+/// (where the device has it) f16 caches.
+#[test]
+fn attention_over_a_ring_equals_attention_over_every_position() {
+    use lamina_gpu::{TokenRow, TokenTable};
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(29);
+    let (n_head, n_kv_head, hd) = (4, 1, 64);
+    let kvd = n_kv_head * hd;
+    // Window 40, ring 64: a step of up to 25 tokens; the ring wraps
+    // inside the step and inside a 256-position chunk.
+    for (pos0, n_tokens, window, ring) in [(100, 20, 40, 64), (7, 3, 40, 64), (250, 1, 512, 1024)] {
+        let kv_len = pos0 + n_tokens;
+        let q = rng.vec(n_tokens * n_head * hd);
+        let (k, v) = (rng.vec(kv_len * kvd), rng.vec(kv_len * kvd));
+        let full = Attention {
+            n_tokens,
+            n_head,
+            n_kv_head,
+            head_dim: hd,
+            pos0,
+            window,
+            scale: 0.125,
+            kv: KvElem::F32,
+            ring: 0,
+        };
+        let [qt, kt, vt, scores] = attention_buffers(gpu, &full, &q, &k, &v);
+        let want = run(gpu, q.len(), |b, y| {
+            b.attention(&qt, &kt, &vt, &scores, y, &full).unwrap()
+        });
+        // The ring: the last `ring` positions at rows p mod ring.
+        let (mut kr, mut vr) = (vec![f32::NAN; ring * kvd], vec![f32::NAN; ring * kvd]);
+        for p in kv_len.saturating_sub(ring)..kv_len {
+            let (src, dst) = (p * kvd..(p + 1) * kvd, p % ring * kvd..(p % ring + 1) * kvd);
+            kr[dst.clone()].copy_from_slice(&k[src.clone()]);
+            vr[dst].copy_from_slice(&v[src]);
+        }
+        let host: Vec<TokenRow> = (pos0..kv_len)
+            .map(|p| TokenRow {
+                row: (p % ring) as u32,
+                pos: p as u32,
+            })
+            .collect();
+        let flat: Vec<u32> = host.iter().flat_map(|e| [e.row, e.pos]).collect();
+        let tab = gpu.upload_u32(&flat).unwrap();
+        let table = TokenTable {
+            host: &host,
+            gpu: &tab,
+        };
+        let a = Attention { ring, ..full };
+        let (krt, vrt) = (gpu.upload_f32(&kr).unwrap(), gpu.upload_f32(&vr).unwrap());
+        let got = run(gpu, q.len(), |b, y| {
+            b.attention_rows(&qt, &krt, &vrt, &scores, y, &a, table, 0)
+                .unwrap()
+        });
+        let diff = (0..q.len())
+            .filter(|&i| got[i].to_bits() != want[i].to_bits())
+            .count();
+        assert_eq!(diff, 0, "{a:?}: {diff} of {} outputs differ", q.len());
+        // A ring smaller than the window is refused.
+        let small = Attention {
+            ring: window - 1,
+            ..full
+        };
+        assert!(gpu
+            .batch()
+            .attention_rows(&qt, &krt, &vrt, &scores, &scores, &small, table, 0)
+            .is_err());
+    }
+}
+
 /// The query, key and value tensors of `a` on the GPU, and its (poisoned)
 /// chunk partials.
 fn attention_buffers(gpu: &Gpu, a: &Attention, q: &[f32], k: &[f32], v: &[f32]) -> [Tensor; 4] {
@@ -430,6 +505,7 @@ fn attention_is_the_same_for_a_token_alone_and_in_a_batch() {
             window,
             scale: 0.125,
             kv: KvElem::F32,
+            ring: 0,
         };
         let kv_len = pos0 + n_tokens;
         let q = rng.vec(n_tokens * n_head * head_dim);
