@@ -63,8 +63,8 @@ fn slots_larger_than_memory_are_refused_with_the_bytes() {
     let want = needed(np);
     assert_eq!(
         want,
-        (np * c.n_layer * 2 * train * c.kv_dim() * 4) as u64,
-        "slots x layers x K,V x positions x kv_dim x f32"
+        (np * c.n_layer * 2 * train * c.kv_dim() * 2) as u64,
+        "slots x layers x K,V x positions x kv_dim x f16 (the default cache type)"
     );
     let t0 = Instant::now();
     let out = output_within(
