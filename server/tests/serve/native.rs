@@ -215,7 +215,7 @@ fn server_wide_defaults_apply_until_a_request_overrides_them() {
 fn an_unimplemented_llama_server_flag_fails_naming_it() {
     for (flag, name) in [
         (&["--reranking"][..], "--reranking"),
-        (&["-ctk", "q8_0"][..], "-ctk"),
+        (&["-nkvo"][..], "-nkvo"),
         (&["--slot-save-path", "/tmp"][..], "--slot-save-path"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
