@@ -419,7 +419,12 @@ impl<'a> HybridModel<'a> {
                 .map(|il| crate::kv::layer_rows(c, il, n_ctx))
                 .collect();
             let is_ring: Vec<bool> = rows.iter().map(|&r| r < n_ctx).collect();
-            let ring = rows.iter().copied().filter(|&r| r < n_ctx).min().unwrap_or(0);
+            let ring = rows
+                .iter()
+                .copied()
+                .filter(|&r| r < n_ctx)
+                .min()
+                .unwrap_or(0);
             if rows.iter().any(|&r| r < n_ctx && r != ring) {
                 return Err(ModelError::KvType(
                     "sliding-window layers of different windows on the GPU: use --swa-full".into(),
@@ -546,9 +551,7 @@ impl<'a> HybridModel<'a> {
             .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
             .min()
             .unwrap_or(usize::MAX);
-        crate::cpu::in_pool(|| {
-            crate::cpu::split_multi(work, limit, |w| self.forward_multi_here(w))
-        })
+        crate::cpu::in_pool(|| crate::cpu::split_multi(work, limit, |w| self.forward_multi_here(w)))
     }
 
     fn forward_multi_here(

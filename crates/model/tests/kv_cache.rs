@@ -36,7 +36,8 @@ fn kv_bytes(file: &str, kv: KvTypes) -> u64 {
     };
     let p = plan::plan(&model, &cpu.config, 0, &params);
     // What the plan counts is what four slots' caches allocate.
-    let host = lamina_model::memory::kv_host_bytes(&cpu.config, 4, cpu.config.n_layer, 2048).unwrap();
+    let host =
+        lamina_model::memory::kv_host_bytes(&cpu.config, 4, cpu.config.n_layer, 2048).unwrap();
     assert_eq!(p.cpu_kv + p.gpu_kv, host, "{file}: plan and caches agree");
     host
 }
@@ -51,7 +52,10 @@ fn f16_cache_bytes_equal_llama_servers_at_8192_by_4() {
         swa_full: true,
         ..f16
     };
-    assert_eq!(kv_bytes("gemma-3-270m-q4_k_m.gguf", full), 18 * 24 / 3 * MIB);
+    assert_eq!(
+        kv_bytes("gemma-3-270m-q4_k_m.gguf", full),
+        18 * 24 / 3 * MIB
+    );
     // f32 doubles, q8_0 is 34/64 of f16.
     let f32 = KvTypes::uniform(KvType::F32);
     assert_eq!(kv_bytes("SmolLM2-135M-Instruct.Q4_1.gguf", f32), 360 * MIB);
@@ -75,7 +79,10 @@ fn run_steps(m: &HybridModel<'_>, n_ctx: usize) -> Vec<Vec<f32>> {
     let mut at = 0;
     let mut out = Vec::new();
     for n in steps {
-        out.push(m.forward(&tokens[at..at + n], &mut cache, Logits::Last).unwrap());
+        out.push(
+            m.forward(&tokens[at..at + n], &mut cache, Logits::Last)
+                .unwrap(),
+        );
         at += n;
     }
     out
@@ -103,7 +110,11 @@ fn ring_equals_full(on_gpu: bool) {
     }
     let (ring, full) = (&runs[0], &runs[1]);
     for (i, (a, b)) in ring.iter().zip(full).enumerate() {
-        let diff = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        let diff = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
         assert_eq!(diff, 0, "step {i}: {diff} logits differ (gpu {on_gpu})");
     }
 }

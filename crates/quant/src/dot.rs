@@ -352,12 +352,7 @@ pub fn attention_scores_heads(
     scale: f32,
     out: &mut [f32],
 ) {
-    attention_scores_rows(
-        q,
-        &KvRows::f32(keys, stride, d),
-        scale,
-        out,
-    );
+    attention_scores_rows(q, &KvRows::f32(keys, stride, d), scale, out);
 }
 
 /// [`attention_scores_heads`] over keys in any cache type ([`KvRows`]): a
@@ -365,44 +360,45 @@ pub fn attention_scores_heads(
 /// so the scores are those of an f32 cache holding the same values.
 pub fn attention_scores_rows(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was just detected.
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the features were just detected.
         unsafe { scores_avx512(q, keys, scale, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the feature was just detected.
+    if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the features were just detected.
         unsafe { scores_fma(q, keys, scale, out) };
         return;
     }
-    scores_body(q, keys, scale, out);
+    scores_body::<false>(q, keys, scale, out);
 }
 
 /// [`attention_scores_rows`] compiled for AVX-512: the 16 lanes of the
 /// product are one register, the same operations as the other paths.
 /// Caller: the CPU has `avx512f`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
+#[target_feature(enable = "avx512f,fma,f16c")]
 unsafe fn scores_avx512(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
-    scores_body(q, keys, scale, out);
+    scores_body::<true>(q, keys, scale, out);
 }
 
 /// [`attention_scores_rows`] compiled with the FMA instructions. Caller: the CPU has `fma`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
+#[target_feature(enable = "fma,f16c")]
 unsafe fn scores_fma(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
-    scores_body(q, keys, scale, out);
+    scores_body::<true>(q, keys, scale, out);
 }
 
 #[inline(always)]
-fn scores_body(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
+fn scores_body<const F16C: bool>(q: &[f32], keys: &KvRows<'_>, scale: f32, out: &mut [f32]) {
     let d = keys.width();
     let heads = q.len() / d.max(1);
     let len = out.len() / heads.max(1);
     let mut buf = keys.buffer();
     for j in 0..len {
-        let k = keys.row(j, &mut buf);
+        let k = keys.row::<F16C>(j, &mut buf);
         for h in 0..heads {
             let mut acc = [0.0f32; LANES];
             accumulate_lanes(&mut acc, &q[h * d..][..d], k);
@@ -430,44 +426,40 @@ pub fn attention_values_heads(
 ) {
     let heads = p.len() / len.max(1);
     let d = out.len() / heads.max(1);
-    attention_values_rows(
-        p,
-        len,
-        &KvRows::f32(values, stride, d),
-        out,
-    );
+    attention_values_rows(p, len, &KvRows::f32(values, stride, d), out);
 }
 
 /// [`attention_values_heads`] over values in any cache type ([`KvRows`]),
 /// widened to f32 row by row as [`attention_scores_rows`] does.
 pub fn attention_values_rows(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was just detected.
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: the features were just detected.
         unsafe { values_avx512(p, len, values, out) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the feature was just detected.
+    if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the features were just detected.
         unsafe { values_fma(p, len, values, out) };
         return;
     }
-    values_body(p, len, values, out);
+    values_body::<false>(p, len, values, out);
 }
 
 /// [`attention_values_rows`] compiled for AVX-512. Caller: the CPU has `avx512f`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
+#[target_feature(enable = "avx512f,fma,f16c")]
 unsafe fn values_avx512(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
-    values_body(p, len, values, out);
+    values_body::<true>(p, len, values, out);
 }
 
 /// [`attention_values_rows`] compiled with the FMA instructions. Caller: the CPU has `fma`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
+#[target_feature(enable = "fma,f16c")]
 unsafe fn values_fma(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
-    values_body(p, len, values, out);
+    values_body::<true>(p, len, values, out);
 }
 
 /// `out = Σ_j p[j] · v_j`, each element a chain of FMAs in increasing j (`out` is
@@ -475,7 +467,7 @@ unsafe fn values_fma(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]
 /// is loaded and stored a quarter as often; the chain, and so the bits, do not
 /// depend on that grouping.
 #[inline(always)]
-fn values_body(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
+fn values_body<const F16C: bool>(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
     let heads = p.len() / len.max(1);
     let d = values.width();
     out.fill(0.0);
@@ -489,10 +481,10 @@ fn values_body(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
     while j + 4 <= len {
         let [b0, b1, b2, b3] = &mut bufs;
         let (v0, v1, v2, v3) = (
-            values.row(j, b0),
-            values.row(j + 1, b1),
-            values.row(j + 2, b2),
-            values.row(j + 3, b3),
+            values.row::<F16C>(j, b0),
+            values.row::<F16C>(j + 1, b1),
+            values.row::<F16C>(j + 2, b2),
+            values.row::<F16C>(j + 3, b3),
         );
         for h in 0..heads {
             let ph = &p[h * len..][..len];
@@ -510,7 +502,7 @@ fn values_body(p: &[f32], len: usize, values: &KvRows<'_>, out: &mut [f32]) {
         j += 4;
     }
     while j < len {
-        let v = values.row(j, &mut bufs[0]);
+        let v = values.row::<F16C>(j, &mut bufs[0]);
         for h in 0..heads {
             let pj = p[h * len + j];
             for (o, x) in out[h * d..][..d].iter_mut().zip(v) {

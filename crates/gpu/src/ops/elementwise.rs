@@ -572,7 +572,10 @@ impl Batch<'_> {
         // must fit in it (the caller keeps each step within the ring too).
         let ring = if a.ring == 0 { usize::MAX } else { a.ring };
         if a.ring > 0 && (a.window == 0 || a.window > a.ring) {
-            return Err(bad(format!("a ring of {} rows for a window of {}", a.ring, a.window)));
+            return Err(bad(format!(
+                "a ring of {} rows for a window of {}",
+                a.ring, a.window
+            )));
         }
         for e in rows {
             // The sequence's rows: base .. base + min(ring, pos + 1).
