@@ -16,54 +16,105 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use lamina_gguf::{GgmlType, LoadMode, Model, Value, Writer};
 
-/// A llama-shaped model.
+/// A model's shape: llama's, or a mixture of experts' (qwen2moe with a
+/// shared expert, qwen3moe).
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
     pub name: &'static str,
+    pub arch: &'static str,
     pub layers: u32,
     pub embd: u64,
     pub ff: u64,
     pub heads: u32,
     pub kv_heads: u32,
     pub head_dim: u64,
+    pub experts: Option<Experts>,
 }
 
-/// SmolLM2-135M's shape; Llama 3.2 1B's; Llama 3.1 8B's.
-pub const SHAPES: [Shape; 3] = [
+/// A mixture of experts' counts and widths.
+#[derive(Clone, Copy, Debug)]
+pub struct Experts {
+    pub count: u32,
+    pub used: u32,
+    pub ff: u64,
+    /// The shared expert's width (qwen2moe).
+    pub shared_ff: Option<u64>,
+}
+
+const fn llama(
+    name: &'static str,
+    layers: u32,
+    embd: u64,
+    ff: u64,
+    heads: u32,
+    kv: u32,
+    hd: u64,
+) -> Shape {
     Shape {
-        name: "smollm2",
-        layers: 30,
-        embd: 576,
-        ff: 1536,
-        heads: 9,
-        kv_heads: 3,
-        head_dim: 64,
+        name,
+        arch: "llama",
+        layers,
+        embd,
+        ff,
+        heads,
+        kv_heads: kv,
+        head_dim: hd,
+        experts: None,
+    }
+}
+
+/// SmolLM2-135M's shape; Llama 3.2 1B's; Llama 3.1 8B's; small mixtures of
+/// experts in Qwen3-30B-A3B's proportions (128 experts, 8 used, experts a
+/// quarter as wide as the model's dense width) and Qwen1.5-MoE-A2.7B's (60
+/// experts, 4 used, a shared expert), for the tests, at a width where they
+/// run in seconds; and Qwen3-30B-A3B's own shape, for scale.
+pub const SHAPES: [Shape; 6] = [
+    llama("smollm2", 30, 576, 1536, 9, 3, 64),
+    llama("1b", 16, 2048, 8192, 32, 8, 64),
+    llama("8b", 32, 4096, 14336, 32, 8, 128),
+    Shape {
+        name: "qwen3moe-tiny",
+        arch: "qwen3moe",
+        experts: Some(Experts {
+            count: 16,
+            used: 4,
+            ff: 128,
+            shared_ff: None,
+        }),
+        ..llama("", 4, 256, 512, 4, 2, 64)
     },
     Shape {
-        name: "1b",
-        layers: 16,
-        embd: 2048,
-        ff: 8192,
-        heads: 32,
-        kv_heads: 8,
-        head_dim: 64,
+        name: "qwen2moe-tiny",
+        arch: "qwen2moe",
+        experts: Some(Experts {
+            count: 12,
+            used: 4,
+            ff: 128,
+            shared_ff: Some(512),
+        }),
+        ..llama("", 4, 256, 512, 4, 2, 64)
     },
     Shape {
-        name: "8b",
-        layers: 32,
-        embd: 4096,
-        ff: 14336,
-        heads: 32,
-        kv_heads: 8,
-        head_dim: 128,
+        name: "30b-a3b",
+        arch: "qwen3moe",
+        experts: Some(Experts {
+            count: 128,
+            used: 8,
+            ff: 768,
+            shared_ff: None,
+        }),
+        ..llama("", 48, 2048, 6144, 32, 4, 128)
     },
 ];
 
-/// The weight types `synth` writes: the common ones, then IQ grids for
+/// The weight types `synth` writes: F32 (no rounding anywhere, for exact
+/// comparisons with llama.cpp, which rounds activations to 8 bits for
+/// quantized weights), the common ones, then IQ grids for
 /// `--tensor-type` (their f16 d is the only field random bytes could break),
 /// and Q8_1, ggml's activation type, which no GPU kernel reads (a type gap
 /// for the placement tests).
-pub const TYPES: [GgmlType; 21] = [
+pub const TYPES: [GgmlType; 22] = [
+    GgmlType::F32,
     GgmlType::F16,
     GgmlType::Q4_0,
     GgmlType::Q4_1,
@@ -204,10 +255,12 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     // An override's rows are checked tensor by tensor below: IQ types of
     // 256-weight blocks fit SmolLM2's ffn_down (1536 wide) but not its
     // 576-wide matrices.
-    for (what, k) in [
+    let widths = [
         ("embedding length", shape.embd),
         ("feed-forward length", shape.ff),
-    ] {
+        ("expert width", shape.experts.map_or(shape.ff, |x| x.ff)),
+    ];
+    for (what, k) in widths {
         if k % ty.block_size() != 0 {
             bail!(
                 "{} rows of {k} weights ({what} of {}) are not whole {ty} blocks of {}",
@@ -217,12 +270,13 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
             );
         }
     }
+    let arch = shape.arch;
     let mut w = Writer::new()
-        .kv("general.architecture", Value::String("llama".into()))
+        .kv("general.architecture", Value::String(arch.into()))
         .kv(
             "general.name",
             Value::String(format!(
-                "synthetic llama {} {ty} (random weights)",
+                "synthetic {arch} {} {ty} (random weights)",
                 shape.name
             )),
         );
@@ -266,28 +320,74 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         ("vocab_size", Value::U32(vocab as u32)),
         ("rope.freq_base", Value::F32(500000.0)),
         ("attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+        ("attention.key_length", Value::U32(hd as u32)),
+        ("attention.value_length", Value::U32(hd as u32)),
     ] {
-        w = w.kv(format!("llama.{k}"), v);
+        w = w.kv(format!("{arch}.{k}"), v);
     }
-    // (name, [k, rows], type): GGUF dims are innermost first.
-    let mut tensors: Vec<(String, [u64; 2], GgmlType)> =
-        vec![("token_embd.weight".into(), [e, vocab], ty)];
+    if let Some(x) = shape.experts {
+        w = w
+            .kv(format!("{arch}.expert_count"), Value::U32(x.count))
+            .kv(format!("{arch}.expert_used_count"), Value::U32(x.used))
+            .kv(
+                format!("{arch}.expert_feed_forward_length"),
+                Value::U32(x.ff as u32),
+            );
+        if let Some(s) = x.shared_ff {
+            w = w.kv(
+                format!("{arch}.expert_shared_feed_forward_length"),
+                Value::U32(s as u32),
+            );
+        }
+    }
+    // (name, dims, type): GGUF dims are innermost first; a 1-D F32 tensor
+    // is a norm weight (or a bias).
+    let mut tensors: Vec<(String, Vec<u64>, GgmlType)> =
+        vec![("token_embd.weight".into(), vec![e, vocab], ty)];
+    let f32v = GgmlType::F32;
     for il in 0..shape.layers {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
-        tensors.push((n("attn_norm"), [e, 1], GgmlType::F32));
-        tensors.push((n("attn_q"), [e, qd], ty));
-        tensors.push((n("attn_k"), [e, kvd], ty));
-        tensors.push((n("attn_v"), [e, kvd], ty));
-        tensors.push((n("attn_output"), [qd, e], ty));
-        tensors.push((n("ffn_norm"), [e, 1], GgmlType::F32));
-        tensors.push((n("ffn_gate"), [e, ff], ty));
-        tensors.push((n("ffn_up"), [e, ff], ty));
-        tensors.push((n("ffn_down"), [ff, e], ty));
+        tensors.push((n("attn_norm"), vec![e], f32v));
+        tensors.push((n("attn_q"), vec![e, qd], ty));
+        tensors.push((n("attn_k"), vec![e, kvd], ty));
+        tensors.push((n("attn_v"), vec![e, kvd], ty));
+        if arch == "qwen2moe" {
+            for (b, d) in [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)] {
+                tensors.push((format!("blk.{il}.{b}.bias"), vec![d], f32v));
+            }
+        }
+        if arch == "qwen3moe" {
+            tensors.push((n("attn_q_norm"), vec![hd], f32v));
+            tensors.push((n("attn_k_norm"), vec![hd], f32v));
+        }
+        tensors.push((n("attn_output"), vec![qd, e], ty));
+        tensors.push((n("ffn_norm"), vec![e], f32v));
+        match shape.experts {
+            None => {
+                tensors.push((n("ffn_gate"), vec![e, ff], ty));
+                tensors.push((n("ffn_up"), vec![e, ff], ty));
+                tensors.push((n("ffn_down"), vec![ff, e], ty));
+            }
+            Some(x) => {
+                let (c, xf) = (u64::from(x.count), x.ff);
+                // The router stays f32, as converters write it.
+                tensors.push((n("ffn_gate_inp"), vec![e, c], f32v));
+                tensors.push((n("ffn_gate_exps"), vec![e, xf, c], ty));
+                tensors.push((n("ffn_up_exps"), vec![e, xf, c], ty));
+                tensors.push((n("ffn_down_exps"), vec![xf, e, c], ty));
+                if let Some(s) = x.shared_ff {
+                    tensors.push((n("ffn_gate_inp_shexp"), vec![e], f32v));
+                    tensors.push((n("ffn_gate_shexp"), vec![e, s], ty));
+                    tensors.push((n("ffn_up_shexp"), vec![e, s], ty));
+                    tensors.push((n("ffn_down_shexp"), vec![s, e], ty));
+                }
+            }
+        }
     }
-    tensors.push(("output_norm.weight".into(), [e, 1], GgmlType::F32));
-    tensors.push(("output.weight".into(), [e, vocab], ty));
-    for (name, _, t) in &mut tensors {
-        if *t == GgmlType::F32 {
+    tensors.push(("output_norm.weight".into(), vec![e], f32v));
+    tensors.push(("output.weight".into(), vec![e, vocab], ty));
+    for (name, dims, t) in &mut tensors {
+        if *t == GgmlType::F32 && (dims.len() == 1 || name.contains("gate_inp")) {
             continue;
         }
         if let Some((_, o)) = overrides
@@ -298,37 +398,45 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         }
     }
     let mut total = 0u64;
-    for (name, [k, rows], t) in &tensors {
+    for (name, dims, t) in &tensors {
+        let count: u64 = dims.iter().product();
         let bytes = t
-            .bytes_for(k * rows)
-            .with_context(|| format!("{name}: {k}×{rows} is not whole {t} blocks"))?;
+            .bytes_for(count)
+            .with_context(|| format!("{name}: {dims:?} is not whole {t} blocks"))?;
         total += bytes;
-        let dims: Vec<u64> = if *rows == 1 {
-            vec![*k]
-        } else {
-            vec![*k, *rows]
-        };
-        w = w.tensor_deferred(name.clone(), &dims, *t, bytes);
+        w = w.tensor_deferred(name.clone(), dims, *t, bytes);
     }
     let file = std::fs::File::create(a.output)
         .with_context(|| format!("creating {}", a.output.display()))?;
     let mut out = BufWriter::with_capacity(1 << 22, file);
     let mut rng = Rng(a.seed | 1);
     w.write_with(&mut out, |i, t, buf| {
-        let [k, rows] = tensors[i].1;
-        if rows == 1 {
+        let dims = &tensors[i].1;
+        let (k, count) = (dims[0], dims.iter().product::<u64>());
+        if tensors[i].0.ends_with(".bias") {
+            // Biases small, around 0.
+            for _ in 0..k {
+                buf.extend_from_slice(&(0.1 * rng.signed()).to_le_bytes());
+            }
+        } else if dims.len() == 1 && !tensors[i].0.contains("gate_inp") {
             // Norm weights near 1.
             for _ in 0..k {
                 buf.extend_from_slice(&(1.0 + 0.1 * rng.signed()).to_le_bytes());
             }
+        } else if tensors[i].0.contains("gate_inp") {
+            // A router spread enough that the experts' choice is clear (and
+            // a shared expert's gate around 0, neither open nor shut).
+            for _ in 0..count {
+                buf.extend_from_slice(&(rng.signed() * 2.0 / (k as f32).sqrt()).to_le_bytes());
+            }
         } else {
-            random_weights(&mut rng, t.ty, k * rows, k, buf);
+            random_weights(&mut rng, t.ty, count, k, buf);
         }
     })
     .with_context(|| format!("writing {}", a.output.display()))?;
     out.flush()?;
     println!(
-        "wrote {}: llama {} ({} layers, {e} wide, {ty}), {:.2} GiB of weights, vocabulary {vocab}",
+        "wrote {}: {arch} {} ({} layers, {e} wide, {ty}), {:.2} GiB of weights, vocabulary {vocab}",
         a.output.display(),
         shape.name,
         shape.layers,

@@ -123,6 +123,7 @@ mod tests {
             activation: Activation::GeGlu,
             attn_scale: 0.25,
             kv: Default::default(),
+            moe: None,
         };
         let local = Block::new(&c, 4);
         assert_eq!(local.window, Window::Last(512));

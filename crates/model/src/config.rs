@@ -18,6 +18,12 @@ pub enum Arch {
     /// Gemma 3: √n_embd embedding scale, Q/K norms, post-norms, GELU-tanh,
     /// sliding-window layers with their own RoPE base.
     Gemma3,
+    /// Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): qwen2's attention, a
+    /// mixture of experts plus a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): qwen3's attention, a mixture
+    /// of experts whose chosen weights are renormalised.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -27,6 +33,8 @@ impl Arch {
             "qwen2" => Self::Qwen2,
             "qwen3" => Self::Qwen3,
             "gemma3" => Self::Gemma3,
+            "qwen2moe" => Self::Qwen2Moe,
+            "qwen3moe" => Self::Qwen3Moe,
             _ => return None,
         })
     }
@@ -37,9 +45,33 @@ impl Arch {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Gemma3 => "gemma3",
+            Self::Qwen2Moe => "qwen2moe",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 }
+
+/// A mixture-of-experts feed-forward block (llama.cpp's `build_moe_ffn`
+/// with softmax gating): the router's softmax over `n_expert` experts, the
+/// `n_used` most probable run (SwiGLU, `n_ff_exp` wide) and are summed
+/// weighted by their probabilities.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff_exp: usize,
+    /// The chosen experts' weights divided by their sum (qwen3moe).
+    pub norm_weights: bool,
+    /// `{arch}.expert_weights_scale`; 0 or 1: none.
+    pub weights_scale: f32,
+    /// A shared expert of this width runs on every token, its output
+    /// scaled by sigmoid(x · ffn_gate_inp_shexp) (qwen2moe).
+    pub n_ff_shared: Option<usize>,
+}
+
+/// Experts per layer Lamina accepts: every released MoE has at most 512; a
+/// bound keeps a hostile header from sizing allocations.
+pub const MAX_EXPERTS: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {
@@ -78,6 +110,9 @@ pub struct Config {
     pub activation: Activation,
     /// Multiplies Q·K before softmax.
     pub attn_scale: f32,
+    /// The mixture of experts in every block's feed-forward, for MoE
+    /// architectures.
+    pub moe: Option<Moe>,
     /// The KV cache's element types: not from the file but the loader's
     /// choice (`-ctk` / `-ctv`), kept here because every cache and every
     /// count of its bytes is made from the config.
@@ -204,6 +239,39 @@ impl Config {
         }
         let gemma = arch == Arch::Gemma3;
         let default_base = if gemma { 1_000_000.0 } else { 10_000.0 };
+        let moe = match arch {
+            Arch::Qwen2Moe | Arch::Qwen3Moe => {
+                let n_expert = k.usize("expert_count")?;
+                let n_used = k.usize("expert_used_count")?;
+                if n_expert == 0 || n_expert > MAX_EXPERTS || n_used == 0 || n_used > n_expert {
+                    return Err(ModelError::BadKey {
+                        key: format!("{arch_name}.expert_used_count"),
+                        reason: format!(
+                            "{n_used} of {n_expert} experts (at most {MAX_EXPERTS}, at least one used)"
+                        ),
+                    });
+                }
+                let n_ff_exp = match k.usize_opt("expert_feed_forward_length")? {
+                    Some(f) => f,
+                    None => k.usize("feed_forward_length")? / n_used,
+                };
+                Some(Moe {
+                    n_expert,
+                    n_used,
+                    n_ff_exp,
+                    norm_weights: arch == Arch::Qwen3Moe,
+                    weights_scale: k.f32_opt("expert_weights_scale")?.unwrap_or(0.0),
+                    n_ff_shared: match arch {
+                        Arch::Qwen2Moe => Some(
+                            k.usize_opt("expert_shared_feed_forward_length")?
+                                .unwrap_or(k.usize("feed_forward_length")?),
+                        ),
+                        _ => None,
+                    },
+                })
+            }
+            _ => None,
+        };
         Ok(Config {
             arch,
             n_layer: k.usize("block_count")?,
@@ -211,7 +279,12 @@ impl Config {
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: k.usize("feed_forward_length")?,
+            // A MoE file's dense width is informational (its experts'
+            // is `expert_feed_forward_length`).
+            n_ff: match moe {
+                Some(m) => k.usize_opt("feed_forward_length")?.unwrap_or(m.n_ff_exp),
+                None => k.usize("feed_forward_length")?,
+            },
             n_vocab,
             context_length: k.usize_opt("context_length")?.unwrap_or(2048),
             rms_eps: k
@@ -227,9 +300,9 @@ impl Config {
             },
             rope_base_swa: 10_000.0,
             embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
             post_norms: gemma,
-            qkv_bias: arch == Arch::Qwen2,
+            qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe),
             activation: if gemma {
                 Activation::GeGlu
             } else {
@@ -239,6 +312,7 @@ impl Config {
             // query_pre_attn_scalar); the sizes here all use the head dim.
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             kv: crate::kv::KvTypes::default(),
+            moe,
         })
     }
 

@@ -26,7 +26,7 @@ use crate::cpu::{CpuModel, KvCache, Logits};
 use crate::error::ModelError;
 use crate::kv::KvType;
 use crate::plan::{Device, Plan};
-use crate::weights::{Layer, Matrix};
+use crate::weights::{Ffn, Layer, Matrix};
 
 /// Weights whose products one step needs side by side (Q, K and V; gate
 /// and up), stacked by rows so one dispatch streams them all: one weight
@@ -227,6 +227,13 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
 }
 
 fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
+    // Placement keeps expert blocks on the CPU (plan.rs): no GPU kernel
+    // routes tokens to experts yet.
+    let Ffn::Dense { gate, up, down } = &l.ffn else {
+        return Err(ModelError::Placement(
+            "mixture-of-experts blocks run on the CPU; the plan placed one on the GPU".into(),
+        ));
+    };
     let bqkv = match (&l.bq, &l.bk, &l.bv) {
         (Some(q), Some(k), Some(v)) => Some(upload_vec(gpu, &[&q[..], k, v].concat())?),
         _ => None,
@@ -240,8 +247,8 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
         k_norm: upload_opt(gpu, &l.k_norm)?,
         post_attn_norm: upload_opt(gpu, &l.post_attn_norm)?,
         ffn_norm: upload_vec(gpu, &l.ffn_norm)?,
-        gate_up: Stacked::upload(gpu, &[&l.gate, &l.up])?,
-        down: upload_matrix(gpu, &l.down)?,
+        gate_up: Stacked::upload(gpu, &[gate, up])?,
+        down: upload_matrix(gpu, down)?,
         post_ffn_norm: upload_opt(gpu, &l.post_ffn_norm)?,
     })
 }

@@ -15,10 +15,10 @@ mod sampling_defaults;
 pub mod weights;
 
 pub use block::{Block, RopeSpec, Window};
-pub use config::{Activation, Arch, Config};
+pub use config::{Activation, Arch, Config, Moe};
 pub use cpu::{CpuModel, KvCache, Logits};
 pub use error::ModelError;
 pub use gpu::{HybridCache, HybridModel};
 pub use kv::{KvType, KvTypes};
 pub use sampling_defaults::FileSampling;
-pub use weights::{Layer, Matrix, Weights};
+pub use weights::{Experts, Ffn, Layer, Matrix, Weights};

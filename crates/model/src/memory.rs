@@ -201,6 +201,7 @@ mod tests {
             activation: crate::Activation::SwiGlu,
             attn_scale: 0.125,
             kv: Default::default(),
+            moe: None,
         }
     }
 

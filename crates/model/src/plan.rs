@@ -152,7 +152,10 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             _ => c.n_layer,
         };
         l.bytes[slot] += bytes;
-        if !lamina_gpu::has_kernel(t.info.ty) {
+        // The experts of a mixture run on the CPU for now: their block is
+        // held there like a tensor without a GPU kernel.
+        let expert = name.contains("_exps.") || name.contains(".ffn_gate_inp.");
+        if expert || !lamina_gpu::has_kernel(t.info.ty) {
             l.no_kernel[slot].push(Held {
                 tensor: name.clone(),
                 ty: t.info.ty,
@@ -384,6 +387,7 @@ mod tests {
             activation: crate::Activation::SwiGlu,
             attn_scale: 0.25,
             kv: Default::default(),
+            moe: None,
         }
     }
 

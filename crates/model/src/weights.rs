@@ -53,10 +53,36 @@ pub struct Layer<'a> {
     pub k_norm: Option<Vec<f32>>,
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
-    pub gate: Matrix<'a>,
-    pub up: Matrix<'a>,
-    pub down: Matrix<'a>,
+    pub ffn: Ffn<'a>,
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A block's feed-forward weights.
+#[derive(Debug)]
+pub enum Ffn<'a> {
+    /// One gated feed-forward: `down(act(gate x) * up x)`.
+    Dense {
+        gate: Matrix<'a>,
+        up: Matrix<'a>,
+        down: Matrix<'a>,
+    },
+    /// A mixture of experts ([`crate::config::Moe`]).
+    Moe(Box<Experts<'a>>),
+}
+
+/// A mixture of experts' weights: the router and each expert's matrices,
+/// views into the 3-D `ffn_{gate,up,down}_exps` tensors (expert e is the
+/// e-th slice of rows, still quantized).
+#[derive(Debug)]
+pub struct Experts<'a> {
+    /// `ffn_gate_inp`: one logit per expert.
+    pub router: Matrix<'a>,
+    pub gate: Vec<Matrix<'a>>,
+    pub up: Vec<Matrix<'a>>,
+    pub down: Vec<Matrix<'a>>,
+    /// The shared expert (qwen2moe): its gate vector (one logit) and its
+    /// gate, up and down matrices.
+    pub shared: Option<(Vec<f32>, Matrix<'a>, Matrix<'a>, Matrix<'a>)>,
 }
 
 #[derive(Debug)]
@@ -108,6 +134,28 @@ impl<'a> Finder<'a> {
         })
     }
 
+    /// The `n` matrices `W_e[rows, cols]` of a 3-D tensor (ggml dims
+    /// `[cols, rows, n]`), each a view of its own slice of rows.
+    fn matrices(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n: usize,
+    ) -> Result<Vec<Matrix<'a>>, ModelError> {
+        let t = self.get(name, &[cols, rows, n])?;
+        let per = t.data.len() / n.max(1);
+        Ok((0..n)
+            .map(|e| Matrix {
+                name: format!("{name}[{e}]"),
+                ty: t.info.ty,
+                rows,
+                cols,
+                data: &t.data[e * per..(e + 1) * per],
+            })
+            .collect())
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let t = self.get(name, &[len])?;
         let mut v = vec![0.0; len];
@@ -146,9 +194,32 @@ impl<'a> Weights<'a> {
                 k_norm: f.vector_if(c.qk_norm, &n("attn_k_norm.weight"), c.head_dim)?,
                 post_attn_norm: f.vector_if(c.post_norms, &n("post_attention_norm.weight"), e)?,
                 ffn_norm: f.vector(&n("ffn_norm.weight"), e)?,
-                gate: f.matrix(&n("ffn_gate.weight"), e, ff)?,
-                up: f.matrix(&n("ffn_up.weight"), e, ff)?,
-                down: f.matrix(&n("ffn_down.weight"), ff, e)?,
+                ffn: match c.moe {
+                    None => Ffn::Dense {
+                        gate: f.matrix(&n("ffn_gate.weight"), e, ff)?,
+                        up: f.matrix(&n("ffn_up.weight"), e, ff)?,
+                        down: f.matrix(&n("ffn_down.weight"), ff, e)?,
+                    },
+                    Some(m) => {
+                        let (x, fe) = (m.n_expert, m.n_ff_exp);
+                        let shared = match m.n_ff_shared {
+                            Some(fs) => Some((
+                                f.vector(&n("ffn_gate_inp_shexp.weight"), e)?,
+                                f.matrix(&n("ffn_gate_shexp.weight"), e, fs)?,
+                                f.matrix(&n("ffn_up_shexp.weight"), e, fs)?,
+                                f.matrix(&n("ffn_down_shexp.weight"), fs, e)?,
+                            )),
+                            None => None,
+                        };
+                        Ffn::Moe(Box::new(Experts {
+                            router: f.matrix(&n("ffn_gate_inp.weight"), e, x)?,
+                            gate: f.matrices(&n("ffn_gate_exps.weight"), e, fe, x)?,
+                            up: f.matrices(&n("ffn_up_exps.weight"), e, fe, x)?,
+                            down: f.matrices(&n("ffn_down_exps.weight"), fe, e, x)?,
+                            shared,
+                        }))
+                    }
+                },
                 post_ffn_norm: f.vector_if(c.post_norms, &n("post_ffw_norm.weight"), e)?,
             });
         }

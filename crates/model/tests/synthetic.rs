@@ -22,6 +22,12 @@ const HEADS: usize = 4;
 const KV_HEADS: usize = 2;
 const VOCAB: usize = 100;
 const LAYERS: usize = 2;
+/// Experts of the MoE architectures, the ones each token uses, their width
+/// and the shared expert's (qwen2moe).
+const EXPERTS: usize = 6;
+const USED: usize = 2;
+const FF_EXP: usize = 32;
+const FF_SHARED: usize = 64;
 
 /// Relative error allowed between the CPU and GPU logits: both accumulate in
 /// f32 over at most 128 products, in different orders.
@@ -77,8 +83,8 @@ impl Spec {
         Spec {
             arch,
             head_dim: E / HEADS,
-            bias: arch == "qwen2",
-            qk_norm: arch == "qwen3" || arch == "gemma3",
+            bias: arch == "qwen2" || arch == "qwen2moe",
+            qk_norm: arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3",
             tied: arch != "llama",
             skip_tensor: None,
             bad_shape: None,
@@ -117,6 +123,22 @@ fn build(spec: &Spec) -> Vec<u8> {
         ),
         (format!("{a}.attention.sliding_window"), Value::U32(3)),
     ];
+    let moe = a.ends_with("moe");
+    let mut keys = keys;
+    if moe {
+        keys.push((format!("{a}.expert_count"), Value::U32(EXPERTS as u32)));
+        keys.push((format!("{a}.expert_used_count"), Value::U32(USED as u32)));
+        keys.push((
+            format!("{a}.expert_feed_forward_length"),
+            Value::U32(FF_EXP as u32),
+        ));
+        if a == "qwen2moe" {
+            keys.push((
+                format!("{a}.expert_shared_feed_forward_length"),
+                Value::U32(FF_SHARED as u32),
+            ));
+        }
+    }
     for (k, v) in keys {
         if spec.skip_key.is_some_and(|s| k.ends_with(s)) {
             continue;
@@ -166,6 +188,44 @@ fn build(spec: &Spec) -> Vec<u8> {
             w = add(w, &n("post_ffw_norm.weight"), &[E], false, &mut rng);
         }
         w = add(w, &n("ffn_norm.weight"), &[E], false, &mut rng);
+        if moe {
+            w = add(w, &n("ffn_gate_inp.weight"), &[E, EXPERTS], false, &mut rng);
+            let x = &[E, FF_EXP, EXPERTS];
+            w = add(w, &n("ffn_gate_exps.weight"), x, true, &mut rng);
+            w = add(w, &n("ffn_up_exps.weight"), x, true, &mut rng);
+            w = add(
+                w,
+                &n("ffn_down_exps.weight"),
+                &[FF_EXP, E, EXPERTS],
+                true,
+                &mut rng,
+            );
+            if a == "qwen2moe" {
+                w = add(w, &n("ffn_gate_inp_shexp.weight"), &[E], false, &mut rng);
+                w = add(
+                    w,
+                    &n("ffn_gate_shexp.weight"),
+                    &[E, FF_SHARED],
+                    true,
+                    &mut rng,
+                );
+                w = add(
+                    w,
+                    &n("ffn_up_shexp.weight"),
+                    &[E, FF_SHARED],
+                    true,
+                    &mut rng,
+                );
+                w = add(
+                    w,
+                    &n("ffn_down_shexp.weight"),
+                    &[FF_SHARED, E],
+                    false,
+                    &mut rng,
+                );
+            }
+            continue;
+        }
         w = add(w, &n("ffn_gate.weight"), &[E, FF], spec.gate_q8, &mut rng);
         w = add(w, &n("ffn_up.weight"), &[E, FF], true, &mut rng);
         w = add(w, &n("ffn_down.weight"), &[FF, E], false, &mut rng);
@@ -313,6 +373,50 @@ fn qwen3_with_a_wide_head_runs_the_same_on_cpu_and_gpu() {
     });
 }
 
+/// Mixtures of experts: their blocks stay on the CPU whatever -ngl asks
+/// (no GPU expert kernel yet), the rest (the head) goes to the GPU, and
+/// the logits agree at every placement.
+#[test]
+fn mixtures_of_experts_run_with_their_blocks_on_the_cpu() {
+    for arch in ["qwen3moe", "qwen2moe"] {
+        let file = open(&Spec::new(arch));
+        let cpu = CpuModel::load(&file).unwrap();
+        let m = cpu.config.moe.unwrap();
+        assert_eq!((m.n_expert, m.n_used, m.n_ff_exp), (EXPERTS, USED, FF_EXP));
+        assert_eq!(m.norm_weights, arch == "qwen3moe");
+        assert_eq!(m.n_ff_shared, (arch == "qwen2moe").then_some(FF_SHARED));
+        let p = plan::plan(&file, &cpu.config, LAYERS + 1, &PlanParams::default());
+        assert_eq!(p.ngl, 1, "{arch}: only the head is offloaded");
+        assert!(
+            p.held.iter().any(|h| h.tensor.contains("_exps")),
+            "{:?}",
+            p.held
+        );
+        cpu_and_gpu_agree(Spec::new(arch));
+    }
+}
+
+/// The experts differ from a dense block where they should: the qwen3moe
+/// weights renormalised, the qwen2moe shared expert added.
+#[test]
+fn expert_routing_matters() {
+    let logits = |arch| cpu_logits(&CpuModel::load(&open(&Spec::new(arch))).unwrap());
+    let (a, b) = (logits("qwen3moe"), logits("qwen2moe"));
+    assert!(a.iter().chain(&b).all(|v| v.is_finite()));
+    assert!(rel_err(&a, &b) > 1e-3);
+    // A file that lacks an expert tensor names it.
+    let e = load_err(Spec {
+        skip_tensor: Some("blk.1.ffn_down_exps.weight"),
+        ..Spec::new("qwen3moe")
+    });
+    assert_eq!(e, "missing tensor blk.1.ffn_down_exps.weight");
+    let e = load_err(Spec {
+        skip_key: Some(".expert_used_count"),
+        ..Spec::new("qwen3moe")
+    });
+    assert_eq!(e, "missing metadata key qwen3moe.expert_used_count");
+}
+
 #[test]
 fn gemma3_with_a_sliding_window_runs_the_same_on_cpu_and_gpu() {
     // A window of 3 over a 7-token sequence is active on layers 0 and 1.
@@ -423,7 +527,7 @@ fn missing_and_misshapen_parts_are_named() {
 /// request's output does not depend on what else is running.
 #[test]
 fn a_multi_sequence_step_equals_separate_steps_bit_for_bit() {
-    for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
+    for arch in ["llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe"] {
         let file = open(&Spec::new(arch));
         let m = CpuModel::load(&file).unwrap();
         let new = || KvCache::new(&m.config, 32).unwrap();
