@@ -260,3 +260,66 @@ fn iq_lattice_types_give_the_cpu_tokens_on_the_gpu() {
     assert!(worst < SYNTH_LOGPROB_TOL, "{lp_cpu:?} vs {lp_gpu:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `synth` writes mixtures of experts (3-D expert tensors, the routing
+/// keys): every reader accepts them, they run, and at `--ngl all` their
+/// expert blocks stay on the CPU with the table saying why.
+#[test]
+fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
+    let dir = std::env::temp_dir().join(format!("lamina-synth-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let vocab = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    for shape in ["qwen3moe-tiny", "qwen2moe-tiny"] {
+        let out = dir.join(format!("{shape}.gguf"));
+        let r = lamina(&[
+            "synth",
+            "--shape",
+            shape,
+            "--type",
+            "q8_0",
+            "--vocab-from",
+            vocab.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let m = Model::open(&out, LoadMode::Mmap).unwrap();
+        let t = m.tensor("blk.3.ffn_down_exps.weight").unwrap();
+        assert_eq!(t.info.dims.len(), 3, "{shape}: experts are one 3-D tensor");
+        assert_eq!(
+            m.tensor("blk.0.ffn_gate_inp_shexp.weight").is_some(),
+            shape == "qwen2moe-tiny"
+        );
+        let run = |ngl: &str| {
+            let r = lamina(&[
+                "run",
+                "-m",
+                out.to_str().unwrap(),
+                "-p",
+                "Hello",
+                "-n",
+                "6",
+                "--temp",
+                "0",
+                "--ngl",
+                ngl,
+            ]);
+            assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+            (
+                String::from_utf8_lossy(&r.stdout).into_owned(),
+                String::from_utf8_lossy(&r.stderr).into_owned(),
+            )
+        };
+        let (cpu, _) = run("0");
+        let (gpu, table) = run("all");
+        assert!(!cpu.trim().is_empty());
+        assert!(
+            table.contains("mixture of experts runs on the CPU"),
+            "{shape}: {table}"
+        );
+        assert!(table.contains("offloaded 1/5 layers"), "{shape}: {table}");
+        // Only the head moved: the same greedy tokens.
+        assert_eq!(cpu, gpu, "{shape}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

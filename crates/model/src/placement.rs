@@ -227,6 +227,13 @@ pub fn held_note(p: &Plan) -> Option<String> {
     } else {
         " and every slot before it"
     };
+    if p.held.iter().any(|h| h.tensor.contains("_exps.")) {
+        return Some(format!(
+            "  {name}{before} stayed on the CPU: its mixture of experts runs on the CPU \
+             (no GPU kernel routes tokens to experts yet) (-ngl asked {}, placed {})",
+            p.asked, p.ngl
+        ));
+    }
     Some(format!(
         "  {name}{before} stayed on the CPU: no GPU kernel for {} (-ngl asked {}, placed {})",
         tensors.join(", "),
@@ -286,6 +293,9 @@ pub fn load_with_progress<'m>(
     }
     let device = info.map_or("no GPU".to_owned(), |i| i.name.clone());
     let mut table = plan_table(&p, &device);
+    if !table.ends_with('\n') {
+        table.push('\n');
+    }
     let _ = writeln!(table, "KV cache: {}{kv_note}", cpu.config.kv);
     if let (Ngl::Auto, Some(i)) = (a.ngl, info) {
         let (budget, source) = auto_budget(a.gpu_memory, i.free_memory);
