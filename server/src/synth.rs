@@ -67,8 +67,9 @@ const fn llama(
 /// experts in Qwen3-30B-A3B's proportions (128 experts, 8 used, experts a
 /// quarter as wide as the model's dense width) and Qwen1.5-MoE-A2.7B's (60
 /// experts, 4 used, a shared expert), for the tests, at a width where they
-/// run in seconds; and Qwen3-30B-A3B's own shape, for scale.
-pub const SHAPES: [Shape; 6] = [
+/// run in seconds; a small qwen3moe (0.4 B expert weights, 4 of 32 experts
+/// a token) for speed beside llama.cpp; and Qwen3-30B-A3B's own shape.
+pub const SHAPES: [Shape; 7] = [
     llama("smollm2", 30, 576, 1536, 9, 3, 64),
     llama("1b", 16, 2048, 8192, 32, 8, 64),
     llama("8b", 32, 4096, 14336, 32, 8, 128),
@@ -93,6 +94,17 @@ pub const SHAPES: [Shape; 6] = [
             shared_ff: Some(512),
         }),
         ..llama("", 4, 256, 512, 4, 2, 64)
+    },
+    Shape {
+        name: "qwen3moe-small",
+        arch: "qwen3moe",
+        experts: Some(Experts {
+            count: 32,
+            used: 4,
+            ff: 512,
+            shared_ff: None,
+        }),
+        ..llama("", 8, 1024, 2048, 16, 4, 64)
     },
     Shape {
         name: "30b-a3b",
