@@ -91,10 +91,15 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--override-tensor",
         "per-tensor placement is not implemented; use -ngl",
     ),
-    ("--cpu-moe", "mixture-of-experts models are not implemented"),
+    (
+        "--cpu-moe",
+        "a mixture-of-experts block runs whole on the CPU (experts and attention); \
+         splitting a block's experts from its attention is not implemented",
+    ),
     (
         "--n-cpu-moe",
-        "mixture-of-experts models are not implemented",
+        "a mixture-of-experts block runs whole on the CPU (experts and attention); \
+         splitting a block's experts from its attention is not implemented",
     ),
     (
         "--threads-batch",

@@ -227,6 +227,9 @@ fn iq_lattice_types_give_the_cpu_tokens_on_the_gpu() {
     let score = |ngl: &str| -> Vec<f64> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lamina"))
             .args(["score", "-m", file, "--ngl", ngl])
+            // The kernels' difference: an f32 cache (f16 rounding of keys
+            // the two devices sum in different orders would add its own).
+            .args(["-ctk", "f32", "-ctv", "f32"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

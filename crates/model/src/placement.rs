@@ -293,10 +293,10 @@ pub fn load_with_progress<'m>(
     }
     let device = info.map_or("no GPU".to_owned(), |i| i.name.clone());
     let mut table = plan_table(&p, &device);
-    if !table.ends_with('\n') {
-        table.push('\n');
-    }
-    let _ = writeln!(table, "KV cache: {}{kv_note}", cpu.config.kv);
+    // The cache's types under the table's header: its last line stays the
+    // "offloaded N/M layers" summary that clients show.
+    let at = table.find('\n').map_or(table.len(), |i| i + 1);
+    table.insert_str(at, &format!("  KV cache: {}{kv_note}\n", cpu.config.kv));
     if let (Ngl::Auto, Some(i)) = (a.ngl, info) {
         let (budget, source) = auto_budget(a.gpu_memory, i.free_memory);
         let _ = writeln!(
