@@ -67,9 +67,9 @@ const fn llama(
 /// experts in Qwen3-30B-A3B's proportions (128 experts, 8 used, experts a
 /// quarter as wide as the model's dense width) and Qwen1.5-MoE-A2.7B's (60
 /// experts, 4 used, a shared expert), for the tests, at a width where they
-/// run in seconds; a small qwen3moe (0.4 B expert weights, 4 of 32 experts
+/// run in seconds; a small phi3 (fused QKV and gate/up); a small qwen3moe (0.4 B expert weights, 4 of 32 experts
 /// a token) for speed beside llama.cpp; and Qwen3-30B-A3B's own shape.
-pub const SHAPES: [Shape; 7] = [
+pub const SHAPES: [Shape; 8] = [
     llama("smollm2", 30, 576, 1536, 9, 3, 64),
     llama("1b", 16, 2048, 8192, 32, 8, 64),
     llama("8b", 32, 4096, 14336, 32, 8, 128),
@@ -94,6 +94,11 @@ pub const SHAPES: [Shape; 7] = [
             shared_ff: Some(512),
         }),
         ..llama("", 4, 256, 512, 4, 2, 64)
+    },
+    Shape {
+        name: "phi3-tiny",
+        arch: "phi3",
+        ..llama("", 4, 256, 512, 4, 4, 64)
     },
     Shape {
         name: "qwen3moe-small",
@@ -285,11 +290,14 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     let arch = shape.arch;
     let mut w = Writer::new()
         .kv("general.architecture", Value::String(arch.into()))
+        // No architecture or shape in the name: llama.cpp's vocabulary
+        // loader changes token attributes for names containing "phi3"
+        // (and then needs Phi-3's own special tokens).
         .kv(
             "general.name",
             Value::String(format!(
-                "synthetic {arch} {} {ty} (random weights)",
-                shape.name
+                "synthetic {}-layer {}-wide {ty} model (random weights)",
+                shape.layers, shape.embd
             )),
         );
     // The tokenizer of a real file, and its vocabulary size.
@@ -360,6 +368,15 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     for il in 0..shape.layers {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         tensors.push((n("attn_norm"), vec![e], f32v));
+        if arch == "phi3" {
+            // Q, K, V fused; gate and up fused (the gate's rows first).
+            tensors.push((n("attn_qkv"), vec![e, qd + 2 * kvd], ty));
+            tensors.push((n("attn_output"), vec![qd, e], ty));
+            tensors.push((n("ffn_norm"), vec![e], f32v));
+            tensors.push((n("ffn_up"), vec![e, 2 * ff], ty));
+            tensors.push((n("ffn_down"), vec![ff, e], ty));
+            continue;
+        }
         tensors.push((n("attn_q"), vec![e, qd], ty));
         tensors.push((n("attn_k"), vec![e, kvd], ty));
         tensors.push((n("attn_v"), vec![e, kvd], ty));

@@ -24,6 +24,9 @@ pub enum Arch {
     /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): qwen3's attention, a mixture
     /// of experts whose chosen weights are renormalised.
     Qwen3Moe,
+    /// Phi-3 / Phi-3.5 / Phi-4-mini: llama's block with NeoX RoPE, Q, K and V
+    /// in one fused matrix and gate and up in another.
+    Phi3,
 }
 
 impl Arch {
@@ -35,6 +38,7 @@ impl Arch {
             "gemma3" => Self::Gemma3,
             "qwen2moe" => Self::Qwen2Moe,
             "qwen3moe" => Self::Qwen3Moe,
+            "phi3" => Self::Phi3,
             _ => return None,
         })
     }
@@ -47,6 +51,7 @@ impl Arch {
             Self::Gemma3 => "gemma3",
             Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Phi3 => "phi3",
         }
     }
 }
@@ -239,6 +244,16 @@ impl Config {
         }
         let gemma = arch == Arch::Gemma3;
         let default_base = if gemma { 1_000_000.0 } else { 10_000.0 };
+        // Phi-3's 128k variants rotate with per-dimension LongRoPE factors;
+        // ignoring them would give wrong answers, so they are refused.
+        let long_rope = ["rope_factors_long.weight", "blk.0.rope_factors_long.weight"]
+            .iter()
+            .any(|t| model.tensor(t).is_some());
+        if long_rope {
+            return Err(ModelError::UnsupportedArch(format!(
+                "{arch_name} with LongRoPE factors (the 128k-context variants)"
+            )));
+        }
         let moe = match arch {
             Arch::Qwen2Moe | Arch::Qwen3Moe => {
                 let n_expert = k.usize("expert_count")?;

@@ -8,7 +8,7 @@ pub enum ModelError {
     MissingKey { key: String },
     #[error("metadata key {key} {reason}")]
     BadKey { key: String, reason: String },
-    #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe)")]
+    #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, phi3)")]
     UnsupportedArch(String),
     #[error("missing tensor {name}")]
     MissingTensor { name: String },

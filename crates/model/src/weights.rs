@@ -156,6 +156,31 @@ impl<'a> Finder<'a> {
             .collect())
     }
 
+    /// Consecutive row ranges of one fused matrix (`attn_qkv`: Q, K, V;
+    /// phi3's `ffn_up`: gate, up), each a view of its own rows: quantized
+    /// rows are whole blocks, so a range of rows is a range of bytes, and
+    /// the executors see the parts as separate matrices.
+    fn split<const N: usize>(
+        &self,
+        name: &str,
+        cols: usize,
+        parts: [usize; N],
+    ) -> Result<[Matrix<'a>; N], ModelError> {
+        let rows: usize = parts.iter().sum();
+        let m = self.matrix(name, cols, rows)?;
+        let rb = m.data.len() / rows.max(1);
+        Ok(std::array::from_fn(|i| {
+            let at: usize = parts[..i].iter().sum();
+            Matrix {
+                name: format!("{name}[{i}]"),
+                ty: m.ty,
+                rows: parts[i],
+                cols,
+                data: &m.data[at * rb..(at + parts[i]) * rb],
+            }
+        }))
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let t = self.get(name, &[len])?;
         let mut v = vec![0.0; len];
@@ -181,11 +206,22 @@ impl<'a> Weights<'a> {
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
+            // Q, K and V as one fused matrix (phi3, some converters) or three.
+            let (wq, wk, wv) = if model.tensor(&n("attn_qkv.weight")).is_some() {
+                let [a, b, c] = f.split(&n("attn_qkv.weight"), e, [q, kv, kv])?;
+                (a, b, c)
+            } else {
+                (
+                    f.matrix(&n("attn_q.weight"), e, q)?,
+                    f.matrix(&n("attn_k.weight"), e, kv)?,
+                    f.matrix(&n("attn_v.weight"), e, kv)?,
+                )
+            };
             layers.push(Layer {
                 attn_norm: f.vector(&n("attn_norm.weight"), e)?,
-                wq: f.matrix(&n("attn_q.weight"), e, q)?,
-                wk: f.matrix(&n("attn_k.weight"), e, kv)?,
-                wv: f.matrix(&n("attn_v.weight"), e, kv)?,
+                wq,
+                wk,
+                wv,
                 wo: f.matrix(&n("attn_output.weight"), q, e)?,
                 bq: f.vector_if(c.qkv_bias, &n("attn_q.bias"), q)?,
                 bk: f.vector_if(c.qkv_bias, &n("attn_k.bias"), kv)?,
@@ -195,6 +231,16 @@ impl<'a> Weights<'a> {
                 post_attn_norm: f.vector_if(c.post_norms, &n("post_attention_norm.weight"), e)?,
                 ffn_norm: f.vector(&n("ffn_norm.weight"), e)?,
                 ffn: match c.moe {
+                    // phi3's gate and up: one `ffn_up` of 2 · n_ff rows, the
+                    // gate's first (ggml_swiglu's halves).
+                    None if c.arch == crate::config::Arch::Phi3 => {
+                        let [gate, up] = f.split(&n("ffn_up.weight"), e, [ff, ff])?;
+                        Ffn::Dense {
+                            gate,
+                            up,
+                            down: f.matrix(&n("ffn_down.weight"), ff, e)?,
+                        }
+                    }
                     None => Ffn::Dense {
                         gate: f.matrix(&n("ffn_gate.weight"), e, ff)?,
                         up: f.matrix(&n("ffn_up.weight"), e, ff)?,

@@ -76,6 +76,10 @@ struct Spec {
     /// The gate weight in Q8_0 like the up weight (one stacked gate/up
     /// product, as real files have); F32 otherwise, to cover mixed stacks.
     gate_q8: bool,
+    /// phi3: Q, K and V as three tensors instead of one fused `attn_qkv`.
+    unfused_qkv: bool,
+    /// phi3: LongRoPE factors, as the 128k-context files carry.
+    long_rope: bool,
 }
 
 impl Spec {
@@ -90,6 +94,8 @@ impl Spec {
             bad_shape: None,
             skip_key: None,
             gate_q8: false,
+            unfused_qkv: false,
+            long_rope: false,
         }
     }
 }
@@ -170,6 +176,45 @@ fn build(spec: &Spec) -> Vec<u8> {
     for il in 0..LAYERS {
         let n = |s: &str| format!("blk.{il}.{s}");
         w = add(w, &n("attn_norm.weight"), &[E], false, &mut rng);
+        if a == "phi3" {
+            // Fused Q, K, V (or the same values as three tensors), and gate
+            // and up as one `ffn_up` of 2 · FF rows, the gate's first.
+            let (q, k, v) = (rng.vec(E * qd), rng.vec(E * kvd), rng.vec(E * kvd));
+            if spec.unfused_qkv {
+                w = w.tensor(
+                    n("attn_q.weight"),
+                    &[E as u64, qd as u64],
+                    GgmlType::Q8_0,
+                    q8_0_bytes(&q),
+                );
+                w = w.tensor(
+                    n("attn_k.weight"),
+                    &[E as u64, kvd as u64],
+                    GgmlType::Q8_0,
+                    q8_0_bytes(&k),
+                );
+                w = w.tensor(
+                    n("attn_v.weight"),
+                    &[E as u64, kvd as u64],
+                    GgmlType::Q8_0,
+                    q8_0_bytes(&v),
+                );
+            } else {
+                let qkv = [q, k, v].concat();
+                let dims = [E as u64, (qd + 2 * kvd) as u64];
+                w = w.tensor(
+                    n("attn_qkv.weight"),
+                    &dims,
+                    GgmlType::Q8_0,
+                    q8_0_bytes(&qkv),
+                );
+            }
+            w = add(w, &n("attn_output.weight"), &[qd, E], false, &mut rng);
+            w = add(w, &n("ffn_norm.weight"), &[E], false, &mut rng);
+            w = add(w, &n("ffn_up.weight"), &[E, 2 * FF], true, &mut rng);
+            w = add(w, &n("ffn_down.weight"), &[FF, E], false, &mut rng);
+            continue;
+        }
         w = add(w, &n("attn_q.weight"), &[E, qd], true, &mut rng);
         w = add(w, &n("attn_k.weight"), &[E, kvd], false, &mut rng);
         w = add(w, &n("attn_v.weight"), &[E, kvd], true, &mut rng);
@@ -229,6 +274,9 @@ fn build(spec: &Spec) -> Vec<u8> {
         w = add(w, &n("ffn_gate.weight"), &[E, FF], spec.gate_q8, &mut rng);
         w = add(w, &n("ffn_up.weight"), &[E, FF], true, &mut rng);
         w = add(w, &n("ffn_down.weight"), &[FF, E], false, &mut rng);
+    }
+    if spec.long_rope {
+        w = add(w, "rope_factors_long.weight", &[hd / 2], false, &mut rng);
     }
     w = add(w, "output_norm.weight", &[E], false, &mut rng);
     if !spec.tied {
@@ -415,6 +463,33 @@ fn expert_routing_matters() {
         ..Spec::new("qwen3moe")
     });
     assert_eq!(e, "missing metadata key qwen3moe.expert_used_count");
+}
+
+/// phi3: fused QKV and gate/up matrices, split into views of their rows,
+/// run alike on both devices and give the bits of the same weights as
+/// separate tensors; a LongRoPE file is refused by name.
+#[test]
+fn phi3_fused_matrices_run_the_same_on_cpu_and_gpu() {
+    cpu_and_gpu_agree(Spec::new("phi3"));
+    let fused = cpu_logits(&CpuModel::load(&open(&Spec::new("phi3"))).unwrap());
+    let split = cpu_logits(
+        &CpuModel::load(&open(&Spec {
+            unfused_qkv: true,
+            ..Spec::new("phi3")
+        }))
+        .unwrap(),
+    );
+    assert_eq!(
+        fused, split,
+        "fused and separate Q, K, V give the same bits"
+    );
+    let plain = cpu_logits(&CpuModel::load(&open(&Spec::new("llama"))).unwrap());
+    assert!(rel_err(&fused, &plain) > 1e-3);
+    let e = load_err(Spec {
+        long_rope: true,
+        ..Spec::new("phi3")
+    });
+    assert!(e.contains("phi3 with LongRoPE factors"), "{e}");
 }
 
 #[test]

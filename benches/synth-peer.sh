@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Mixtures of experts beside llama.cpp, on synthetic files both read.
+# Architectures no real test model has (mixtures of experts, phi3) beside
+# llama.cpp, on synthetic files both read.
 #
-# Writes qwen3moe and qwen2moe files with `lamina synth` (random weights,
-# SmolLM2's vocabulary), then:
+# Writes qwen3moe, qwen2moe and phi3 files with `lamina synth` (random
+# weights, SmolLM2's vocabulary), then:
 #   1. agreement: the same greedy prompt through `lamina run --ngl 0` and
 #      llama.cpp's `llama-completion`, with f32 weights (no rounding on either
 #      side: the tokens must agree) and Q8_0 weights (llama.cpp rounds the
@@ -13,8 +14,8 @@
 #      small qwen3moe (32 experts, 4 a token, 0.4 B expert weights), REPS
 #      rounds alternating. Run it on a quiet machine.
 #
-#   benches/moe.sh
-#   REPS=3 TYPE=Q4_0 benches/moe.sh
+#   benches/synth-peer.sh
+#   REPS=3 TYPE=Q4_0 benches/synth-peer.sh
 #
 # Builds llama.cpp's CPU tools through benches/peer.sh's cache (see there).
 set -euo pipefail
@@ -28,7 +29,7 @@ REPS=${REPS:-2}
 TYPE=${TYPE:-Q4_0}
 THREADS=${THREADS:-$(nproc)}
 PROMPT=${PROMPT:-The capital of France is}
-WORK=${WORK:-$CACHE/moe}
+WORK=${WORK:-$CACHE/synth-peer}
 
 SKIP_GPU=1 BUILD_ONLY=1 bash benches/peer.sh
 BIN="$CACHE/build-cpu/bin"
@@ -46,7 +47,7 @@ synth() { # shape type out
 
 echo "| shape | weights | words shared with llama.cpp (of $N tokens) | Lamina | llama.cpp |"
 echo "| --- | --- | --- | --- | --- |"
-for shape in qwen3moe-tiny qwen2moe-tiny; do
+for shape in qwen3moe-tiny qwen2moe-tiny phi3-tiny; do
   for ty in F32 Q8_0; do
     f="$WORK/$shape-$ty.gguf"
     synth "$shape" "$ty" "$f"
