@@ -49,26 +49,59 @@ fn dominant_type(model: &Model) -> GgmlType {
         .map_or(GgmlType::Q8_0, |e| e.0)
 }
 
-/// A short bandwidth probe: a 4096×4096 mat-vec of the dominant type on each
-/// device, as decoding reads weights.
+/// A short bandwidth probe. The CPU's: the model's own first blocks' mat-vecs
+/// (up to 1 GiB of them, read in place from the map as decoding reads them,
+/// from inside the thread pool as the forward pass calls its kernels),
+/// timed on a second pass once the first has brought the pages in. The
+/// GPU's: a 4096×4096 mat-vec of the dominant type. (A first version timed
+/// one cache-sized synthetic matrix on the CPU too, and predicted about half
+/// the decode speed `bench model` measured at 1B and 8B.)
 fn probe(model: &Model) -> anyhow::Result<Probe> {
     const N: usize = 4096;
     let mut ty = dominant_type(model);
     if !lamina_quant::supports(ty) || !lamina_gpu::has_kernel(ty) {
         ty = GgmlType::Q8_0;
     }
-    let bytes = ty.bytes_for((N * N) as u64).unwrap_or(0) as usize;
-    // Any bytes do: the kernels' speed does not depend on the values.
-    let w: Vec<u8> = (0..bytes).map(|i| (i as u8) & 0x3b).collect();
-    let x = vec![0.5f32; N];
-    let mut y = vec![0.0f32; N];
-    lamina_quant::matvec(ty, &w, N, N, &x, &mut y)?;
-    let iters = 5;
-    let t0 = std::time::Instant::now();
-    for _ in 0..iters {
-        lamina_quant::matvec(ty, &w, N, N, &x, &mut y)?;
+    let cfg = Config::from_gguf(model)?;
+    let weights = lamina_model::Weights::load(model, &cfg)?;
+    let mut mats: Vec<&lamina_model::Matrix<'_>> = Vec::new();
+    let mut total = 0usize;
+    for l in &weights.layers {
+        let block: Vec<&lamina_model::Matrix<'_>> = match &l.ffn {
+            lamina_model::Ffn::Dense { gate, up, down } => {
+                vec![&l.wq, &l.wk, &l.wv, &l.wo, gate, up, down]
+            }
+            // A token reads the router and `n_used` experts.
+            lamina_model::Ffn::Moe(ex) => {
+                let used = cfg.moe.map_or(1, |m| m.n_used);
+                let mut v = vec![&l.wq, &l.wk, &l.wv, &l.wo, &ex.router];
+                for e in 0..used.min(ex.gate.len()) {
+                    v.extend([&ex.gate[e], &ex.up[e], &ex.down[e]]);
+                }
+                v
+            }
+        };
+        total += block.iter().map(|m| m.data.len()).sum::<usize>();
+        mats.extend(block);
+        if total >= 1 << 30 {
+            break;
+        }
     }
-    let cpu_gbs = (bytes * iters) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+    let widest = mats.iter().map(|m| m.rows.max(m.cols)).max().unwrap_or(1);
+    let x = vec![0.5f32; widest];
+    let mut y = vec![0.0f32; widest];
+    let pass = |y: &mut [f32]| -> anyhow::Result<()> {
+        for m in &mats {
+            m.matmul(&x[..m.cols], 1, &mut y[..m.rows])?;
+        }
+        Ok(())
+    };
+    let cpu_gbs = rayon::scope(|_| -> anyhow::Result<f64> {
+        pass(&mut y)?;
+        let t0 = std::time::Instant::now();
+        pass(&mut y)?;
+        Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e9)
+    })?;
     let (gpu_gbs, gpu_name) = match lamina_gpu::Gpu::new(lamina_gpu::GpuOptions::default()) {
         Ok(g) => {
             let t = lamina_gpu::bench::matvec(&g, ty, N, N, 10)?;

@@ -183,7 +183,7 @@ fn parse_overrides(specs: &[String]) -> anyhow::Result<Vec<(String, GgmlType)>> 
         .collect()
 }
 
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -209,7 +209,7 @@ impl Rng {
 
 /// `n` weights of `ty` whose rows have `k` weights: random blocks with sane
 /// scales (weights of magnitude about 1/sqrt(k)), appended to `buf`.
-fn random_weights(rng: &mut Rng, ty: GgmlType, n: u64, k: u64, buf: &mut Vec<u8>) {
+pub(crate) fn random_weights(rng: &mut Rng, ty: GgmlType, n: u64, k: u64, buf: &mut Vec<u8>) {
     let scale = 0.25 / (k as f32).sqrt();
     let start = buf.len();
     match ty {
