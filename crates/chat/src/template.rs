@@ -388,6 +388,25 @@ impl ChatTemplate {
         })
     }
 
+    /// Appends request text to a rendered prompt (an assistant prefill
+    /// that the model continues), with its guarded token texts marked
+    /// literal as [`Self::render_prompt`] marks those of the messages: a
+    /// prefill must not write control tokens that a message could not.
+    pub fn append_request_text(&self, prompt: &mut Prompt, text: &str) {
+        let at = prompt.text.len();
+        let tail = match &self.guard {
+            Some(guard) => guard.unmask(guard.mask(text)),
+            None => Prompt {
+                text: text.to_owned(),
+                literal: Vec::new(),
+            },
+        };
+        prompt.text.push_str(&tail.text);
+        prompt
+            .literal
+            .extend(tail.literal.into_iter().map(|r| r.start + at..r.end + at));
+    }
+
     fn render_error(&self, err: &minijinja::Error, fuel: u64, watch: &Watch) -> ChatError {
         // Past the deadline every hook fails and the fuel is drained, so
         // whatever error the engine reports, the clock is the cause.
