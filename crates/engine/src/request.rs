@@ -27,6 +27,21 @@ pub struct GenerateParams {
     /// required tool call), compiled for this model's vocabulary: each
     /// token is sampled from those its mask allows.
     pub constraint: Option<Constraint>,
+    /// Send [`Event::Progress`] when the prompt starts and after each of its
+    /// chunks (llama-server's `return_progress`).
+    pub progress: bool,
+}
+
+/// How far a prompt has been processed, as llama-server's `prompt_progress`
+/// reports it: `processed` counts the reused `cache` tokens too, so the
+/// first report has `processed == cache` and the last `processed == total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub total: usize,
+    pub cache: usize,
+    pub processed: usize,
+    /// Since the sequence took its slot.
+    pub time_ms: u64,
 }
 
 /// Why a sequence ended, in OpenAI's words.
@@ -111,6 +126,8 @@ pub enum Event {
     },
     /// Text ready to show: complete UTF-8, no part of a stop string.
     Text(String),
+    /// The prompt's processing, when the request asked for it.
+    Progress(Progress),
     Done(Summary),
     Error(EngineError),
 }

@@ -36,7 +36,9 @@ use crate::error::EngineError;
 use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
 use crate::pacing::Pacer;
-use crate::request::{Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
+use crate::request::{
+    Event, FinishReason, GenerateParams, Progress, Summary, Timings, TokenLogprob,
+};
 use crate::stop::StopMatcher;
 
 /// How often an idle engine checks its model files, so that `/health`
@@ -134,11 +136,26 @@ struct Sequence {
     started: Instant,
     prompt_done: Option<Instant>,
     cache_n: usize,
+    /// Report the prompt's progress (`GenerateParams::progress`).
+    progress: bool,
 }
 
 impl Sequence {
     fn prefilling(&self) -> bool {
         self.next_prompt < self.prompt.len()
+    }
+
+    /// Sends where the prompt stands, when the request asked; a client that
+    /// went away is noticed at the next step.
+    fn report_progress(&self) {
+        if self.progress {
+            let _ = self.events.send(Event::Progress(Progress {
+                total: self.prompt.len(),
+                cache: self.cache_n,
+                processed: self.next_prompt,
+                time_ms: self.started.elapsed().as_millis() as u64,
+            }));
+        }
     }
 
     fn timings(&self) -> Timings {
@@ -451,7 +468,7 @@ fn admit<C: Cache>(
         "sequence admitted"
     );
     ctx.metrics.started();
-    slot.seq = Some(Sequence {
+    let seq = slot.seq.insert(Sequence {
         events,
         sampler,
         detok: Detokenizer::new(),
@@ -469,7 +486,10 @@ fn admit<C: Cache>(
         started: now,
         prompt_done: None,
         cache_n: reuse,
+        progress: p.progress,
     });
+    // llama-server's first report: nothing processed beyond the cache yet.
+    seq.report_progress();
 }
 
 /// One forward call for every active sequence, then sampling for those that
@@ -577,6 +597,7 @@ fn step<B: Backend>(
         };
         if seq.prefilling() {
             seq.next_prompt += input.len();
+            seq.report_progress();
             if seq.prefilling() {
                 continue;
             }

@@ -46,6 +46,7 @@ fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
         logprobs: None,
         timeout: None,
         constraint: None,
+        progress: false,
     }
 }
 
@@ -63,6 +64,7 @@ fn collect(mut rx: lamina_engine::Events) -> (Vec<u32>, String, FinishReason) {
                 assert_eq!(s.completion_tokens, ids.len() + eog);
                 return (ids, text, s.finish);
             }
+            Event::Progress(_) => panic!("progress was not asked for"),
             Event::Error(e) => panic!("{e}"),
         }
     }
@@ -163,7 +165,7 @@ fn prefix_reuse_is_reported_and_changes_nothing() {
                 assert_eq!(s.timings.prompt_n, 1);
                 break;
             }
-            Event::Text(_) => {}
+            Event::Text(_) | Event::Progress(_) => {}
             Event::Error(e) => panic!("{e}"),
         }
     }
@@ -272,4 +274,50 @@ fn a_file_changed_while_idle_breaks_the_engine_unless_it_was_read() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `progress`, the prompt reports where it stands: first at the cache
+/// (nothing processed yet), then after every chunk of `n_batch` tokens, up
+/// to the whole prompt, all before the first token; a reused prefix counts
+/// as processed from the start.
+#[test]
+fn progress_reports_each_prompt_chunk() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_ctx = Some(512);
+    cfg.n_batch = 16;
+    let engine = Engine::start(cfg).unwrap();
+    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| 1000 + i).collect();
+    let reports = |p: GenerateParams| {
+        let mut rx = engine.submit(p).unwrap();
+        let (mut seen, mut tokens_before_last) = (Vec::new(), 0);
+        let mut tokens = 0;
+        loop {
+            match rx.blocking_recv().unwrap() {
+                Event::Progress(p) => {
+                    seen.push((p.total, p.cache, p.processed));
+                    tokens_before_last = tokens;
+                }
+                Event::Token { .. } => tokens += 1,
+                Event::Text(_) => {}
+                Event::Done(_) => break,
+                Event::Error(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(
+            tokens_before_last, 0,
+            "every report comes before the first token"
+        );
+        seen
+    };
+    let mut p = params(prompt.clone(), 2);
+    p.progress = true;
+    assert_eq!(
+        reports(p.clone()),
+        vec![(40, 0, 0), (40, 0, 16), (40, 0, 32), (40, 0, 40)]
+    );
+    // The same prompt again: all but its last token is reused.
+    assert_eq!(reports(p), vec![(40, 39, 39), (40, 39, 40)]);
+    // Not asked, not sent.
+    assert!(reports(params(prompt, 2)).is_empty());
 }

@@ -230,6 +230,8 @@ pub fn job(
         logprobs: s.logprobs,
         timeout: None,
         constraint: s.constraint.clone(),
+        // As in llama-server, only a stream reports progress.
+        progress: s.stream && s.return_progress,
     })
 }
 
@@ -337,6 +339,8 @@ pub async fn collect_with(
                     pieces.extend(c.token(id));
                 }
             }
+            // Only streams ask for progress reports.
+            Event::Progress(_) => {}
             Event::Text(t) => {
                 if let Some(c) = &mut calls {
                     pieces.extend(c.text(&t));

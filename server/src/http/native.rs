@@ -14,9 +14,12 @@
 //! and, with `n_probs`, `completion_probabilities`. With `stream: true`
 //! each piece of text is one SSE `data:` event with `stop: false` and its
 //! token ids, then one final event with `stop: true` and the summary
-//! fields; there is no `[DONE]`, as in llama-server. `n` > 1 answers
-//! each prompt `n` times (each choice its own sampler stream, seeded
-//! `seed + i`), every result in the array with its `index`.
+//! fields; there is no `[DONE]`, as in llama-server. With
+//! `return_progress`, the prompt's processing comes first, as empty
+//! results with `prompt_progress` (`total`, `cache`, `processed`,
+//! `time_ms`): one when it starts and one after each chunk of the prompt.
+//! `n` > 1 answers each prompt `n` times (each choice its own sampler
+//! stream, seeded `seed + i`), every result in the array with its `index`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -463,6 +466,13 @@ fn sse(
                     st.tokens.push(id);
                     st.all_tokens.push(id);
                     st.logprobs.extend(logprob);
+                }
+                Some(Event::Progress(p)) => {
+                    // Before the first token: an empty partial result with
+                    // llama-server's `prompt_progress`.
+                    let mut chunk = st.partial();
+                    chunk["prompt_progress"] = super::stream::progress(&p);
+                    st.push(chunk);
                 }
                 Some(Event::Text(t)) => {
                     st.text.push_str(&t);

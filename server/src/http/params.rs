@@ -125,6 +125,9 @@ pub struct Sampling {
     pub wanted: Option<Wanted>,
     /// `wanted`, compiled (`structured::compile`) before the job is made.
     pub constraint: Option<Constraint>,
+    /// `return_progress`: a stream reports the prompt's processing
+    /// (`prompt_progress`) before the first token.
+    pub return_progress: bool,
 }
 
 /// Which endpoint a body came to: each spells log-probs its own way.
@@ -267,6 +270,7 @@ pub fn sampling(
         include_usage,
         wanted,
         constraint: None,
+        return_progress: b.bool("return_progress")?.unwrap_or(false),
     })
 }
 

@@ -13,6 +13,11 @@
 //! split off the answer (`reasoning.rs`) streams as `delta.reasoning_content`
 //! chunks before the content.
 //!
+//! With llama-server's `return_progress`, chunks with an empty delta and
+//! `prompt_progress` (`total`, `cache`, `processed`, `time_ms`) report the
+//! prompt's processing before the first token: one when it starts, then
+//! one after each chunk of the prompt.
+//!
 //! A request with `n` > 1 streams its choices interleaved as their tokens
 //! come, each chunk carrying its choice's `index`; every choice ends with
 //! its own `finish_reason` chunk, and the usage chunk and `[DONE]` follow
@@ -30,7 +35,7 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::{self, Stream};
 use lamina_chat::Piece;
-use lamina_engine::{Event, Events, Summary, TokenLogprob};
+use lamina_engine::{Event, Events, Progress, Summary, TokenLogprob};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -152,6 +157,17 @@ pub fn sse(
                         st.pieces(i, pieces);
                     }
                 }
+                Some((i, Event::Progress(p))) => {
+                    // llama-server's progress chunk: an empty delta (or
+                    // text) with `prompt_progress`.
+                    let delta = match st.meta.api {
+                        Api::Chat => json!({}),
+                        Api::Completion | Api::Native => json!({"content": ""}),
+                    };
+                    let mut c = st.chunk(i, delta, None);
+                    c["prompt_progress"] = progress(&p);
+                    st.push(c);
+                }
                 Some((i, Event::Text(text))) => match &mut st.choices[i].reader {
                     Some(r) => {
                         let pieces = r.text(&text);
@@ -202,6 +218,16 @@ pub fn sse(
         }
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(PING).text("ping"))
+}
+
+/// llama-server's `prompt_progress` object.
+pub fn progress(p: &Progress) -> Value {
+    json!({
+        "total": p.total,
+        "cache": p.cache,
+        "processed": p.processed,
+        "time_ms": p.time_ms,
+    })
 }
 
 impl State {

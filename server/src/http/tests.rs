@@ -844,3 +844,78 @@ fn hidden_markers_are_the_control_tokens_of_the_vocabulary() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].1, "<|im_end|>");
 }
+
+/// The `data:` objects of an SSE body.
+fn sse_objects(bytes: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect()
+}
+
+/// `return_progress` on a stream: reports from the cache (nothing new
+/// processed) to the whole prompt, strictly rising, all before the first
+/// text, in the chat, completions and native shapes; never unasked.
+#[tokio::test]
+async fn streams_report_prompt_progress_when_asked() {
+    let check = |objects: &[Value]| {
+        let mut reports = Vec::new();
+        for (i, o) in objects.iter().enumerate() {
+            if let Some(p) = o.get("prompt_progress") {
+                reports.push((i, p.clone()));
+            }
+        }
+        assert!(!reports.is_empty(), "{objects:?}");
+        let first = &reports[0].1;
+        assert_eq!(first["processed"], first["cache"], "{first}");
+        let last = &reports.last().unwrap().1;
+        assert_eq!(last["processed"], last["total"], "{last}");
+        for w in reports.windows(2) {
+            assert_eq!(w[0].1["total"], w[1].1["total"]);
+            assert_eq!(w[0].1["cache"], w[1].1["cache"]);
+            assert!(w[1].1["processed"].as_u64() > w[0].1["processed"].as_u64());
+        }
+        let first_text = objects.iter().position(|o| {
+            let c = &o["choices"][0];
+            let text = c["delta"]["content"].as_str().or(c["text"].as_str());
+            text.is_some_and(|t| !t.is_empty())
+                || o["content"].as_str().is_some_and(|t| !t.is_empty())
+        });
+        if let Some(t) = first_text {
+            assert!(reports.last().unwrap().0 < t, "{objects:?}");
+        }
+    };
+    let prompt = "Once upon a time ".repeat(20);
+    for (route, body) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"messages": [{"role": "user", "content": prompt}]})),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 2, "temperature": 0}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": prompt, "n_predict": 2, "temperature": 0}),
+        ),
+    ] {
+        let mut asked = body.clone();
+        asked["stream"] = json!(true);
+        asked["return_progress"] = json!(true);
+        let (s, _, bytes) = send(router(None, 1 << 20), post(route, asked.to_string())).await;
+        assert_eq!(s, StatusCode::OK);
+        check(&sse_objects(&bytes));
+
+        let mut plain = body.clone();
+        plain["stream"] = json!(true);
+        let (_, _, bytes) = send(router(None, 1 << 20), post(route, plain.to_string())).await;
+        let objects = sse_objects(&bytes);
+        assert!(!objects.is_empty());
+        assert!(
+            objects.iter().all(|o| o.get("prompt_progress").is_none()),
+            "{route}"
+        );
+    }
+}
