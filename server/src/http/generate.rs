@@ -270,7 +270,10 @@ async fn run(
     readers: Vec<Option<Reader>>,
 ) -> Result<Response, ApiError> {
     structured::compile(st, info, &mut s).await?;
-    let jobs = choices(job(st, info, prompt, &s, prompt_param)?, s.n);
+    let one = job(st, info, prompt, &s, prompt_param)?;
+    // Only a whole response carries `__verbose`: a stream's chunks do not.
+    let verbose = (s.verbose.unwrap_or(st.options.verbose) && !s.stream).then(|| one.clone());
+    let jobs = choices(one, s.n);
     let rxs = submit_all(st, jobs)?;
     let meta = Meta::new(st.model_id(info), api);
     if s.stream {
@@ -284,7 +287,11 @@ async fn run(
             .map(|(rx, r)| collect_with(rx, st.cutoff.clone(), r)),
     )
     .await?;
-    Ok(Json(response(&meta, &done, s.logprobs.is_some())).into_response())
+    let mut body = response(&meta, &done, s.logprobs.is_some());
+    if let (Some(j), Some(first)) = (verbose, done.first()) {
+        body["__verbose"] = super::native::verbose(st, info, &s, j, first);
+    }
+    Ok(Json(body).into_response())
 }
 
 /// A finished request, gathered from its events.

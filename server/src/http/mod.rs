@@ -97,6 +97,9 @@ pub struct Options {
     pub pooling: Option<lamina_engine::pooling::Pooling>,
     /// `--embd-normalize`: the default norm of pooled embeddings.
     pub embd_normalize: i32,
+    /// `--verbose`: completion responses carry `__verbose` unless a
+    /// request says `verbose: false`, as in llama-server.
+    pub verbose: bool,
 }
 
 impl Default for Options {
@@ -115,6 +118,7 @@ impl Default for Options {
             embedding: false,
             pooling: None,
             embd_normalize: 2,
+            verbose: false,
         }
     }
 }

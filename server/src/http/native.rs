@@ -39,7 +39,7 @@ use lamina_engine::{
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{choices, collect, job, timings, token_ids};
+use super::generate::{choices, collect, job, timings, token_ids, Collected};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::structured;
@@ -228,6 +228,30 @@ fn response_fields(b: &Body) -> Result<Vec<String>, ApiError> {
             .collect(),
         Some(_) => Err(bad()),
     }
+}
+
+/// llama-server's `__verbose`: the native result of a request's first
+/// choice (its generated tokens included, and the prompt as text with its
+/// special tokens), for an OpenAI-shaped response.
+pub(super) fn verbose(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    s: &Sampling,
+    j: GenerateParams,
+    c: &Collected,
+) -> Value {
+    let native = Native {
+        return_tokens: true,
+        fields: Vec::new(),
+        cache_prompt: true,
+    };
+    let settings = generation_settings(s, &j, &native);
+    let fin = Final::new(st, info, s, j, settings, &native);
+    let mut body = fin.body(&c.text, &c.tokens, &c.summary);
+    if !c.logprobs.is_empty() {
+        body["completion_probabilities"] = probabilities(&c.logprobs);
+    }
+    body
 }
 
 /// Only the named fields, each under its full path as the key

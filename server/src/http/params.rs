@@ -125,6 +125,10 @@ pub struct Sampling {
     pub wanted: Option<Wanted>,
     /// `wanted`, compiled (`structured::compile`) before the job is made.
     pub constraint: Option<Constraint>,
+    /// `verbose`: add llama-server's `__verbose` object (the native
+    /// result, with the prompt as text) to the response; `None`: as the
+    /// server's `--verbose` says.
+    pub verbose: Option<bool>,
     /// `return_progress`: a stream reports the prompt's processing
     /// (`prompt_progress`) before the first token.
     pub return_progress: bool,
@@ -270,6 +274,7 @@ pub fn sampling(
         include_usage,
         wanted,
         constraint: None,
+        verbose: b.bool("verbose")?,
         return_progress: b.bool("return_progress")?.unwrap_or(false),
     })
 }

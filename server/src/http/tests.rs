@@ -919,3 +919,49 @@ async fn streams_report_prompt_progress_when_asked() {
         );
     }
 }
+
+/// `verbose` (or the server's `--verbose`) adds the native result, whose
+/// prompt is the rendered text, to a chat or completion response.
+#[tokio::test]
+async fn verbose_adds_the_native_result() {
+    let (s, v) = post_json("/v1/chat/completions", chat(json!({"verbose": true}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let verbose = &v["__verbose"];
+    assert_eq!(
+        verbose["prompt"],
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "{v}"
+    );
+    assert_eq!(verbose["tokens_predicted"], v["usage"]["completion_tokens"]);
+    assert_eq!(verbose["tokens_evaluated"], v["usage"]["prompt_tokens"]);
+    assert_eq!(verbose["content"], v["choices"][0]["message"]["content"]);
+    assert_eq!(verbose["tokens"].as_array().unwrap().len(), 1, "{v}");
+    let (_, v) = post_json("/v1/chat/completions", chat(json!({"verbose": false}))).await;
+    assert!(v.get("__verbose").is_none(), "{v}");
+    let (_, v) = post_json("/v1/chat/completions", chat(json!({}))).await;
+    assert!(v.get("__verbose").is_none(), "{v}");
+
+    // --verbose turns it on for every request that does not say otherwise.
+    let options = super::Options {
+        verbose: true,
+        ..super::Options::default()
+    };
+    let body = json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0});
+    let (_, v, _) = send(
+        router_with(options.clone(), None),
+        post("/v1/completions", body.to_string()),
+    )
+    .await;
+    assert_eq!(v["__verbose"]["prompt"], "Hi", "{v}");
+    let mut quiet = body.clone();
+    quiet["verbose"] = json!(false);
+    let (_, v, _) = send(
+        router_with(options, None),
+        post("/v1/completions", quiet.to_string()),
+    )
+    .await;
+    assert!(v.get("__verbose").is_none(), "{v}");
+    let (s, v) = post_json("/v1/chat/completions", chat(json!({"verbose": "yes"}))).await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
