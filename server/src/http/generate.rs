@@ -13,12 +13,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lamina_chat::{Piece, RenderOptions, ToolCall};
+use lamina_chat::{Piece, Prompt, RenderOptions, ToolCall};
 use lamina_engine::{Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::{self, Api, Body, Sampling};
+use super::params::{self, Api, Body, Ending, Sampling};
 use super::reasoning::{self, reasoning_of, Reader, Thinking};
 use super::shutdown::{self, CutSignal};
 use super::stream;
@@ -77,8 +77,9 @@ pub async fn chat(
     let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
     let thinking = Thinking::decide(&st, &info, kwargs, asked, b.get("reasoning_format"))?;
     let kwargs = thinking.kwargs(kwargs.cloned());
+    let (messages, ending) = params::ending(&b, messages)?;
     let (prompt, text) =
-        render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
+        render_chat_ending(&st, &info, messages, tools.clone(), Some(kwargs), ending).await?;
     // Each choice reads its own answer.
     let readers = (0..s.n)
         .map(|_| {
@@ -102,22 +103,61 @@ pub async fn render_chat_text(
     tools: Option<Value>,
     kwargs: Option<serde_json::Map<String, Value>>,
 ) -> Result<(Vec<u32>, String), ApiError> {
+    let ending = Ending::Render {
+        add_generation_prompt: true,
+    };
+    render_chat_ending(st, info, messages, tools, kwargs, ending).await
+}
+
+/// [`render_chat_text`], ending as `ending` says: a continued (prefilled)
+/// assistant message is the generation prompt and then its text, which the
+/// model goes on from.
+pub async fn render_chat_ending(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    messages: Value,
+    tools: Option<Value>,
+    kwargs: Option<serde_json::Map<String, Value>>,
+    ending: Ending,
+) -> Result<(Vec<u32>, String), ApiError> {
     let info = info.clone();
     st.prepare
         .run(move || {
-            let prompt = info.template.render_prompt(
-                &messages,
-                &RenderOptions {
-                    tools: tools.as_ref(),
-                    add_generation_prompt: true,
-                    kwargs: kwargs.as_ref(),
-                    ..RenderOptions::default()
-                },
-            )?;
+            let prompt = render_ending(&info, &messages, tools.as_ref(), kwargs.as_ref(), &ending)?;
             let tokens = info.encode_prompt(&prompt);
             Ok((tokens, prompt.text))
         })
         .await
+}
+
+/// The prompt text of `messages` ending as `ending` says (`/apply-template`
+/// shows it; the chat route tokenizes it).
+pub fn render_ending(
+    info: &ModelInfo,
+    messages: &Value,
+    tools: Option<&Value>,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+    ending: &Ending,
+) -> Result<Prompt, ApiError> {
+    let add_generation_prompt = match ending {
+        Ending::Render {
+            add_generation_prompt,
+        } => *add_generation_prompt,
+        Ending::Continue(_) => true,
+    };
+    let mut prompt = info.template.render_prompt(
+        messages,
+        &RenderOptions {
+            tools,
+            add_generation_prompt,
+            kwargs,
+            ..RenderOptions::default()
+        },
+    )?;
+    if let Ending::Continue(text) = ending {
+        info.template.append_request_text(&mut prompt, text);
+    }
+    Ok(prompt)
 }
 
 pub async fn completion(

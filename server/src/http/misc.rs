@@ -11,7 +11,6 @@ use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lamina_chat::RenderOptions;
 use lamina_engine::Status;
 use serde_json::{json, Value};
 
@@ -172,19 +171,18 @@ pub async fn apply_template(
     let asked = super::reasoning::effort_switch(b.get("reasoning_effort"))?;
     let thinking = super::reasoning::Thinking::decide(&st, &info, kwargs, asked, None)?;
     let kwargs = Some(thinking.kwargs(kwargs.cloned()));
-    let add_generation_prompt = b.bool("add_generation_prompt")?.unwrap_or(true);
+    let (messages, ending) = params::ending(&b, messages)?;
     let prompt = st
         .prepare
         .run(move || {
-            Ok(info.template.render(
+            super::generate::render_ending(
+                &info,
                 &messages,
-                &RenderOptions {
-                    tools: tools.as_ref(),
-                    add_generation_prompt,
-                    kwargs: kwargs.as_ref(),
-                    ..RenderOptions::default()
-                },
-            )?)
+                tools.as_ref(),
+                kwargs.as_ref(),
+                &ending,
+            )
+            .map(|p| p.text)
         })
         .await?;
     Ok(Json(json!({"prompt": prompt})).into_response())

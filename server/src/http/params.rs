@@ -490,3 +490,119 @@ pub fn tools(b: &Body) -> Result<Option<&Value>, ApiError> {
         Some(_) => Err(ApiError::invalid("tools", "tools must be an array")),
     }
 }
+
+/// How a chat prompt ends, as llama-server decides it from
+/// `add_generation_prompt`, `continue_final_message` and a conversation
+/// that ends with the assistant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Every message, then (or not) the header of an assistant turn.
+    Render { add_generation_prompt: bool },
+    /// Every message but the last, the header of an assistant turn, then
+    /// the last message's text left open: the model continues it (a
+    /// prefill).
+    Continue(String),
+}
+
+/// The messages to render and how the prompt ends. A conversation that
+/// ends with an assistant message is a prefill unless
+/// `continue_final_message` says otherwise, as in llama-server (and
+/// vLLM's `continue_final_message`); asking for both a generation prompt
+/// and a continuation, continuing two assistant turns in a row, or
+/// continuing tool calls are refused.
+pub fn ending(b: &Body, messages: Value) -> Result<(Value, Ending), ApiError> {
+    const PARAM: &str = "continue_final_message";
+    let Value::Array(mut list) = messages else {
+        return Err(ApiError::invalid("messages", "messages must be an array"));
+    };
+    let mut add_generation_prompt = b.bool("add_generation_prompt")?;
+    let asked = match b.get(PARAM) {
+        None | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(true),
+        Some(Value::String(s)) if s == "content" => Some(true),
+        Some(Value::String(s)) if s == "reasoning_content" => {
+            return Err(ApiError::invalid(
+                PARAM,
+                "continue_final_message: continuing the reasoning is not supported; \
+                 true or \"content\" continues the content",
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                PARAM,
+                "continue_final_message must be a boolean or \"content\"",
+            ))
+        }
+    };
+    fn role(m: Option<&Value>) -> Option<&str> {
+        m.and_then(|m| m.get("role")).and_then(Value::as_str)
+    }
+    let last_is_assistant = role(list.last()) == Some("assistant");
+    let cont = match asked {
+        Some(c) => c,
+        // An explicit generation prompt after the assistant's message asks
+        // for a new turn, not a prefill.
+        None if last_is_assistant && add_generation_prompt != Some(true) => {
+            if role(list.iter().rev().nth(1)) == Some("assistant") {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "the conversation may end with at most one assistant message \
+                     (the prefill the model continues)",
+                ));
+            }
+            add_generation_prompt = Some(false);
+            true
+        }
+        None => false,
+    };
+    if !cont {
+        return Ok((
+            Value::Array(list),
+            Ending::Render {
+                add_generation_prompt: add_generation_prompt.unwrap_or(true),
+            },
+        ));
+    }
+    if add_generation_prompt == Some(true) {
+        return Err(ApiError::invalid(
+            PARAM,
+            "add_generation_prompt and continue_final_message cannot both be true",
+        ));
+    }
+    if !last_is_assistant {
+        return Err(ApiError::invalid(
+            PARAM,
+            "continue_final_message continues an assistant message: the last message must be the assistant's",
+        ));
+    }
+    let Some(Value::Object(last)) = list.pop() else {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    };
+    if last
+        .get("tool_calls")
+        .is_some_and(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        return Err(ApiError::invalid(
+            PARAM,
+            "an assistant message with tool calls cannot be continued",
+        ));
+    }
+    // The text as the client sent it: parts are joined with a blank line,
+    // as llama-server renders a continued message (a message's parts reach
+    // the template joined with one newline, see `messages`).
+    let raw = b
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|a| a.last())
+        .and_then(|m| m.get("content"));
+    let text = match raw {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+        _ => String::new(),
+    };
+    Ok((Value::Array(list), Ending::Continue(text)))
+}

@@ -965,3 +965,76 @@ async fn verbose_adds_the_native_result() {
     let (s, v) = post_json("/v1/chat/completions", chat(json!({"verbose": "yes"}))).await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
 }
+
+/// A conversation that ends with the assistant is a prefill the model
+/// continues (llama-server's default, vLLM's `continue_final_message`);
+/// the contradictory and ambiguous endings are 400s.
+#[tokio::test]
+async fn a_final_assistant_message_is_continued() {
+    let turns = |last: Value| json!([{"role": "user", "content": "Best book?"}, {"role": "assistant", "content": last}]);
+    let template = |body: Value| async move {
+        let (s, v) = post_json("/apply-template", body).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v["prompt"].as_str().unwrap().to_owned()
+    };
+    let open = "<|im_start|>user\nBest book?<|im_end|>\n<|im_start|>assistant\n";
+    let p = template(json!({"messages": turns(json!("Whill"))})).await;
+    assert!(p.ends_with(&format!("{open}Whill")), "{p}");
+    // Text parts of the continued message are joined by a blank line.
+    let parts = json!([{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]);
+    let p = template(json!({"messages": turns(parts)})).await;
+    assert!(p.ends_with(&format!("{open}Wh\n\nill")), "{p}");
+    // The explicit spelling gives the same prompt.
+    let p2 = template(json!({"messages": turns(json!("Whill")),
+        "continue_final_message": true, "add_generation_prompt": false}))
+    .await;
+    assert!(p2.ends_with(&format!("{open}Whill")), "{p2}");
+    // An explicit generation prompt closes the turn and opens a new one.
+    let p =
+        template(json!({"messages": turns(json!("Whill")), "add_generation_prompt": true})).await;
+    assert!(
+        p.ends_with("Whill<|im_end|>\n<|im_start|>assistant\n"),
+        "{p}"
+    );
+
+    // The chat route generates from the continued prompt.
+    let (s, v) = post_json(
+        "/v1/chat/completions",
+        chat(json!({"messages": turns(json!("Whill")), "verbose": true})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let prompt = v["__verbose"]["prompt"].as_str().unwrap();
+    assert!(prompt.ends_with(&format!("{open}Whill")), "{prompt}");
+
+    let two = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                     {"role": "assistant", "content": "c"}]);
+    for (body, param) in [
+        (json!({"messages": two}), "messages"),
+        (
+            json!({"messages": turns(json!("W")), "continue_final_message": true,
+                   "add_generation_prompt": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "a"}], "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": turns(json!("W")), "continue_final_message": 3}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "a"},
+                {"role": "assistant", "content": null,
+                 "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+            "continue_final_message",
+        ),
+    ] {
+        for route in ["/apply-template", "/v1/chat/completions"] {
+            let (s, v) = post_json(route, chat(body.clone())).await;
+            assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+            assert_eq!(v["error"]["param"], param, "{route} {body}: {v}");
+        }
+    }
+}
