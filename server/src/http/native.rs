@@ -276,20 +276,12 @@ fn select_fields(body: Value, fields: &[String]) -> Value {
 /// llama-server's `generation_settings`, for what Lamina's sampler has.
 fn generation_settings(s: &Sampling, j: &GenerateParams, n: &Native) -> Value {
     let c = &s.sampler;
-    // A ban (-inf) is `false`, as a request spells it.
+    // llama-server's shape; a ban (-inf) is null, as its JSON writes an
+    // infinite float.
     let bias: Vec<Value> = c
         .logit_bias
         .iter()
-        .map(|&(id, b)| {
-            json!([
-                id,
-                if b.is_finite() {
-                    json!(b)
-                } else {
-                    json!(false)
-                }
-            ])
-        })
+        .map(|&(id, b)| json!({"bias": b.is_finite().then_some(b), "token": id}))
         .collect();
     json!({
         "seed": c.seed.unwrap_or(RANDOM_SEED),
@@ -310,7 +302,7 @@ fn generation_settings(s: &Sampling, j: &GenerateParams, n: &Native) -> Value {
         "post_sampling_probs": false,
         "stream": s.stream,
         "stop": s.stop,
-        "ignore_eos": false,
+        "ignore_eos": s.ignore_eos,
         "cache_prompt": n.cache_prompt,
         "logit_bias": bias,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],

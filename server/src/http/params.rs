@@ -125,13 +125,16 @@ pub struct Sampling {
     pub wanted: Option<Wanted>,
     /// `wanted`, compiled (`structured::compile`) before the job is made.
     pub constraint: Option<Constraint>,
+    /// `return_progress`: a stream reports the prompt's processing
+    /// (`prompt_progress`) before the first token.
+    pub return_progress: bool,
+    /// `ignore_eos`: the end-of-generation tokens are banned (their bans
+    /// are in `sampler.logit_bias`).
+    pub ignore_eos: bool,
     /// `verbose`: add llama-server's `__verbose` object (the native
     /// result, with the prompt as text) to the response; `None`: as the
     /// server's `--verbose` says.
     pub verbose: Option<bool>,
-    /// `return_progress`: a stream reports the prompt's processing
-    /// (`prompt_progress`) before the first token.
-    pub return_progress: bool,
 }
 
 /// Which endpoint a body came to: each spells log-probs its own way.
@@ -181,6 +184,13 @@ pub fn sampling(
         },
         logit_bias: logit_bias(b, info)?,
     };
+    let ignore_eos = b.bool("ignore_eos")?.unwrap_or(false);
+    if ignore_eos {
+        // As llama-server: every end-of-generation token is banned, so the
+        // sequence runs to its limit, and the bans show in the settings.
+        s.logit_bias
+            .extend(info.tokenizer.eog_ids().map(|id| (id, f32::NEG_INFINITY)));
+    }
     if let Some(p) = b.number("top_p", 0.0, 1.0)? {
         if p <= 0.0 {
             return Err(ApiError::invalid(
@@ -276,6 +286,7 @@ pub fn sampling(
         constraint: None,
         verbose: b.bool("verbose")?,
         return_progress: b.bool("return_progress")?.unwrap_or(false),
+        ignore_eos,
     })
 }
 

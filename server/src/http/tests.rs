@@ -1038,3 +1038,61 @@ async fn a_final_assistant_message_is_continued() {
         }
     }
 }
+
+fn model_info() -> Arc<lamina_engine::ModelInfo> {
+    let lamina_engine::Status::Ready(info) = engine().status() else {
+        panic!("the shared engine is not ready");
+    };
+    info
+}
+
+/// `ignore_eos` bans every end-of-generation token: a sequence whose end
+/// token is all but certain runs to its limit, and the bans are listed in
+/// llama-server's `generation_settings.logit_bias` shape (a ban is null).
+#[tokio::test]
+async fn ignore_eos_bans_the_end_tokens() {
+    let eog: Vec<u32> = model_info().tokenizer.eog_ids().collect();
+    assert!(!eog.is_empty());
+    let bias: serde_json::Map<String, Value> =
+        eog.iter().map(|id| (id.to_string(), json!(100))).collect();
+    let body = |ignore: bool| {
+        json!({"prompt": "Hi", "n_predict": 3, "temperature": 0,
+               "logit_bias": bias, "ignore_eos": ignore})
+    };
+    let (s, v) = post_json("/completion", body(false)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["stop_type"].as_str(), v["tokens_predicted"].as_u64()),
+        (Some("eos"), Some(1)),
+        "{v}"
+    );
+    assert_eq!(v["generation_settings"]["ignore_eos"], false);
+
+    let (s, v) = post_json("/completion", body(true)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["stop_type"].as_str(), v["tokens_predicted"].as_u64()),
+        (Some("limit"), Some(3)),
+        "{v}"
+    );
+    let g = &v["generation_settings"];
+    assert_eq!(g["ignore_eos"], true);
+    for id in &eog {
+        assert!(
+            g["logit_bias"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"bias": null, "token": id})),
+            "{g}"
+        );
+        assert!(
+            g["logit_bias"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"bias": 100.0, "token": id})),
+            "{g}"
+        );
+    }
+    let (s, v) = post_json("/completion", json!({"prompt": "Hi", "ignore_eos": 1})).await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
