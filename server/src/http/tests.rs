@@ -1106,18 +1106,27 @@ async fn chat_input_tokens_count_the_chat_prompt() {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
     for body in [
         chat(json!({})),
-        chat(json!({"messages": [{"role": "user", "content": "Best book?"},
-                                  {"role": "assistant", "content": "Whill"}]})),
+        chat(
+            json!({"messages": [{"role": "user", "content": "Best book?"},
+                                  {"role": "assistant", "content": "Whill"}]}),
+        ),
         chat(json!({"tools": tools})),
     ] {
         let (s, counted) = post_json("/v1/chat/completions/input_tokens", body.clone()).await;
         assert_eq!(s, StatusCode::OK, "{counted}");
         assert_eq!(counted["object"], "response.input_tokens");
         let (_, ran) = post_json("/v1/chat/completions", body.clone()).await;
-        assert_eq!(counted["input_tokens"], ran["usage"]["prompt_tokens"], "{body}");
+        assert_eq!(
+            counted["input_tokens"], ran["usage"]["prompt_tokens"],
+            "{body}"
+        );
         let (_, same) = post_json("/chat/completions/input_tokens", body).await;
         assert_eq!(same["input_tokens"], counted["input_tokens"]);
     }
-    let (s, v) = post_json("/v1/chat/completions/input_tokens", json!({"messages": "hi"})).await;
+    let (s, v) = post_json(
+        "/v1/chat/completions/input_tokens",
+        json!({"messages": "hi"}),
+    )
+    .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
 }
