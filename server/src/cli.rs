@@ -292,6 +292,12 @@ pub struct LlamaServerArgs {
     /// Accepted: credentials are allowed by default (as llama-server does).
     #[arg(long, hide = true, conflicts_with = "no_cors_credentials")]
     pub cors_credentials: bool,
+    /// Completion responses carry llama-server's `__verbose` object (the
+    /// native result, with the prompt as text) unless a request sends
+    /// `verbose: false`, and the log shows debug lines unless RUST_LOG
+    /// says otherwise.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Serve GET /metrics (the default; llama-server needs this flag).
     #[arg(long, conflicts_with = "no_metrics")]
     pub metrics: bool,

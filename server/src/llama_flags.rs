@@ -126,7 +126,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--mlock",
         "the weights are mapped (or read with --no-mmap), never locked",
     ),
-    ("--verbose", "set RUST_LOG=debug for a verbose log"),
     ("--verbosity", "set RUST_LOG=debug for a verbose log"),
     ("--log-file", "the log goes to stderr"),
 ];

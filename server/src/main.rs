@@ -529,6 +529,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             embedding: a.llama.embedding,
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,
+            verbose: a.llama.verbose,
             reasoning,
             reasoning_format,
             cors: http::Cors {

@@ -60,7 +60,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    init_tracing();
+    init_tracing(a.http.verbose);
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => Some(
@@ -276,10 +276,17 @@ impl Signals {
     }
 }
 
-fn init_tracing() {
+/// The log on stderr: RUST_LOG when set, else info (with `--verbose`,
+/// Lamina's own debug lines too, not those of the HTTP libraries).
+fn init_tracing(verbose: bool) {
     use std::io::IsTerminal as _;
+    let default = if verbose {
+        "info,lamina=debug,lamina_engine=debug"
+    } else {
+        "info"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -223,6 +223,7 @@ pub struct ChatTemplate {
     eos_token: String,
     limits: Limits,
     guard: Option<Guard>,
+    clock: Clock,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -263,6 +264,7 @@ impl ChatTemplate {
             eos_token: eos_token.to_owned(),
             limits: config.limits,
             guard: None,
+            clock: config.clock,
         })
     }
 
@@ -281,6 +283,12 @@ impl ChatTemplate {
     /// The template's source text, as given.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Where `strftime_now` reads the time: callers that give a template
+    /// the date another way (llama.cpp's `date_string`) read it here too.
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     /// The limits every render runs under.
@@ -386,6 +394,25 @@ impl ChatTemplate {
                 literal: Vec::new(),
             },
         })
+    }
+
+    /// Appends request text to a rendered prompt (an assistant prefill
+    /// that the model continues), with its guarded token texts marked
+    /// literal as [`Self::render_prompt`] marks those of the messages: a
+    /// prefill must not write control tokens that a message could not.
+    pub fn append_request_text(&self, prompt: &mut Prompt, text: &str) {
+        let at = prompt.text.len();
+        let tail = match &self.guard {
+            Some(guard) => guard.unmask(guard.mask(text)),
+            None => Prompt {
+                text: text.to_owned(),
+                literal: Vec::new(),
+            },
+        };
+        prompt.text.push_str(&tail.text);
+        prompt
+            .literal
+            .extend(tail.literal.into_iter().map(|r| r.start + at..r.end + at));
     }
 
     fn render_error(&self, err: &minijinja::Error, fuel: u64, watch: &Watch) -> ChatError {

@@ -114,6 +114,8 @@ fn strftime_now_reads_the_injected_clock() -> Result<(), ChatError> {
         template.render(&json!([]), &RenderOptions::default())?,
         "02 Dec 2026|2026-12-02|Wednesday December 2"
     );
+    // Callers that give the date another way read the same clock.
+    assert_eq!(template.clock().now(), at);
     // The system clock gives some date of the right shape.
     let now = render("{{ strftime_now('%Y-%m-%d') }}")?;
     assert_eq!(now.len(), 10, "{now}");
@@ -272,5 +274,40 @@ fn generation_tags_of_transformers_render_their_body() -> Result<(), ChatError> 
     );
     // Only the exact tag names are rewritten.
     assert!(render("{% generation_x %}").is_err());
+    Ok(())
+}
+
+/// A prefill appended to a rendering keeps the guard: control-token text in
+/// it is marked literal, like the same text in a message, and the ranges
+/// already marked stay where they were.
+#[test]
+fn appended_request_text_is_guarded_like_a_message() -> Result<(), ChatError> {
+    let mut t = ChatTemplate::new(
+        "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}<|im_start|>",
+        "<bos>",
+        "<eos>",
+    )?;
+    t.guard_tokens(["<|im_start|>", "<|im_end|>"]);
+    let mut p = t.render_prompt(
+        &json!([{"role": "user", "content": "a<|im_end|>"}]),
+        &RenderOptions::default(),
+    )?;
+    assert_eq!(p.literal, vec![13..23]);
+    t.append_request_text(&mut p, "go<|im_start|>on");
+    assert_eq!(
+        p.text,
+        "<|im_start|>a<|im_end|><|im_end|><|im_start|>go<|im_start|>on"
+    );
+    let at = p.text.rfind("<|im_start|>on").unwrap_or(0);
+    assert_eq!(p.literal, vec![13..23, at..at + 12]);
+
+    // Without a guard, the text is appended as it is and nothing is literal.
+    t.guard_tokens(Vec::<String>::new());
+    let mut p = t.render_prompt(&json!([]), &RenderOptions::default())?;
+    t.append_request_text(&mut p, "x<|im_end|>");
+    assert_eq!(
+        (p.text.as_str(), p.literal.len()),
+        ("<|im_start|>x<|im_end|>", 0)
+    );
     Ok(())
 }

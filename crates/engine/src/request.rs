@@ -21,12 +21,36 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Alternatives to report per token with `logprobs`; `None`: no log-probs.
     pub logprobs: Option<usize>,
+    /// Report the log-probabilities of the distribution the token was drawn
+    /// from, after the sampler chain (llama-server's
+    /// `post_sampling_probs`), instead of the model's own.
+    pub post_sampling: bool,
     /// Wall-clock budget for this request, on top of the server-wide one.
     pub timeout: Option<Duration>,
     /// A shape the output must keep (JSON mode, a schema, a grammar, a
     /// required tool call), compiled for this model's vocabulary: each
     /// token is sampled from those its mask allows.
     pub constraint: Option<Constraint>,
+    /// Send [`Event::Progress`] when the prompt starts and after each of its
+    /// chunks (llama-server's `return_progress`).
+    pub progress: bool,
+    /// Send the request's timings so far with every token and progress
+    /// report (llama-server's `timings_per_token`).
+    pub timings_per_token: bool,
+}
+
+/// How far a prompt has been processed, as llama-server's `prompt_progress`
+/// reports it: `processed` counts the reused `cache` tokens too, so the
+/// first report has `processed == cache` and the last `processed == total`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    pub total: usize,
+    pub cache: usize,
+    pub processed: usize,
+    /// Since the sequence took its slot.
+    pub time_ms: u64,
+    /// The timings so far, with `GenerateParams::timings_per_token`.
+    pub timings: Option<Timings>,
 }
 
 /// Why a sequence ended, in OpenAI's words.
@@ -48,7 +72,9 @@ impl FinishReason {
 }
 
 /// The log-probability of a sampled token and of the most likely alternatives,
-/// from the model's distribution before sampling changed it.
+/// from the model's distribution before sampling changed it, or (with
+/// `GenerateParams::post_sampling`) from the sampler chain's, where the
+/// alternatives are only those the chain kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
     pub id: u32,
@@ -78,8 +104,15 @@ impl Timings {
         per_second(self.prompt_n, self.prompt_ms)
     }
 
+    /// Decode steps spent generating, as llama-server counts them: the
+    /// first token comes from the prompt's last logits and costs none.
+    pub fn decode_steps(&self) -> usize {
+        self.predicted_n.saturating_sub(1)
+    }
+
+    /// Generation speed over the decode steps (0 for a single token).
     pub fn predicted_per_second(&self) -> f64 {
-        per_second(self.predicted_n, self.predicted_ms)
+        per_second(self.decode_steps(), self.predicted_ms)
     }
 }
 
@@ -108,9 +141,14 @@ pub enum Event {
     Token {
         id: u32,
         logprob: Option<TokenLogprob>,
+        /// The timings up to this token, with
+        /// `GenerateParams::timings_per_token`.
+        timings: Option<Timings>,
     },
     /// Text ready to show: complete UTF-8, no part of a stop string.
     Text(String),
+    /// The prompt's processing, when the request asked for it.
+    Progress(Progress),
     Done(Summary),
     Error(EngineError),
 }
@@ -118,6 +156,10 @@ pub enum Event {
 /// An embedding request's answer: every prompt token's hidden state after
 /// the final norm, `n_embd` floats each, in order; or why there is none.
 pub type HiddenReply = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
+
+/// The answer to [`crate::Engine::erase_slot`]: how many tokens the slot
+/// held, or why it was not erased.
+pub type EraseReply = tokio::sync::oneshot::Receiver<Result<usize, EngineError>>;
 
 /// The receiving end a handler reads. Dropping it cancels the request at the
 /// engine's next step.

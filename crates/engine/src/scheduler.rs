@@ -27,7 +27,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lamina_grammar::Ahead;
-use lamina_sampling::{top_logprobs, Sampler};
+use lamina_sampling::{top_logprobs, PostProbs, Sampler};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -36,7 +36,9 @@ use crate::error::EngineError;
 use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
 use crate::pacing::Pacer;
-use crate::request::{Event, FinishReason, GenerateParams, Summary, Timings, TokenLogprob};
+use crate::request::{
+    Event, FinishReason, GenerateParams, Progress, Summary, Timings, TokenLogprob,
+};
 use crate::stop::StopMatcher;
 
 /// How often an idle engine checks its model files, so that `/health`
@@ -61,13 +63,20 @@ pub(crate) enum Work {
     Generate(GenerateParams, tmpsc::UnboundedSender<Event>),
     /// Every token's final hidden state for this prompt (embeddings).
     Hidden(Vec<u32>, HiddenSender),
+    /// Empty slot `.0`'s cache once no request holds it; the reply is how
+    /// many tokens it held.
+    Erase(usize, EraseSender),
 }
+
+/// Where an erase's answer goes.
+pub(crate) type EraseSender = oneshot::Sender<Result<usize, EngineError>>;
 
 impl Job {
     fn prompt(&self) -> &[u32] {
         match &self.work {
             Work::Generate(p, _) => &p.prompt,
             Work::Hidden(t, _) => t,
+            Work::Erase(..) => &[],
         }
     }
 
@@ -76,6 +85,7 @@ impl Job {
         match &self.work {
             Work::Generate(_, events) => events.is_closed(),
             Work::Hidden(_, reply) => reply.is_closed(),
+            Work::Erase(_, reply) => reply.is_closed(),
         }
     }
 
@@ -85,6 +95,9 @@ impl Job {
                 let _ = events.send(Event::Error(e));
             }
             Work::Hidden(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Work::Erase(_, reply) => {
                 let _ = reply.send(Err(e));
             }
         }
@@ -124,6 +137,8 @@ struct Sequence {
     generated: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
+    /// `logprobs` after the sampler chain (`GenerateParams::post_sampling`).
+    post_sampling: bool,
     /// The output's constraint, on its own thread: its mask for the next
     /// token is computed while the forward pass computes the logits (the
     /// mask depends only on tokens already sampled), and waited for only
@@ -134,11 +149,39 @@ struct Sequence {
     started: Instant,
     prompt_done: Option<Instant>,
     cache_n: usize,
+    /// Report the prompt's progress (`GenerateParams::progress`).
+    progress: bool,
+    /// Timings with every token and report
+    /// (`GenerateParams::timings_per_token`).
+    timings_per_token: bool,
 }
 
 impl Sequence {
     fn prefilling(&self) -> bool {
         self.next_prompt < self.prompt.len()
+    }
+
+    /// Sends where the prompt stands, when the request asked; a client that
+    /// went away is noticed at the next step.
+    fn report_progress(&self) {
+        if self.progress {
+            let timings = self.timings_per_token.then(|| {
+                let mut t = self.timings();
+                // No prompt token processed yet: no prompt time either
+                // (the clock started when the slot was taken).
+                if t.prompt_n == 0 {
+                    t.prompt_ms = 0.0;
+                }
+                t
+            });
+            let _ = self.events.send(Event::Progress(Progress {
+                total: self.prompt.len(),
+                cache: self.cache_n,
+                processed: self.next_prompt,
+                time_ms: self.started.elapsed().as_millis() as u64,
+                timings,
+            }));
+        }
     }
 
     fn timings(&self) -> Timings {
@@ -216,11 +259,14 @@ pub(crate) fn run<B: Backend>(
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);
     publish_slots(metrics, &slots);
     let mut waiting: VecDeque<Job> = VecDeque::new();
+    // Erases whose slot was busy: done when its request ends.
+    let mut erases: Vec<Job> = Vec::new();
     let mut pacer = Pacer::new(limits.step_budget);
     let mut open = true;
     loop {
         let busy = slots.iter().any(|s| s.seq.is_some());
-        if !busy && waiting.is_empty() {
+        // A pending erase is done below as soon as its slot is idle.
+        if !busy && waiting.is_empty() && erases.is_empty() {
             if !open {
                 return Ok(());
             }
@@ -254,6 +300,18 @@ pub(crate) fn run<B: Backend>(
             }
             !gone
         });
+        // An erase does not wait its turn for a free slot: it is done as
+        // soon as its own slot is idle, before a waiting request takes it.
+        let (erase, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(&mut waiting)
+            .into_iter()
+            .partition(|j| matches!(j.work, Work::Erase(..)));
+        waiting = rest;
+        metrics.queued.fetch_sub(erase.len(), Relaxed);
+        erases.extend(erase);
+        erases = std::mem::take(&mut erases)
+            .into_iter()
+            .filter_map(|job| erase_if_idle(&mut slots, job, &ctx))
+            .collect();
         while let Some(i) = free_slot(&slots, waiting.front()) {
             let Some(job) = waiting.pop_front() else {
                 break;
@@ -266,9 +324,17 @@ pub(crate) fn run<B: Backend>(
                 Work::Hidden(tokens, reply) => {
                     hidden(backend, &mut slots[i], &tokens, reply, &ctx, unchanged)
                 }
+                // Taken out of `waiting` above.
+                Work::Erase(_, reply) => {
+                    let _ = reply.send(Err(EngineError::Stopped));
+                    outstanding.fetch_sub(1, Relaxed);
+                }
             }
         }
         if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
+            for job in erases {
+                refuse_one(job, &e, metrics, outstanding);
+            }
             fail_all(&mut slots, waiting, &e, &ctx);
             metrics.kv_used.store(0, Relaxed);
             metrics.active.store(0, Relaxed);
@@ -281,6 +347,40 @@ pub(crate) fn run<B: Backend>(
             .active
             .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
     }
+}
+
+/// Does an erase job whose slot no request holds (answering how many
+/// tokens it held); gives the job back while its slot is busy.
+fn erase_if_idle<C: Cache>(slots: &mut [Slot<C>], job: Job, ctx: &Ctx<'_>) -> Option<Job> {
+    let id = match &job.work {
+        Work::Erase(id, _) => *id,
+        _ => return Some(job),
+    };
+    if slots.get(id).is_some_and(|s| s.seq.is_some()) {
+        return Some(job);
+    }
+    let Work::Erase(_, reply) = job.work else {
+        return None;
+    };
+    ctx.outstanding.fetch_sub(1, Relaxed);
+    // `Engine::erase_slot` checked the id; a bad one is still an answer.
+    let Some(slot) = slots.get_mut(id) else {
+        let _ = reply.send(Err(EngineError::Invalid {
+            param: "id_slot",
+            message: format!("no slot {id}"),
+        }));
+        return None;
+    };
+    let n = slot.tokens.len();
+    slot.cache.truncate(0);
+    slot.tokens.clear();
+    tracing::debug!(slot = id, erased = n, "slot erased");
+    // Shown before the answer, so a client that reads /slots next sees it.
+    let used = slots.iter().map(|s| s.cache.len()).sum();
+    ctx.metrics.kv_used.store(used, Relaxed);
+    publish_slots(ctx.metrics, slots);
+    let _ = reply.send(Ok(n));
+    None
 }
 
 /// What `/slots` shows: each slot's cache and request, now.
@@ -454,7 +554,7 @@ fn admit<C: Cache>(
         "sequence admitted"
     );
     ctx.metrics.started();
-    slot.seq = Some(Sequence {
+    let seq = slot.seq.insert(Sequence {
         events,
         sampler,
         detok: Detokenizer::new(),
@@ -466,13 +566,18 @@ fn admit<C: Cache>(
         generated: 0,
         max_tokens,
         logprobs: p.logprobs,
+        post_sampling: p.post_sampling,
         grammar,
         deadline: now + timeout,
         submitted,
         started: now,
         prompt_done: None,
         cache_n: reuse,
+        progress: p.progress,
+        timings_per_token: p.timings_per_token,
     });
+    // llama-server's first report: nothing processed beyond the cache yet.
+    seq.report_progress();
 }
 
 /// One forward call for every active sequence, then sampling for those that
@@ -580,6 +685,7 @@ fn step<B: Backend>(
         };
         if seq.prefilling() {
             seq.next_prompt += input.len();
+            seq.report_progress();
             if seq.prefilling() {
                 continue;
             }
@@ -610,8 +716,13 @@ fn sample_one(
     cache_cap: usize,
     ctx: &Ctx<'_>,
 ) -> Option<Exit> {
-    // Log-probabilities describe the model, before bias and penalties.
-    let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
+    // Log-probabilities describe the model, before bias and penalties,
+    // unless the request asked for the sampler's distribution.
+    let post = seq.logprobs.filter(|_| seq.post_sampling);
+    let raw = seq
+        .logprobs
+        .filter(|_| !seq.post_sampling)
+        .map(|n| (logits.to_vec(), n));
     let mask = match seq.grammar.as_mut().map(Ahead::mask).transpose() {
         Ok(m) => m,
         Err(e) => return Some(Exit::Failed(EngineError::Constraint(e.to_string()))),
@@ -619,7 +730,13 @@ fn sample_one(
     if let Some(m) = &mask {
         m.apply(logits);
     }
-    let id = seq.sampler.sample(logits, &seq.history);
+    let (id, post) = match post {
+        Some(n) => {
+            let (id, p) = seq.sampler.sample_with_probs(logits, &seq.history, n);
+            (id, Some(p))
+        }
+        None => (seq.sampler.sample(logits, &seq.history), None),
+    };
     // Fail closed: the sampler falls back to the argmax when every logit
     // is -inf, which happens when `logit_bias` bans all the grammar allows.
     if mask.as_ref().is_some_and(|m| !m.allows(id)) {
@@ -634,8 +751,20 @@ fn sample_one(
         return Some(Exit::Finished(FinishReason::Stop));
     }
     seq.history.push(id);
-    let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));
-    if seq.events.send(Event::Token { id, logprob }).is_err() {
+    let logprob = match post {
+        Some(p) => Some(post_logprob(ctx.tok, id, &p)),
+        None => raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n)),
+    };
+    let timings = seq.timings_per_token.then(|| seq.timings());
+    if seq
+        .events
+        .send(Event::Token {
+            id,
+            logprob,
+            timings,
+        })
+        .is_err()
+    {
         return Some(Exit::Dropped);
     }
     let piece = seq.detok.push(ctx.tok, id);
@@ -659,6 +788,20 @@ fn sample_one(
     }
     seq.next_input = Some(id);
     None
+}
+
+/// The sampler chain's probabilities as log-probabilities.
+fn post_logprob(tok: &Tokenizer, id: u32, p: &PostProbs) -> TokenLogprob {
+    TokenLogprob {
+        id,
+        bytes: tok.token_to_piece(id),
+        logprob: p.chosen.ln(),
+        top: p
+            .top
+            .iter()
+            .map(|&(t, q)| (t, tok.token_to_piece(t), q.ln()))
+            .collect(),
+    }
 }
 
 fn token_logprob(tok: &Tokenizer, logits: &[f32], id: u32, n: usize) -> TokenLogprob {

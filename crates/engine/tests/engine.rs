@@ -44,8 +44,11 @@ fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
         max_tokens,
         stop: Vec::new(),
         logprobs: None,
+        post_sampling: false,
         timeout: None,
         constraint: None,
+        progress: false,
+        timings_per_token: false,
     }
 }
 
@@ -63,6 +66,7 @@ fn collect(mut rx: lamina_engine::Events) -> (Vec<u32>, String, FinishReason) {
                 assert_eq!(s.completion_tokens, ids.len() + eog);
                 return (ids, text, s.finish);
             }
+            Event::Progress(_) => panic!("progress was not asked for"),
             Event::Error(e) => panic!("{e}"),
         }
     }
@@ -163,7 +167,7 @@ fn prefix_reuse_is_reported_and_changes_nothing() {
                 assert_eq!(s.timings.prompt_n, 1);
                 break;
             }
-            Event::Text(_) => {}
+            Event::Text(_) | Event::Progress(_) => {}
             Event::Error(e) => panic!("{e}"),
         }
     }
@@ -210,7 +214,7 @@ fn logprobs_are_normalised_and_include_the_chosen_token() {
     let mut rx = engine.submit(p).unwrap();
     let mut seen = 0;
     while let Some(ev) = rx.blocking_recv() {
-        if let Event::Token { id, logprob } = ev {
+        if let Event::Token { id, logprob, .. } = ev {
             let lp = logprob.unwrap();
             assert_eq!(lp.id, id);
             assert_eq!(lp.top.len(), 3);
@@ -272,4 +276,137 @@ fn a_file_changed_while_idle_breaks_the_engine_unless_it_was_read() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `progress`, the prompt reports where it stands: first at the cache
+/// (nothing processed yet), then after every chunk of `n_batch` tokens, up
+/// to the whole prompt, all before the first token; a reused prefix counts
+/// as processed from the start.
+#[test]
+fn progress_reports_each_prompt_chunk() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_ctx = Some(512);
+    cfg.n_batch = 16;
+    let engine = Engine::start(cfg).unwrap();
+    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| 1000 + i).collect();
+    let reports = |p: GenerateParams| {
+        let mut rx = engine.submit(p).unwrap();
+        let (mut seen, mut tokens_before_last) = (Vec::new(), 0);
+        let mut tokens = 0;
+        loop {
+            match rx.blocking_recv().unwrap() {
+                Event::Progress(p) => {
+                    seen.push((p.total, p.cache, p.processed));
+                    tokens_before_last = tokens;
+                }
+                Event::Token { .. } => tokens += 1,
+                Event::Text(_) => {}
+                Event::Done(_) => break,
+                Event::Error(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(
+            tokens_before_last, 0,
+            "every report comes before the first token"
+        );
+        seen
+    };
+    let mut p = params(prompt.clone(), 2);
+    p.progress = true;
+    assert_eq!(
+        reports(p.clone()),
+        vec![(40, 0, 0), (40, 0, 16), (40, 0, 32), (40, 0, 40)]
+    );
+    // The same prompt again: all but its last token is reused.
+    assert_eq!(reports(p), vec![(40, 39, 39), (40, 39, 40)]);
+    // Not asked, not sent.
+    assert!(reports(params(prompt, 2)).is_empty());
+}
+
+/// Erasing a slot forgets its cache: the same prompt then reuses nothing.
+/// A busy slot is erased when its request ends, never under it; a slot
+/// that does not exist is refused at once.
+#[test]
+fn erase_slot_forgets_the_cache_once_the_slot_is_idle() {
+    let engine = start(1, 4);
+    let prompt: Vec<u32> = (0..20).map(|i| 2000 + i).collect();
+    let cache_n = |p: GenerateParams| {
+        let mut rx = engine.submit(p).unwrap();
+        loop {
+            match rx.blocking_recv().unwrap() {
+                Event::Done(s) => return s.timings.cache_n,
+                Event::Error(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+    };
+    assert_eq!(cache_n(params(prompt.clone(), 3)), 0);
+    assert_eq!(cache_n(params(prompt.clone(), 3)), 19);
+    // The prompt and the tokens fed back after it: the last sampled one
+    // never entered the cache.
+    let erased = engine.erase_slot(0).unwrap().blocking_recv().unwrap();
+    assert_eq!(erased.unwrap(), 20 + 2);
+    assert_eq!(cache_n(params(prompt.clone(), 3)), 0);
+
+    // Busy: the erase waits for the request, which finishes whole.
+    let mut rx = engine.submit(params(prompt.clone(), 24)).unwrap();
+    match rx.blocking_recv().unwrap() {
+        Event::Token { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let erase = engine.erase_slot(0).unwrap();
+    let generated = loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Done(s) => break s.completion_tokens,
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    };
+    assert_eq!(generated, 24);
+    assert!(erase.blocking_recv().unwrap().is_ok());
+
+    assert!(matches!(
+        engine.erase_slot(1),
+        Err(EngineError::Invalid {
+            param: "id_slot",
+            ..
+        })
+    ));
+}
+
+/// With `timings_per_token`, progress reports and tokens carry the timings
+/// so far: the first report has no prompt work yet, the prompt's count
+/// and time never go back, and each token counts itself.
+#[test]
+fn timings_per_token_ride_with_reports_and_tokens() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_ctx = Some(512);
+    cfg.n_batch = 16;
+    let engine = Engine::start(cfg).unwrap();
+    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let mut p = params((0..40).map(|i| 3000 + i).collect(), 3);
+    p.progress = true;
+    p.timings_per_token = true;
+    let mut rx = engine.submit(p).unwrap();
+    let (mut reports, mut tokens) = (Vec::new(), Vec::new());
+    loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Progress(p) => reports.push(p.timings.unwrap()),
+            Event::Token { timings, .. } => tokens.push(timings.unwrap()),
+            Event::Text(_) => {}
+            Event::Done(_) => break,
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(reports.len(), 4);
+    assert_eq!((reports[0].prompt_n, reports[0].prompt_ms), (0, 0.0));
+    assert_eq!(reports[3].prompt_n, 40);
+    for w in reports.windows(2) {
+        assert!(w[1].prompt_n > w[0].prompt_n && w[1].prompt_ms >= w[0].prompt_ms);
+    }
+    assert!(reports.iter().all(|t| t.predicted_n == 0));
+    let counted: Vec<usize> = tokens.iter().map(|t| t.predicted_n).collect();
+    assert_eq!(counted, (1..=tokens.len()).collect::<Vec<_>>());
+    assert!(tokens.iter().all(|t| t.prompt_n == 40));
 }

@@ -723,6 +723,8 @@ fn sse(
                         st.pieces(pieces);
                     }
                 }
+                // This API has no progress reports; none is asked for.
+                Some(Event::Progress(_)) => {}
                 Some(Event::Text(text)) => {
                     st.text.push_str(&text);
                     match &mut st.calls {

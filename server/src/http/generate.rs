@@ -13,12 +13,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use lamina_chat::{Piece, RenderOptions, ToolCall};
+use lamina_chat::{Piece, Prompt, RenderOptions, ToolCall};
 use lamina_engine::{Event, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::params::{self, Api, Body, Sampling};
+use super::params::{self, Api, Body, Ending, Sampling};
 use super::reasoning::{self, reasoning_of, Reader, Thinking};
 use super::shutdown::{self, CutSignal};
 use super::stream;
@@ -63,30 +63,69 @@ pub async fn chat(
         Api::Chat,
         &st.options.sampler,
     )?;
-    let messages = params::messages(&b)?;
-    let choice = tools::openai_choice(b.get("tool_choice"))?;
-    // "none" offers no tools: the prompt does not list them.
-    let tools = params::tools(&b)?
-        .filter(|_| choice.offers_tools())
-        .cloned();
+    let c = chat_prompt(&st, &info, &b).await?;
     let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
-    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel)? {
+    if let Some(w) = tools::forced(&info, c.tools.as_ref(), &c.choice, parallel)? {
         structured::add(&mut s, w)?;
     }
-    let kwargs = params::template_kwargs(&b)?;
-    let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
-    let thinking = Thinking::decide(&st, &info, kwargs, asked, b.get("reasoning_format"))?;
-    let kwargs = thinking.kwargs(kwargs.cloned());
-    let (prompt, text) =
-        render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
     // Each choice reads its own answer.
     let readers = (0..s.n)
         .map(|_| {
-            let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
-            Reader::new(&info, &thinking, &text, calls)
+            let calls = Calls::new(&info, c.tools.as_ref(), c.choice.offers_tools());
+            Reader::new(&info, &c.thinking, &c.text, calls)
         })
         .collect();
-    run(&st, &info, prompt, s, "messages", Api::Chat, readers).await
+    run(&st, &info, c.tokens, s, "messages", Api::Chat, readers).await
+}
+
+/// `POST /v1/chat/completions/input_tokens`: how many tokens the chat
+/// route's prompt for this body would have (llama-server's count, with
+/// its `object`), without generating.
+pub async fn chat_input_tokens(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let c = chat_prompt(&st, &info, &b).await?;
+    Ok(
+        Json(json!({"input_tokens": c.tokens.len(), "object": "response.input_tokens"}))
+            .into_response(),
+    )
+}
+
+/// A chat body's prompt and what reading its answer needs.
+struct ChatPrompt {
+    tokens: Vec<u32>,
+    text: String,
+    tools: Option<Value>,
+    choice: tools::Choice,
+    thinking: Thinking,
+}
+
+async fn chat_prompt(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    b: &Body,
+) -> Result<ChatPrompt, ApiError> {
+    let messages = params::messages(b)?;
+    let choice = tools::openai_choice(b.get("tool_choice"))?;
+    // "none" offers no tools: the prompt does not list them.
+    let tools = params::tools(b)?.filter(|_| choice.offers_tools()).cloned();
+    let kwargs = params::template_kwargs(b)?;
+    let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
+    let thinking = Thinking::decide(st, info, kwargs, asked, b.get("reasoning_format"))?;
+    let kwargs = thinking.kwargs(kwargs.cloned());
+    let (messages, ending) = params::ending(b, messages)?;
+    let (tokens, text) =
+        render_chat_ending(st, info, messages, tools.clone(), Some(kwargs), ending).await?;
+    Ok(ChatPrompt {
+        tokens,
+        text,
+        tools,
+        choice,
+        thinking,
+    })
 }
 
 /// Chat messages rendered by the model's template (with the generation
@@ -102,22 +141,77 @@ pub async fn render_chat_text(
     tools: Option<Value>,
     kwargs: Option<serde_json::Map<String, Value>>,
 ) -> Result<(Vec<u32>, String), ApiError> {
+    let ending = Ending::Render {
+        add_generation_prompt: true,
+    };
+    render_chat_ending(st, info, messages, tools, kwargs, ending).await
+}
+
+/// [`render_chat_text`], ending as `ending` says: a continued (prefilled)
+/// assistant message is the generation prompt and then its text, which the
+/// model goes on from.
+pub async fn render_chat_ending(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    messages: Value,
+    tools: Option<Value>,
+    kwargs: Option<serde_json::Map<String, Value>>,
+    ending: Ending,
+) -> Result<(Vec<u32>, String), ApiError> {
     let info = info.clone();
     st.prepare
         .run(move || {
-            let prompt = info.template.render_prompt(
-                &messages,
-                &RenderOptions {
-                    tools: tools.as_ref(),
-                    add_generation_prompt: true,
-                    kwargs: kwargs.as_ref(),
-                    ..RenderOptions::default()
-                },
-            )?;
+            let prompt = render_ending(&info, &messages, tools.as_ref(), kwargs.as_ref(), &ending)?;
             let tokens = info.encode_prompt(&prompt);
             Ok((tokens, prompt.text))
         })
         .await
+}
+
+/// The prompt text of `messages` ending as `ending` says (`/apply-template`
+/// shows it; the chat route tokenizes it).
+pub fn render_ending(
+    info: &ModelInfo,
+    messages: &Value,
+    tools: Option<&Value>,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+    ending: &Ending,
+) -> Result<Prompt, ApiError> {
+    let add_generation_prompt = match ending {
+        Ending::Render {
+            add_generation_prompt,
+        } => *add_generation_prompt,
+        Ending::Continue(_) => true,
+    };
+    // llama.cpp's extra variables: today's date, which Llama 3.x templates
+    // print (`Today Date:`) and otherwise fix to a day of their own; a
+    // request's `chat_template_kwargs` may set them.
+    let now = info.template.clock().now();
+    let mut vars = serde_json::Map::new();
+    vars.insert(
+        "date_string".into(),
+        json!(now.format("%d %b %Y").to_string()),
+    );
+    vars.insert("datetime".into(), json!(now.format("%b %d %Y").to_string()));
+    vars.extend(
+        kwargs
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    let mut prompt = info.template.render_prompt(
+        messages,
+        &RenderOptions {
+            tools,
+            add_generation_prompt,
+            kwargs: Some(&vars),
+            ..RenderOptions::default()
+        },
+    )?;
+    if let Ending::Continue(text) = ending {
+        info.template.append_request_text(&mut prompt, text);
+    }
+    Ok(prompt)
 }
 
 pub async fn completion(
@@ -228,8 +322,12 @@ pub fn job(
         max_tokens,
         stop: s.stop.clone(),
         logprobs: s.logprobs,
+        post_sampling: s.post_sampling_probs,
         timeout: None,
         constraint: s.constraint.clone(),
+        // As in llama-server, only a stream reports progress.
+        progress: s.stream && s.return_progress,
+        timings_per_token: s.stream && s.timings_per_token,
     })
 }
 
@@ -268,7 +366,10 @@ async fn run(
     readers: Vec<Option<Reader>>,
 ) -> Result<Response, ApiError> {
     structured::compile(st, info, &mut s).await?;
-    let jobs = choices(job(st, info, prompt, &s, prompt_param)?, s.n);
+    let one = job(st, info, prompt, &s, prompt_param)?;
+    // Only a whole response carries `__verbose`: a stream's chunks do not.
+    let verbose = (s.verbose.unwrap_or(st.options.verbose) && !s.stream).then(|| one.clone());
+    let jobs = choices(one, s.n);
     let rxs = submit_all(st, jobs)?;
     let meta = Meta::new(st.model_id(info), api);
     if s.stream {
@@ -282,7 +383,11 @@ async fn run(
             .map(|(rx, r)| collect_with(rx, st.cutoff.clone(), r)),
     )
     .await?;
-    Ok(Json(response(&meta, &done, s.logprobs.is_some())).into_response())
+    let mut body = response(&meta, &done, s.logprobs.is_some());
+    if let (Some(j), Some(first)) = (verbose, done.first()) {
+        body["__verbose"] = super::native::verbose(st, info, &s, j, first);
+    }
+    Ok(Json(body).into_response())
 }
 
 /// A finished request, gathered from its events.
@@ -330,13 +435,15 @@ pub async fn collect_with(
         };
         let Some(ev) = ev else { break };
         match ev {
-            Event::Token { id, logprob } => {
+            Event::Token { id, logprob, .. } => {
                 tokens.push(id);
                 logprobs.extend(logprob);
                 if let Some(c) = &mut calls {
                     pieces.extend(c.token(id));
                 }
             }
+            // Only streams ask for progress reports.
+            Event::Progress(_) => {}
             Event::Text(t) => {
                 if let Some(c) = &mut calls {
                     pieces.extend(c.text(&t));
@@ -453,7 +560,8 @@ pub fn timings(t: &Timings) -> Value {
         "prompt_per_second": t.prompt_per_second(),
         "predicted_n": t.predicted_n,
         "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": per_token(t.predicted_ms, t.predicted_n),
+        // Per decode step, as llama-server: the first token took none.
+        "predicted_per_token_ms": per_token(t.predicted_ms, t.decode_steps()),
         "predicted_per_second": t.predicted_per_second(),
     })
 }

@@ -97,6 +97,9 @@ pub struct Options {
     pub pooling: Option<lamina_engine::pooling::Pooling>,
     /// `--embd-normalize`: the default norm of pooled embeddings.
     pub embd_normalize: i32,
+    /// `--verbose`: completion responses carry `__verbose` unless a
+    /// request says `verbose: false`, as in llama-server.
+    pub verbose: bool,
 }
 
 impl Default for Options {
@@ -115,6 +118,7 @@ impl Default for Options {
             embedding: false,
             pooling: None,
             embd_normalize: 2,
+            verbose: false,
         }
     }
 }
@@ -271,6 +275,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/models", get(misc::models))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        )
+        .route(
+            "/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        )
         .route("/v1/completions", post(generate::completion))
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))

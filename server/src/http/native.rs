@@ -14,9 +14,12 @@
 //! and, with `n_probs`, `completion_probabilities`. With `stream: true`
 //! each piece of text is one SSE `data:` event with `stop: false` and its
 //! token ids, then one final event with `stop: true` and the summary
-//! fields; there is no `[DONE]`, as in llama-server. `n` > 1 answers
-//! each prompt `n` times (each choice its own sampler stream, seeded
-//! `seed + i`), every result in the array with its `index`.
+//! fields; there is no `[DONE]`, as in llama-server. With
+//! `return_progress`, the prompt's processing comes first, as empty
+//! results with `prompt_progress` (`total`, `cache`, `processed`,
+//! `time_ms`): one when it starts and one after each chunk of the prompt.
+//! `n` > 1 answers each prompt `n` times (each choice its own sampler
+//! stream, seeded `seed + i`), every result in the array with its `index`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -31,12 +34,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
 use lamina_engine::{
-    Event, Events, FinishReason, GenerateParams, ModelInfo, Summary, TokenLogprob,
+    Event, Events, FinishReason, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob,
 };
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{choices, collect, job, timings, token_ids};
+use super::generate::{choices, collect, job, timings, token_ids, Collected};
 use super::params::{self, Api, Body, Sampling};
 use super::shutdown::{self, CutSignal};
 use super::structured;
@@ -69,12 +72,7 @@ pub async fn completion(
         Api::Native,
         &st.options.sampler,
     )?;
-    if b.bool("post_sampling_probs")? == Some(true) {
-        return Err(ApiError::invalid(
-            "post_sampling_probs",
-            "post_sampling_probs is not supported yet: n_probs reports the model's own distribution",
-        ));
-    }
+    s.post_sampling_probs = b.bool("post_sampling_probs")?.unwrap_or(false);
     let native = Native {
         return_tokens: b.bool("return_tokens")?.unwrap_or(false),
         fields: response_fields(&b)?,
@@ -130,7 +128,7 @@ pub async fn completion(
         fin.index = index;
         let mut body = fin.body(&c.text, &c.tokens, &c.summary);
         if !c.logprobs.is_empty() {
-            body["completion_probabilities"] = probabilities(&c.logprobs);
+            body["completion_probabilities"] = probabilities(&c.logprobs, s.post_sampling_probs);
         }
         results.push(select_fields(body, &native.fields));
     }
@@ -227,6 +225,30 @@ fn response_fields(b: &Body) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// llama-server's `__verbose`: the native result of a request's first
+/// choice (its generated tokens included, and the prompt as text with its
+/// special tokens), for an OpenAI-shaped response.
+pub(super) fn verbose(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    s: &Sampling,
+    j: GenerateParams,
+    c: &Collected,
+) -> Value {
+    let native = Native {
+        return_tokens: true,
+        fields: Vec::new(),
+        cache_prompt: true,
+    };
+    let settings = generation_settings(s, &j, &native);
+    let fin = Final::new(st, info, s, j, settings, &native);
+    let mut body = fin.body(&c.text, &c.tokens, &c.summary);
+    if !c.logprobs.is_empty() {
+        body["completion_probabilities"] = probabilities(&c.logprobs, s.post_sampling_probs);
+    }
+    body
+}
+
 /// Only the named fields, each under its full path as the key
 /// (`"generation_settings/n_predict"`), as llama-server returns them.
 fn select_fields(body: Value, fields: &[String]) -> Value {
@@ -249,20 +271,12 @@ fn select_fields(body: Value, fields: &[String]) -> Value {
 /// llama-server's `generation_settings`, for what Lamina's sampler has.
 fn generation_settings(s: &Sampling, j: &GenerateParams, n: &Native) -> Value {
     let c = &s.sampler;
-    // A ban (-inf) is `false`, as a request spells it.
+    // llama-server's shape; a ban (-inf) is null, as its JSON writes an
+    // infinite float.
     let bias: Vec<Value> = c
         .logit_bias
         .iter()
-        .map(|&(id, b)| {
-            json!([
-                id,
-                if b.is_finite() {
-                    json!(b)
-                } else {
-                    json!(false)
-                }
-            ])
-        })
+        .map(|&(id, b)| json!({"bias": b.is_finite().then_some(b), "token": id}))
         .collect();
     json!({
         "seed": c.seed.unwrap_or(RANDOM_SEED),
@@ -280,10 +294,10 @@ fn generation_settings(s: &Sampling, j: &GenerateParams, n: &Native) -> Value {
         "max_tokens": j.max_tokens,
         "n_predict": j.max_tokens,
         "n_probs": s.logprobs.unwrap_or(0),
-        "post_sampling_probs": false,
+        "post_sampling_probs": s.post_sampling_probs,
         "stream": s.stream,
         "stop": s.stop,
-        "ignore_eos": false,
+        "ignore_eos": s.ignore_eos,
         "cache_prompt": n.cache_prompt,
         "logit_bias": bias,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
@@ -299,6 +313,8 @@ struct Final {
     stop: Vec<String>,
     settings: Value,
     return_tokens: bool,
+    /// Probabilities are the sampler chain's (`post_sampling_probs`).
+    post_sampling: bool,
     info: Arc<ModelInfo>,
 }
 
@@ -319,6 +335,7 @@ impl Final {
             stop: s.stop.clone(),
             settings,
             return_tokens: n.return_tokens,
+            post_sampling: s.post_sampling_probs,
             info: info.clone(),
         }
     }
@@ -376,20 +393,28 @@ impl Final {
 }
 
 /// llama-server's `completion_probabilities`: per token its id, text,
-/// bytes and log-probability, and the `top_logprobs` alternatives.
-fn probabilities(lps: &[TokenLogprob]) -> Value {
+/// bytes and log-probability, and the `top_logprobs` alternatives; with
+/// `post_sampling_probs`, the sampler chain's `prob` and `top_probs`
+/// instead, as llama-server spells them.
+fn probabilities(lps: &[TokenLogprob], post: bool) -> Value {
     let entry = |id: u32, bytes: &[u8], logprob: f32| {
-        json!({
+        let mut e = json!({
             "id": id,
             "token": String::from_utf8_lossy(valid_prefix(bytes)),
             "bytes": bytes,
-            "logprob": logprob,
-        })
+        });
+        if post {
+            e["prob"] = json!(logprob.exp());
+        } else {
+            e["logprob"] = json!(logprob);
+        }
+        e
     };
+    let top_key = if post { "top_probs" } else { "top_logprobs" };
     lps.iter()
         .map(|lp| {
             let mut e = entry(lp.id, lp.bytes.as_slice(), lp.logprob);
-            e["top_logprobs"] = lp
+            e[top_key] = lp
                 .top
                 .iter()
                 .map(|(id, b, l)| entry(*id, b.as_slice(), *l))
@@ -423,6 +448,8 @@ struct StreamState {
     ended: bool,
     /// Fires when the shutdown grace runs out: the stream ends with an error.
     cutoff: CutSignal,
+    /// The timings the last token came with (`timings_per_token`).
+    timings: Option<Timings>,
 }
 
 fn sse(
@@ -441,6 +468,7 @@ fn sse(
         out: VecDeque::new(),
         ended: false,
         cutoff,
+        timings: None,
     };
     let events = stream::unfold(st, |mut st| async move {
         loop {
@@ -459,10 +487,27 @@ fn sse(
                 }
             };
             match ev {
-                Some(Event::Token { id, logprob }) => {
+                Some(Event::Token {
+                    id,
+                    logprob,
+                    timings: t,
+                }) => {
+                    if t.is_some() {
+                        st.timings = t;
+                    }
                     st.tokens.push(id);
                     st.all_tokens.push(id);
                     st.logprobs.extend(logprob);
+                }
+                Some(Event::Progress(p)) => {
+                    // Before the first token: an empty partial result with
+                    // llama-server's `prompt_progress`.
+                    let mut chunk = st.partial();
+                    chunk["prompt_progress"] = super::stream::progress(&p);
+                    if let Some(t) = &p.timings {
+                        chunk["timings"] = timings(t);
+                    }
+                    st.push(chunk);
                 }
                 Some(Event::Text(t)) => {
                     st.text.push_str(&t);
@@ -518,7 +563,10 @@ impl StreamState {
             "tokens_evaluated": self.fin.prompt.len(),
         });
         if !lps.is_empty() {
-            c["completion_probabilities"] = probabilities(&lps);
+            c["completion_probabilities"] = probabilities(&lps, self.fin.post_sampling);
+        }
+        if let Some(t) = self.timings.take() {
+            c["timings"] = timings(&t);
         }
         c
     }

@@ -488,6 +488,8 @@ fn ndjson(rx: Events, a: Answer, cutoff: CutSignal, calls: Option<Reader>) -> Re
                     }
                     return Some((Ok(lines), st));
                 }
+                // Ollama's API has no progress reports; none is asked for.
+                Some(Event::Progress(_)) => continue,
                 Some(Event::Text(t)) => match &mut st.calls {
                     Some(c) => {
                         let pieces = c.text(&t);

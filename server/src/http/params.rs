@@ -125,6 +125,21 @@ pub struct Sampling {
     pub wanted: Option<Wanted>,
     /// `wanted`, compiled (`structured::compile`) before the job is made.
     pub constraint: Option<Constraint>,
+    /// `return_progress`: a stream reports the prompt's processing
+    /// (`prompt_progress`) before the first token.
+    pub return_progress: bool,
+    /// `timings_per_token`: a stream's chunks carry the timings so far.
+    pub timings_per_token: bool,
+    /// `post_sampling_probs` (`/completion` only): the reported
+    /// probabilities are the sampler chain's, not the model's.
+    pub post_sampling_probs: bool,
+    /// `ignore_eos`: the end-of-generation tokens are banned (their bans
+    /// are in `sampler.logit_bias`).
+    pub ignore_eos: bool,
+    /// `verbose`: add llama-server's `__verbose` object (the native
+    /// result, with the prompt as text) to the response; `None`: as the
+    /// server's `--verbose` says.
+    pub verbose: Option<bool>,
 }
 
 /// Which endpoint a body came to: each spells log-probs its own way.
@@ -174,6 +189,13 @@ pub fn sampling(
         },
         logit_bias: logit_bias(b, info)?,
     };
+    let ignore_eos = b.bool("ignore_eos")?.unwrap_or(false);
+    if ignore_eos {
+        // As llama-server: every end-of-generation token is banned, so the
+        // sequence runs to its limit, and the bans show in the settings.
+        s.logit_bias
+            .extend(info.tokenizer.eog_ids().map(|id| (id, f32::NEG_INFINITY)));
+    }
     if let Some(p) = b.number("top_p", 0.0, 1.0)? {
         if p <= 0.0 {
             return Err(ApiError::invalid(
@@ -267,6 +289,11 @@ pub fn sampling(
         include_usage,
         wanted,
         constraint: None,
+        verbose: b.bool("verbose")?,
+        return_progress: b.bool("return_progress")?.unwrap_or(false),
+        timings_per_token: b.bool("timings_per_token")?.unwrap_or(false),
+        ignore_eos,
+        post_sampling_probs: false,
     })
 }
 
@@ -480,4 +507,120 @@ pub fn tools(b: &Body) -> Result<Option<&Value>, ApiError> {
         Some(v @ Value::Array(_)) => Ok(Some(v)),
         Some(_) => Err(ApiError::invalid("tools", "tools must be an array")),
     }
+}
+
+/// How a chat prompt ends, as llama-server decides it from
+/// `add_generation_prompt`, `continue_final_message` and a conversation
+/// that ends with the assistant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Every message, then (or not) the header of an assistant turn.
+    Render { add_generation_prompt: bool },
+    /// Every message but the last, the header of an assistant turn, then
+    /// the last message's text left open: the model continues it (a
+    /// prefill).
+    Continue(String),
+}
+
+/// The messages to render and how the prompt ends. A conversation that
+/// ends with an assistant message is a prefill unless
+/// `continue_final_message` says otherwise, as in llama-server (and
+/// vLLM's `continue_final_message`); asking for both a generation prompt
+/// and a continuation, continuing two assistant turns in a row, or
+/// continuing tool calls are refused.
+pub fn ending(b: &Body, messages: Value) -> Result<(Value, Ending), ApiError> {
+    const PARAM: &str = "continue_final_message";
+    let Value::Array(mut list) = messages else {
+        return Err(ApiError::invalid("messages", "messages must be an array"));
+    };
+    let mut add_generation_prompt = b.bool("add_generation_prompt")?;
+    let asked = match b.get(PARAM) {
+        None | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(true),
+        Some(Value::String(s)) if s == "content" => Some(true),
+        Some(Value::String(s)) if s == "reasoning_content" => {
+            return Err(ApiError::invalid(
+                PARAM,
+                "continue_final_message: continuing the reasoning is not supported; \
+                 true or \"content\" continues the content",
+            ))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                PARAM,
+                "continue_final_message must be a boolean or \"content\"",
+            ))
+        }
+    };
+    fn role(m: Option<&Value>) -> Option<&str> {
+        m.and_then(|m| m.get("role")).and_then(Value::as_str)
+    }
+    let last_is_assistant = role(list.last()) == Some("assistant");
+    let cont = match asked {
+        Some(c) => c,
+        // An explicit generation prompt after the assistant's message asks
+        // for a new turn, not a prefill.
+        None if last_is_assistant && add_generation_prompt != Some(true) => {
+            if role(list.iter().rev().nth(1)) == Some("assistant") {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "the conversation may end with at most one assistant message \
+                     (the prefill the model continues)",
+                ));
+            }
+            add_generation_prompt = Some(false);
+            true
+        }
+        None => false,
+    };
+    if !cont {
+        return Ok((
+            Value::Array(list),
+            Ending::Render {
+                add_generation_prompt: add_generation_prompt.unwrap_or(true),
+            },
+        ));
+    }
+    if add_generation_prompt == Some(true) {
+        return Err(ApiError::invalid(
+            PARAM,
+            "add_generation_prompt and continue_final_message cannot both be true",
+        ));
+    }
+    if !last_is_assistant {
+        return Err(ApiError::invalid(
+            PARAM,
+            "continue_final_message continues an assistant message: the last message must be the assistant's",
+        ));
+    }
+    let Some(Value::Object(last)) = list.pop() else {
+        return Err(ApiError::invalid("messages", "messages must not be empty"));
+    };
+    if last
+        .get("tool_calls")
+        .is_some_and(|c| c.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        return Err(ApiError::invalid(
+            PARAM,
+            "an assistant message with tool calls cannot be continued",
+        ));
+    }
+    // The text as the client sent it: parts are joined with a blank line,
+    // as llama-server renders a continued message (a message's parts reach
+    // the template joined with one newline, see `messages`).
+    let raw = b
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|a| a.last())
+        .and_then(|m| m.get("content"));
+    let text = match raw {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+        _ => String::new(),
+    };
+    Ok((Value::Array(list), Ending::Continue(text)))
 }

@@ -648,9 +648,9 @@ async fn native_completion_refuses_bad_prompts_and_fields_with_400() {
             "between 0 and 20",
         ),
         (
-            json!({"prompt": "Hi", "post_sampling_probs": true}),
+            json!({"prompt": "Hi", "post_sampling_probs": "yes"}),
             "post_sampling_probs",
-            "not supported",
+            "must be a boolean",
         ),
         (
             json!({"prompt": "Hi", "n_predict": 0}),
@@ -807,16 +807,66 @@ async fn slots_are_shown_unless_turned_off() {
         slots: false,
         ..super::Options::default()
     };
-    let (s, v, _) = send(router_with(options, None), get("/slots")).await;
+    let (s, v, _) = send(router_with(options.clone(), None), get("/slots")).await;
     assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
-    let req = Request::builder()
-        .method("POST")
-        .uri("/slots/0?action=erase")
-        .body(Body::empty())
-        .unwrap();
-    let (s, v, _) = send(router(None, 1 << 20), req).await;
+    let (s, v, _) = send(
+        router_with(options, None),
+        post("/slots/0?action=erase", ""),
+    )
+    .await;
     assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
-    assert!(v["error"]["message"].as_str().unwrap().contains("erase"));
+}
+
+/// `POST /slots/{id}?action=erase` empties the slot's cache: the next
+/// request with the same prompt reuses nothing. Saving and restoring are
+/// 501s that say so; a bad action or slot id is a 400. An engine of its
+/// own, so the other tests' caches are left alone.
+#[tokio::test]
+async fn erasing_a_slot_forgets_its_cache() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 1;
+    cfg.n_ctx = Some(256);
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    let app = || app(Arc::new(AppState::new(e.clone(), None, 1 << 20)));
+    let body = json!({"prompt": "The capital of France is", "n_predict": 2, "temperature": 0});
+    let cached = |v: &Value| v["timings"]["cache_n"].as_u64().unwrap();
+    let (_, v, _) = send(app(), post("/completion", body.to_string())).await;
+    let n_prompt = v["tokens_evaluated"].as_u64().unwrap();
+    let (_, v, _) = send(app(), post("/completion", body.to_string())).await;
+    assert_eq!(cached(&v), n_prompt - 1, "{v}");
+
+    let (s, v, _) = send(app(), post("/slots/0?action=erase", "")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["id_slot"], 0);
+    // The prompt and the first generated token, fed back before the second.
+    assert_eq!(v["n_erased"].as_u64(), Some(n_prompt + 1), "{v}");
+    let (_, v, _) = send(app(), get("/slots")).await;
+    assert_eq!(v[0]["n_cached"], 0, "{v}");
+    assert_eq!(
+        v[0]["next_token"][0]["n_remain"], -1,
+        "an idle slot has no budget: {v}"
+    );
+    let (_, v, _) = send(app(), post("/completion", body.to_string())).await;
+    assert_eq!(cached(&v), 0, "{v}");
+
+    for (uri, status) in [
+        ("/slots/0?action=save", StatusCode::NOT_IMPLEMENTED),
+        ("/slots/0?action=restore", StatusCode::NOT_IMPLEMENTED),
+        ("/slots/0?action=wipe", StatusCode::BAD_REQUEST),
+        ("/slots/0", StatusCode::BAD_REQUEST),
+        ("/slots/x?action=erase", StatusCode::BAD_REQUEST),
+        ("/slots/1?action=erase", StatusCode::BAD_REQUEST),
+    ] {
+        let (s, v, _) = send(app(), post(uri, "")).await;
+        assert_eq!(s, status, "{uri}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -843,4 +893,455 @@ fn hidden_markers_are_the_control_tokens_of_the_vocabulary() {
     );
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].1, "<|im_end|>");
+}
+
+/// The `data:` objects of an SSE body.
+fn sse_objects(bytes: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect()
+}
+
+/// `return_progress` on a stream: reports from the cache (nothing new
+/// processed) to the whole prompt, strictly rising, all before the first
+/// text, in the chat, completions and native shapes; never unasked.
+#[tokio::test]
+async fn streams_report_prompt_progress_when_asked() {
+    let check = |objects: &[Value]| {
+        let mut reports = Vec::new();
+        for (i, o) in objects.iter().enumerate() {
+            if let Some(p) = o.get("prompt_progress") {
+                reports.push((i, p.clone()));
+            }
+        }
+        assert!(!reports.is_empty(), "{objects:?}");
+        let first = &reports[0].1;
+        assert_eq!(first["processed"], first["cache"], "{first}");
+        let last = &reports.last().unwrap().1;
+        assert_eq!(last["processed"], last["total"], "{last}");
+        for w in reports.windows(2) {
+            assert_eq!(w[0].1["total"], w[1].1["total"]);
+            assert_eq!(w[0].1["cache"], w[1].1["cache"]);
+            assert!(w[1].1["processed"].as_u64() > w[0].1["processed"].as_u64());
+        }
+        let first_text = objects.iter().position(|o| {
+            let c = &o["choices"][0];
+            let text = c["delta"]["content"].as_str().or(c["text"].as_str());
+            text.is_some_and(|t| !t.is_empty())
+                || o["content"].as_str().is_some_and(|t| !t.is_empty())
+        });
+        if let Some(t) = first_text {
+            assert!(reports.last().unwrap().0 < t, "{objects:?}");
+        }
+    };
+    let prompt = "Once upon a time ".repeat(20);
+    for (route, body) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"messages": [{"role": "user", "content": prompt}]})),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 2, "temperature": 0}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": prompt, "n_predict": 2, "temperature": 0}),
+        ),
+    ] {
+        let mut asked = body.clone();
+        asked["stream"] = json!(true);
+        asked["return_progress"] = json!(true);
+        let (s, _, bytes) = send(router(None, 1 << 20), post(route, asked.to_string())).await;
+        assert_eq!(s, StatusCode::OK);
+        check(&sse_objects(&bytes));
+
+        let mut plain = body.clone();
+        plain["stream"] = json!(true);
+        let (_, _, bytes) = send(router(None, 1 << 20), post(route, plain.to_string())).await;
+        let objects = sse_objects(&bytes);
+        assert!(!objects.is_empty());
+        assert!(
+            objects.iter().all(|o| o.get("prompt_progress").is_none()),
+            "{route}"
+        );
+    }
+}
+
+/// `verbose` (or the server's `--verbose`) adds the native result, whose
+/// prompt is the rendered text, to a chat or completion response.
+#[tokio::test]
+async fn verbose_adds_the_native_result() {
+    let (s, v) = post_json("/v1/chat/completions", chat(json!({"verbose": true}))).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let verbose = &v["__verbose"];
+    assert_eq!(
+        verbose["prompt"],
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "{v}"
+    );
+    assert_eq!(verbose["tokens_predicted"], v["usage"]["completion_tokens"]);
+    assert_eq!(verbose["tokens_evaluated"], v["usage"]["prompt_tokens"]);
+    assert_eq!(verbose["content"], v["choices"][0]["message"]["content"]);
+    assert_eq!(verbose["tokens"].as_array().unwrap().len(), 1, "{v}");
+    let (_, v) = post_json("/v1/chat/completions", chat(json!({"verbose": false}))).await;
+    assert!(v.get("__verbose").is_none(), "{v}");
+    let (_, v) = post_json("/v1/chat/completions", chat(json!({}))).await;
+    assert!(v.get("__verbose").is_none(), "{v}");
+
+    // --verbose turns it on for every request that does not say otherwise.
+    let options = super::Options {
+        verbose: true,
+        ..super::Options::default()
+    };
+    let body = json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0});
+    let (_, v, _) = send(
+        router_with(options.clone(), None),
+        post("/v1/completions", body.to_string()),
+    )
+    .await;
+    assert_eq!(v["__verbose"]["prompt"], "Hi", "{v}");
+    let mut quiet = body.clone();
+    quiet["verbose"] = json!(false);
+    let (_, v, _) = send(
+        router_with(options, None),
+        post("/v1/completions", quiet.to_string()),
+    )
+    .await;
+    assert!(v.get("__verbose").is_none(), "{v}");
+    let (s, v) = post_json("/v1/chat/completions", chat(json!({"verbose": "yes"}))).await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
+
+/// A conversation that ends with the assistant is a prefill the model
+/// continues (llama-server's default, vLLM's `continue_final_message`);
+/// the contradictory and ambiguous endings are 400s.
+#[tokio::test]
+async fn a_final_assistant_message_is_continued() {
+    let turns = |last: Value| json!([{"role": "user", "content": "Best book?"}, {"role": "assistant", "content": last}]);
+    let template = |body: Value| async move {
+        let (s, v) = post_json("/apply-template", body).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v["prompt"].as_str().unwrap().to_owned()
+    };
+    let open = "<|im_start|>user\nBest book?<|im_end|>\n<|im_start|>assistant\n";
+    let p = template(json!({"messages": turns(json!("Whill"))})).await;
+    assert!(p.ends_with(&format!("{open}Whill")), "{p}");
+    // Text parts of the continued message are joined by a blank line.
+    let parts = json!([{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]);
+    let p = template(json!({"messages": turns(parts)})).await;
+    assert!(p.ends_with(&format!("{open}Wh\n\nill")), "{p}");
+    // The explicit spelling gives the same prompt.
+    let p2 = template(json!({"messages": turns(json!("Whill")),
+        "continue_final_message": true, "add_generation_prompt": false}))
+    .await;
+    assert!(p2.ends_with(&format!("{open}Whill")), "{p2}");
+    // An explicit generation prompt closes the turn and opens a new one.
+    let p =
+        template(json!({"messages": turns(json!("Whill")), "add_generation_prompt": true})).await;
+    assert!(
+        p.ends_with("Whill<|im_end|>\n<|im_start|>assistant\n"),
+        "{p}"
+    );
+
+    // The chat route generates from the continued prompt.
+    let (s, v) = post_json(
+        "/v1/chat/completions",
+        chat(json!({"messages": turns(json!("Whill")), "verbose": true})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let prompt = v["__verbose"]["prompt"].as_str().unwrap();
+    assert!(prompt.ends_with(&format!("{open}Whill")), "{prompt}");
+
+    let two = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                     {"role": "assistant", "content": "c"}]);
+    for (body, param) in [
+        (json!({"messages": two}), "messages"),
+        (
+            json!({"messages": turns(json!("W")), "continue_final_message": true,
+                   "add_generation_prompt": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "a"}], "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": turns(json!("W")), "continue_final_message": 3}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "a"},
+                {"role": "assistant", "content": null,
+                 "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+            "continue_final_message",
+        ),
+    ] {
+        for route in ["/apply-template", "/v1/chat/completions"] {
+            let (s, v) = post_json(route, chat(body.clone())).await;
+            assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+            assert_eq!(v["error"]["param"], param, "{route} {body}: {v}");
+        }
+    }
+}
+
+fn model_info() -> Arc<lamina_engine::ModelInfo> {
+    let lamina_engine::Status::Ready(info) = engine().status() else {
+        panic!("the shared engine is not ready");
+    };
+    info
+}
+
+/// `ignore_eos` bans every end-of-generation token: a sequence whose end
+/// token is all but certain runs to its limit, and the bans are listed in
+/// llama-server's `generation_settings.logit_bias` shape (a ban is null).
+#[tokio::test]
+async fn ignore_eos_bans_the_end_tokens() {
+    let eog: Vec<u32> = model_info().tokenizer.eog_ids().collect();
+    assert!(!eog.is_empty());
+    let bias: serde_json::Map<String, Value> =
+        eog.iter().map(|id| (id.to_string(), json!(100))).collect();
+    let body = |ignore: bool| {
+        json!({"prompt": "Hi", "n_predict": 3, "temperature": 0,
+               "logit_bias": bias, "ignore_eos": ignore})
+    };
+    let (s, v) = post_json("/completion", body(false)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["stop_type"].as_str(), v["tokens_predicted"].as_u64()),
+        (Some("eos"), Some(1)),
+        "{v}"
+    );
+    assert_eq!(v["generation_settings"]["ignore_eos"], false);
+
+    let (s, v) = post_json("/completion", body(true)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["stop_type"].as_str(), v["tokens_predicted"].as_u64()),
+        (Some("limit"), Some(3)),
+        "{v}"
+    );
+    let g = &v["generation_settings"];
+    assert_eq!(g["ignore_eos"], true);
+    for id in &eog {
+        assert!(
+            g["logit_bias"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"bias": null, "token": id})),
+            "{g}"
+        );
+        assert!(
+            g["logit_bias"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"bias": 100.0, "token": id})),
+            "{g}"
+        );
+    }
+    let (s, v) = post_json("/completion", json!({"prompt": "Hi", "ignore_eos": 1})).await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
+
+/// `/v1/chat/completions/input_tokens` counts the prompt the chat route
+/// would run (a prefill and tools included), with llama-server's `object`,
+/// and refuses what the chat route refuses.
+#[tokio::test]
+async fn chat_input_tokens_count_the_chat_prompt() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    for body in [
+        chat(json!({})),
+        chat(
+            json!({"messages": [{"role": "user", "content": "Best book?"},
+                                  {"role": "assistant", "content": "Whill"}]}),
+        ),
+        chat(json!({"tools": tools})),
+    ] {
+        let (s, counted) = post_json("/v1/chat/completions/input_tokens", body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{counted}");
+        assert_eq!(counted["object"], "response.input_tokens");
+        let (_, ran) = post_json("/v1/chat/completions", body.clone()).await;
+        assert_eq!(
+            counted["input_tokens"], ran["usage"]["prompt_tokens"],
+            "{body}"
+        );
+        let (_, same) = post_json("/chat/completions/input_tokens", body).await;
+        assert_eq!(same["input_tokens"], counted["input_tokens"]);
+    }
+    let (s, v) = post_json(
+        "/v1/chat/completions/input_tokens",
+        json!({"messages": "hi"}),
+    )
+    .await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
+
+/// `post_sampling_probs` reports the distribution each token was drawn
+/// from, after the sampler chain, as llama-server's `prob`/`top_probs`:
+/// with top-k 3 the kept tokens' probabilities sum to 1, the drawn token
+/// is among them, and greedy decoding is certain.
+#[tokio::test]
+async fn post_sampling_probs_are_the_samplers_distribution() {
+    let body = json!({"prompt": "Today I would finally become a", "n_predict": 4, "n_probs": 5,
+                      "post_sampling_probs": true, "temperature": 1.0, "top_k": 3,
+                      "top_p": 1.0, "min_p": 0.0, "seed": 7});
+    let (s, v) = post_json("/completion", body.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["generation_settings"]["post_sampling_probs"], true);
+    let probs = v["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 4, "{v}");
+    for tok in probs {
+        assert!(
+            tok.get("logprob").is_none() && tok.get("top_logprobs").is_none(),
+            "{tok}"
+        );
+        let p = tok["prob"].as_f64().unwrap();
+        assert!(p > 0.0 && p <= 1.0, "{tok}");
+        let top = tok["top_probs"].as_array().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{tok}");
+        let sum: f64 = top.iter().map(|t| t["prob"].as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-4, "{tok}");
+        let drawn = top.iter().find(|t| t["id"] == tok["id"]).unwrap();
+        assert!((drawn["prob"].as_f64().unwrap() - p).abs() < 1e-6, "{tok}");
+    }
+    // The same draws as without the report: only what is reported differs.
+    let mut plain = body.clone();
+    plain["post_sampling_probs"] = json!(false);
+    let (_, w) = post_json("/completion", plain).await;
+    assert_eq!(w["content"], v["content"]);
+    assert!(
+        w["completion_probabilities"][0].get("logprob").is_some(),
+        "{w}"
+    );
+
+    let mut greedy = body;
+    greedy["temperature"] = json!(0);
+    let (_, v) = post_json("/completion", greedy).await;
+    for tok in v["completion_probabilities"].as_array().unwrap() {
+        assert_eq!(tok["prob"], 1.0, "{tok}");
+        assert_eq!(
+            tok["top_probs"],
+            json!([{"id": tok["id"], "token": tok["token"],
+                                              "bytes": tok["bytes"], "prob": 1.0}])
+        );
+    }
+}
+
+/// The generation rate counts decode steps, as llama-server does: the
+/// first token comes from the prompt's last logits, so one token has no
+/// rate and n tokens took n - 1 steps.
+#[tokio::test]
+async fn generation_timings_count_decode_steps() {
+    let body = |n: u64| json!({"prompt": "I believe", "n_predict": n, "temperature": 0, "ignore_eos": true});
+    let (_, v) = post_json("/completion", body(1)).await;
+    let t = &v["timings"];
+    assert_eq!(t["predicted_n"], 1, "{v}");
+    assert_eq!(
+        (
+            t["predicted_per_second"].as_f64(),
+            t["predicted_per_token_ms"].as_f64()
+        ),
+        (Some(0.0), Some(0.0)),
+        "{t}"
+    );
+    let (_, v) = post_json("/completion", body(6)).await;
+    let t = &v["timings"];
+    assert_eq!(t["predicted_n"], 6, "{v}");
+    let ms = t["predicted_ms"].as_f64().unwrap();
+    assert!(
+        (t["predicted_per_second"].as_f64().unwrap() - 5e3 / ms).abs() < 1e-6,
+        "{t}"
+    );
+    assert!(
+        (t["predicted_per_token_ms"].as_f64().unwrap() - ms / 5.0).abs() < 1e-9,
+        "{t}"
+    );
+}
+
+/// `timings_per_token` on a stream: every chunk with text carries the
+/// timings so far (the role delta none), counting up to the final ones;
+/// with `return_progress` the reports carry them too, the first with no
+/// prompt work yet.
+#[tokio::test]
+async fn timings_per_token_ride_on_stream_chunks() {
+    for (route, body) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 4, "ignore_eos": true})),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "Hi", "n_predict": 4, "temperature": 0, "ignore_eos": true}),
+        ),
+    ] {
+        let mut body = body;
+        body["stream"] = json!(true);
+        body["timings_per_token"] = json!(true);
+        body["return_progress"] = json!(true);
+        let (s, _, bytes) = send(router(None, 1 << 20), post(route, body.to_string())).await;
+        assert_eq!(s, StatusCode::OK);
+        let objects = sse_objects(&bytes);
+        let reports: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o.get("prompt_progress").is_some())
+            .collect();
+        assert!(!reports.is_empty(), "{route}: {objects:?}");
+        assert_eq!(reports[0]["timings"]["prompt_n"], 0, "{route}");
+        assert_eq!(reports[0]["timings"]["prompt_ms"], 0.0, "{route}");
+        let counts: Vec<u64> = objects
+            .iter()
+            .filter(|o| o.get("prompt_progress").is_none())
+            .filter_map(|o| o.get("timings"))
+            .map(|t| t["predicted_n"].as_u64().unwrap())
+            .collect();
+        assert!(counts.len() >= 4, "{route}: {objects:?}");
+        assert!(
+            counts.windows(2).all(|w| w[0] <= w[1]),
+            "{route}: {counts:?}"
+        );
+        assert_eq!(counts.last(), Some(&4), "{route}: {counts:?}");
+        if route == "/v1/chat/completions" {
+            assert!(objects[0]["choices"][0]["delta"]["role"] == "assistant");
+            assert!(objects[0].get("timings").is_none(), "{:?}", objects[0]);
+        }
+    }
+}
+
+/// Templates see llama.cpp's `date_string` and `datetime` (today, as Llama
+/// 3.x templates print it), which a request's `chat_template_kwargs` may
+/// override. An engine of its own, for its template.
+#[tokio::test]
+async fn templates_see_todays_date_as_llama_cpp_gives_it() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_ctx = Some(256);
+    cfg.chat_template =
+        Some("{{ date_string }}|{{ datetime }}|{{ messages[0].content }}".to_owned());
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    let app = || app(Arc::new(AppState::new(e.clone(), None, 1 << 20)));
+    let today = || {
+        let now = lamina_chat::Clock::Local.now();
+        format!("{}|{}|", now.format("%d %b %Y"), now.format("%b %d %Y"))
+    };
+    let before = today();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (s, v, _) = send(app(), post("/apply-template", body.to_string())).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let prompt = v["prompt"].as_str().unwrap();
+    assert!(
+        prompt == format!("{before}hi") || prompt == format!("{}hi", today()),
+        "{prompt}"
+    );
+    let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                      "chat_template_kwargs": {"date_string": "1 Jan 2000"}});
+    let (_, v, _) = send(app(), post("/apply-template", body.to_string())).await;
+    assert!(
+        v["prompt"].as_str().unwrap().starts_with("1 Jan 2000|"),
+        "{v}"
+    );
 }

@@ -559,6 +559,8 @@ fn sse(
                     }
                     st.flush();
                 }
+                // The Responses API has no progress reports; none is asked for.
+                Some(Event::Progress(_)) => {}
                 Some(Event::Text(text)) => {
                     if let Some(r) = &mut st.reader {
                         for p in r.text(&text) {
