@@ -338,6 +338,11 @@ pub struct LlamaServerArgs {
     /// Accepted: GET /slots is served by default.
     #[arg(long)]
     pub slots: bool,
+    /// A directory where POST /slots/N?action=save writes a slot's tokens
+    /// and KV cache and action=restore reads them back (llama-server's
+    /// flag; without it those actions are a 501).
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// Serve embeddings (`/v1/embeddings`, `/embedding`, Ollama's
     /// `/api/embed`): the hidden state after the model's final norm, pooled
     /// by --pooling. Generation is served as well.

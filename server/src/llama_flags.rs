@@ -46,10 +46,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--reranking", "Lamina has no reranking endpoint"),
     ("--rerank", "Lamina has no reranking endpoint"),
     (
-        "--slot-save-path",
-        "Lamina's /slots shows the slots but cannot save or restore them yet",
-    ),
-    (
         "--no-kv-offload",
         "the KV cache follows its layer's placement",
     ),

@@ -526,6 +526,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             metrics: !a.llama.no_metrics,
             web_ui: !a.llama.no_webui,
             slots: !a.llama.no_slots,
+            slot_save_path: a.llama.slot_save_path.clone(),
             embedding: a.llama.embedding,
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,

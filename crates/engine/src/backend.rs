@@ -55,6 +55,21 @@ pub trait Backend {
     /// last one (`n_vocab` floats).
     fn forward(&self, tokens: &[u32], cache: &mut Self::Cache) -> Result<Vec<f32>, ModelError>;
 
+    /// The cache's positions as bytes that [`Backend::restore_cache`] takes
+    /// back (slot save); a backend without it says so.
+    fn save_cache(&self, _cache: &Self::Cache) -> Result<Vec<u8>, ModelError> {
+        Err(ModelError::KvType(
+            "this backend cannot save a cache".into(),
+        ))
+    }
+
+    /// Loads [`Backend::save_cache`]'s bytes; the positions now held.
+    fn restore_cache(&self, _cache: &mut Self::Cache, _state: &[u8]) -> Result<usize, ModelError> {
+        Err(ModelError::KvType(
+            "this backend cannot restore a cache".into(),
+        ))
+    }
+
     /// Runs `tokens` after what `cache` holds and returns every token's
     /// hidden state after the final norm (`n_embd` floats each, in order):
     /// what embeddings pool.
@@ -136,6 +151,14 @@ impl Backend for HybridModel<'_> {
 
     fn new_caches(&self, count: usize, n_ctx: usize) -> Result<Vec<HybridCache>, ModelError> {
         HybridModel::new_caches(self, count, n_ctx)
+    }
+
+    fn save_cache(&self, cache: &HybridCache) -> Result<Vec<u8>, ModelError> {
+        HybridModel::save_cache(self, cache)
+    }
+
+    fn restore_cache(&self, cache: &mut HybridCache, state: &[u8]) -> Result<usize, ModelError> {
+        HybridModel::restore_cache(self, cache, state)
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut HybridCache) -> Result<Vec<f32>, ModelError> {

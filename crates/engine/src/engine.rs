@@ -28,7 +28,7 @@ use crate::error::EngineError;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model_info::{self, InfoParams, ModelInfo};
 use crate::request::{EraseReply, Events, GenerateParams, HiddenReply};
-use crate::scheduler::{self, Job, Limits, Work};
+use crate::scheduler::{self, Job, Limits, SlotOp, Work};
 
 /// How to start an engine.
 #[derive(Debug, Clone)]
@@ -281,6 +281,12 @@ impl Engine {
     /// tokens it held. Fails at once for a slot that does not exist, or
     /// when the model is not ready or the queue is full.
     pub fn erase_slot(&self, id: usize) -> Result<EraseReply, EngineError> {
+        self.slot_action(id, SlotOp::Erase)
+    }
+
+    /// [`Engine::erase_slot`] for any slot action: erase, or save to / restore
+    /// from a file (the caller chose and checked the path).
+    pub fn slot_action(&self, id: usize, op: SlotOp) -> Result<EraseReply, EngineError> {
         let info = self.ready()?;
         if id >= info.n_parallel {
             return Err(EngineError::Invalid {
@@ -293,7 +299,7 @@ impl Engine {
             });
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.enqueue(Work::Erase(id, tx))?;
+        self.enqueue(Work::Erase(id, op, tx))?;
         Ok(rx)
     }
 

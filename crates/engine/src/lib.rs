@@ -43,4 +43,5 @@ pub use request::{
     EraseReply, Event, Events, FinishReason, GenerateParams, HiddenReply, Progress, Summary,
     Timings, TokenLogprob,
 };
+pub use scheduler::SlotOp;
 pub use stop::{Pushed, StopMatcher};

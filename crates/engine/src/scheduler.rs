@@ -63,9 +63,19 @@ pub(crate) enum Work {
     Generate(GenerateParams, tmpsc::UnboundedSender<Event>),
     /// Every token's final hidden state for this prompt (embeddings).
     Hidden(Vec<u32>, HiddenSender),
-    /// Empty slot `.0`'s cache once no request holds it; the reply is how
-    /// many tokens it held.
-    Erase(usize, EraseSender),
+    /// Empty, save or restore slot `.0`'s cache once no request holds it;
+    /// the reply is how many tokens it held, saved or restored.
+    Erase(usize, SlotOp, EraseSender),
+}
+
+/// What a slot action does (llama-server's `/slots/N?action=…`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotOp {
+    Erase,
+    /// Write the slot's tokens and cache to this file.
+    Save(std::path::PathBuf),
+    /// Read a file `Save` wrote into the slot.
+    Restore(std::path::PathBuf),
 }
 
 /// Where an erase's answer goes.
@@ -85,7 +95,7 @@ impl Job {
         match &self.work {
             Work::Generate(_, events) => events.is_closed(),
             Work::Hidden(_, reply) => reply.is_closed(),
-            Work::Erase(_, reply) => reply.is_closed(),
+            Work::Erase(_, _, reply) => reply.is_closed(),
         }
     }
 
@@ -97,7 +107,7 @@ impl Job {
             Work::Hidden(_, reply) => {
                 let _ = reply.send(Err(e));
             }
-            Work::Erase(_, reply) => {
+            Work::Erase(_, _, reply) => {
                 let _ = reply.send(Err(e));
             }
         }
@@ -310,7 +320,7 @@ pub(crate) fn run<B: Backend>(
         erases.extend(erase);
         erases = std::mem::take(&mut erases)
             .into_iter()
-            .filter_map(|job| erase_if_idle(&mut slots, job, &ctx))
+            .filter_map(|job| erase_if_idle(backend, &mut slots, job, &ctx))
             .collect();
         while let Some(i) = free_slot(&slots, waiting.front()) {
             let Some(job) = waiting.pop_front() else {
@@ -325,7 +335,7 @@ pub(crate) fn run<B: Backend>(
                     hidden(backend, &mut slots[i], &tokens, reply, &ctx, unchanged)
                 }
                 // Taken out of `waiting` above.
-                Work::Erase(_, reply) => {
+                Work::Erase(_, _, reply) => {
                     let _ = reply.send(Err(EngineError::Stopped));
                     outstanding.fetch_sub(1, Relaxed);
                 }
@@ -351,15 +361,20 @@ pub(crate) fn run<B: Backend>(
 
 /// Does an erase job whose slot no request holds (answering how many
 /// tokens it held); gives the job back while its slot is busy.
-fn erase_if_idle<C: Cache>(slots: &mut [Slot<C>], job: Job, ctx: &Ctx<'_>) -> Option<Job> {
+fn erase_if_idle<B: Backend>(
+    backend: &B,
+    slots: &mut [Slot<B::Cache>],
+    job: Job,
+    ctx: &Ctx<'_>,
+) -> Option<Job> {
     let id = match &job.work {
-        Work::Erase(id, _) => *id,
+        Work::Erase(id, ..) => *id,
         _ => return Some(job),
     };
     if slots.get(id).is_some_and(|s| s.seq.is_some()) {
         return Some(job);
     }
-    let Work::Erase(_, reply) = job.work else {
+    let Work::Erase(_, op, reply) = job.work else {
         return None;
     };
     ctx.outstanding.fetch_sub(1, Relaxed);
@@ -371,16 +386,111 @@ fn erase_if_idle<C: Cache>(slots: &mut [Slot<C>], job: Job, ctx: &Ctx<'_>) -> Op
         }));
         return None;
     };
-    let n = slot.tokens.len();
-    slot.cache.truncate(0);
-    slot.tokens.clear();
-    tracing::debug!(slot = id, erased = n, "slot erased");
+    let n = match op {
+        SlotOp::Erase => {
+            let n = slot.tokens.len();
+            slot.cache.truncate(0);
+            slot.tokens.clear();
+            tracing::debug!(slot = id, erased = n, "slot erased");
+            n
+        }
+        SlotOp::Save(path) => match save_slot(backend, slot, &path) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return None;
+            }
+        },
+        SlotOp::Restore(path) => match restore_slot(backend, slot, &path) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return None;
+            }
+        },
+    };
     // Shown before the answer, so a client that reads /slots next sees it.
     let used = slots.iter().map(|s| s.cache.len()).sum();
     ctx.metrics.kv_used.store(used, Relaxed);
     publish_slots(ctx.metrics, slots);
     let _ = reply.send(Ok(n));
     None
+}
+
+/// A saved slot's file: this magic and version, the token count and the
+/// tokens (u32, little-endian), then the backend's cache bytes.
+const SLOT_MAGIC: &[u8; 8] = b"LMSLOT\x01\x00";
+
+fn slot_error(what: String) -> EngineError {
+    EngineError::Invalid {
+        param: "filename",
+        message: what,
+    }
+}
+
+/// Writes the slot's tokens and cache to `path` (through a temporary file
+/// renamed over it, so a reader never sees half a slot); the token count.
+fn save_slot<B: Backend>(
+    backend: &B,
+    slot: &Slot<B::Cache>,
+    path: &std::path::Path,
+) -> Result<usize, EngineError> {
+    let n = slot.cache.len().min(slot.tokens.len());
+    let state = backend
+        .save_cache(&slot.cache)
+        .map_err(|e| slot_error(format!("saving the slot: {e}")))?;
+    let mut out = Vec::with_capacity(SLOT_MAGIC.len() + 8 + 4 * n + state.len());
+    out.extend_from_slice(SLOT_MAGIC);
+    out.extend_from_slice(&(n as u64).to_le_bytes());
+    for t in &slot.tokens[..n] {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    out.extend_from_slice(&state);
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, &out)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| slot_error(format!("writing {}: {e}", path.display())))?;
+    tracing::info!(bytes = out.len(), tokens = n, file = %path.display(), "slot saved");
+    Ok(n)
+}
+
+/// Reads a file [`save_slot`] wrote into the slot; the token count. A file
+/// of another model or cache layout is refused and the slot left empty.
+fn restore_slot<B: Backend>(
+    backend: &B,
+    slot: &mut Slot<B::Cache>,
+    path: &std::path::Path,
+) -> Result<usize, EngineError> {
+    let data =
+        std::fs::read(path).map_err(|e| slot_error(format!("reading {}: {e}", path.display())))?;
+    let bad = || {
+        slot_error(format!(
+            "{} is not a slot this server saved",
+            path.display()
+        ))
+    };
+    let rest = data.strip_prefix(SLOT_MAGIC.as_slice()).ok_or_else(bad)?;
+    let (n, rest) = rest.split_first_chunk::<8>().ok_or_else(bad)?;
+    let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| bad())?;
+    if n > slot.cache.capacity() || n.checked_mul(4).is_none_or(|b| b > rest.len()) {
+        return Err(bad());
+    }
+    let (toks, state) = rest.split_at(4 * n);
+    let tokens: Vec<u32> = toks
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    slot.tokens.clear();
+    let held = backend
+        .restore_cache(&mut slot.cache, state)
+        .map_err(|e| slot_error(format!("{}: {e}", path.display())))?;
+    if held != n {
+        slot.cache.truncate(0);
+        return Err(bad());
+    }
+    slot.tokens = tokens;
+    tracing::info!(tokens = n, file = %path.display(), "slot restored");
+    Ok(n)
 }
 
 /// What `/slots` shows: each slot's cache and request, now.

@@ -217,6 +217,34 @@ impl Gpu {
         ))
     }
 
+    /// The raw bytes of 32-bit elements `offset .. offset + len` of `t`
+    /// (a KV cache slot, whatever its element type).
+    pub fn read_words(&self, t: &Tensor, offset: usize, len: usize) -> Result<Vec<u8>, GpuError> {
+        self.read_range(t, offset, len)
+    }
+
+    /// Overwrites 32-bit elements from `offset` of `t` with `bytes` (a
+    /// whole number of elements).
+    pub fn write_words(&self, t: &Tensor, offset: usize, bytes: &[u8]) -> Result<(), GpuError> {
+        let words = bytes.len() / 4;
+        if bytes.len() % 4 != 0 || offset.checked_add(words).is_none_or(|end| end > t.len) {
+            return Err(GpuError::Shape {
+                op: "write",
+                message: format!(
+                    "{} bytes at element {offset} of a tensor of {}",
+                    bytes.len(),
+                    t.len
+                ),
+            });
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.scoped("tensor write", bytes.len() as u64, || {
+            self.queue.write_buffer(&t.buf, offset as u64 * 4, bytes)
+        })
+    }
+
     /// Copies `t` back to the host as u32 values.
     pub fn read_u32(&self, t: &Tensor) -> Result<Vec<u32>, GpuError> {
         Ok(bytemuck::pod_collect_to_vec(&self.read_range(t, 0, t.len)?))

@@ -104,6 +104,53 @@ impl KvCache {
         self.len = len;
         self.rings.advance(len);
     }
+
+    /// Appends what [`KvCache::restore_state`] needs to hold these
+    /// positions again: per layer, the rows in use (a ring's whole ring),
+    /// keys then values, each as a length-prefixed run of stored bytes.
+    pub(crate) fn save_state(&self, kvd: usize, out: &mut Vec<u8>) {
+        for (il, &ring) in self.rows.iter().enumerate() {
+            let rows = if ring < self.n_ctx { ring } else { self.len };
+            for store in [&self.k[il], &self.v[il]] {
+                let b = store.row_bytes(0, rows, kvd);
+                out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                out.extend_from_slice(b);
+            }
+        }
+    }
+
+    /// Reads [`KvCache::save_state`]'s bytes from the front of `data` into
+    /// this cache (of the same geometry: the caller checked it) as `len`
+    /// positions, advancing `data`. A ring then holds only its last rows.
+    pub(crate) fn restore_state(
+        &mut self,
+        kvd: usize,
+        len: usize,
+        data: &mut &[u8],
+    ) -> Result<(), ModelError> {
+        let bad = || ModelError::KvType("a saved slot's cache is cut short or mis-sized".into());
+        if len > self.n_ctx {
+            return Err(bad());
+        }
+        for il in 0..self.rows.len() {
+            for v in [false, true] {
+                let (n, rest) = data.split_first_chunk::<8>().ok_or_else(bad)?;
+                let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| bad())?;
+                if n > rest.len() {
+                    return Err(bad());
+                }
+                let (bytes, rest) = rest.split_at(n);
+                let store = if v { &mut self.v[il] } else { &mut self.k[il] };
+                if !store.set_row_bytes(0, kvd, bytes) {
+                    return Err(bad());
+                }
+                *data = rest;
+            }
+        }
+        self.len = len;
+        self.rings = Rings::default_for(&self.rings, len);
+        Ok(())
+    }
 }
 
 /// Runs a step of `n` tokens as steps of at most `limit` tokens (what a

@@ -478,6 +478,131 @@ impl<'a> HybridModel<'a> {
         Ok(out)
     }
 
+    /// A cache's positions as bytes (llama-server's slot save): a header
+    /// naming the model's and the cache's geometry, then every layer's rows
+    /// in use in their stored type, the GPU layers' read back from the
+    /// device. [`HybridModel::restore_cache`] takes them into a cache of
+    /// this model loaded the same way.
+    pub fn save_cache(&self, cache: &HybridCache) -> Result<Vec<u8>, ModelError> {
+        let c = &self.cpu.config;
+        let kvd = c.kv_dim();
+        let mut out = self.cache_header(cache);
+        out.extend_from_slice(&(cache.len as u64).to_le_bytes());
+        cache.cpu.save_state(kvd, &mut out);
+        if let Some(g) = self.gpu.as_deref() {
+            let arena = &cache.arena;
+            for i in 0..arena.k.len() {
+                let (off, words) = self.slot_words(cache, i);
+                for t in [&arena.k[i], &arena.v[i]] {
+                    let b = g.read_words(t, off, words).map_err(gpu_err)?;
+                    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                    out.extend_from_slice(&b);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads [`HybridModel::save_cache`]'s bytes into `cache`; returns the
+    /// positions it now holds. Fails, leaving the cache empty, when they
+    /// come from another model, another cache type or size, or another
+    /// placement, or are cut short.
+    pub fn restore_cache(
+        &self,
+        cache: &mut HybridCache,
+        state: &[u8],
+    ) -> Result<usize, ModelError> {
+        let header = self.cache_header(cache);
+        let r = self.restore_inner(cache, state, &header);
+        if r.is_err() {
+            cache.truncate(0);
+        }
+        r
+    }
+
+    fn restore_inner(
+        &self,
+        cache: &mut HybridCache,
+        state: &[u8],
+        header: &[u8],
+    ) -> Result<usize, ModelError> {
+        let bad = |why: &str| ModelError::KvType(format!("a saved slot {why}"));
+        let Some(mut data) = state.strip_prefix(header) else {
+            return Err(bad(
+                "was saved with another model, cache type, context size or placement",
+            ));
+        };
+        let (len, rest) = data
+            .split_first_chunk::<8>()
+            .ok_or_else(|| bad("is cut short"))?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| bad("is mis-sized"))?;
+        data = rest;
+        if len > cache.capacity() {
+            return Err(bad("holds more positions than this slot"));
+        }
+        let kvd = self.cpu.config.kv_dim();
+        cache.cpu.restore_state(kvd, len, &mut data)?;
+        cache.len = len;
+        cache.rings = crate::kv::Rings::default_for(&cache.rings, len);
+        if let Some(g) = self.gpu.as_deref() {
+            for i in 0..cache.arena.k.len() {
+                let (off, words) = self.slot_words(cache, i);
+                for t in [&cache.arena.k[i], &cache.arena.v[i]] {
+                    let (n, rest) = data
+                        .split_first_chunk::<8>()
+                        .ok_or_else(|| bad("is cut short"))?;
+                    let n =
+                        usize::try_from(u64::from_le_bytes(*n)).map_err(|_| bad("is mis-sized"))?;
+                    if n != words * 4 || n > rest.len() {
+                        return Err(bad("is mis-sized"));
+                    }
+                    g.write_words(t, off, &rest[..n]).map_err(gpu_err)?;
+                    data = &rest[n..];
+                }
+            }
+        }
+        if !data.is_empty() {
+            return Err(bad("has bytes past its cache"));
+        }
+        Ok(len)
+    }
+
+    /// What a saved cache must match: the model's shape, the cache's
+    /// types, size and layout, and which layers are on the GPU.
+    fn cache_header(&self, cache: &HybridCache) -> Vec<u8> {
+        let c = &self.cpu.config;
+        let mut h = b"LMKV\x01\x00\x00\x00".to_vec();
+        for v in [
+            c.n_layer,
+            c.kv_dim(),
+            self.first_gpu,
+            cache.capacity(),
+            cache.arena.ring,
+            c.kv.k as usize,
+            c.kv.v as usize,
+            usize::from(c.kv.swa_full),
+            self.gpu_kv as usize,
+        ] {
+            h.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        h
+    }
+
+    /// GPU layer `i`'s 32-bit words of `cache`'s slot in use: (offset,
+    /// count). A ring layer's whole ring, else rows `0..len`.
+    fn slot_words(&self, cache: &HybridCache, i: usize) -> (usize, usize) {
+        let arena = &cache.arena;
+        let kvd = self.cpu.config.kv_dim();
+        let ring = arena.ring_of(i);
+        let (per_slot, rows) = if ring > 0 {
+            (ring, ring)
+        } else {
+            (arena.n_ctx, cache.len)
+        };
+        let word = |values: usize| values * self.gpu_kv.bytes() / 4;
+        (word(cache.slot * per_slot * kvd), word(rows * kvd))
+    }
+
     /// Host bytes kept free beside `count` caches. The CPU weights, when
     /// they are used in place from the map: their pages are page cache,
     /// which `MemAvailable` counts as free, and a cache that took them would

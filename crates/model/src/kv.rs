@@ -200,6 +200,15 @@ impl Rings {
         r
     }
 
+    /// The same rings after a restore of `len` positions: only the last
+    /// `rows` of them are whole.
+    pub fn default_for(r: &Rings, len: usize) -> Rings {
+        Rings {
+            valid_from: len.saturating_sub(r.rows),
+            ..*r
+        }
+    }
+
     /// Positions up to `len` have been written.
     pub fn advance(&mut self, len: usize) {
         self.valid_from = self.valid_from.max(len.saturating_sub(self.rows));
@@ -260,6 +269,46 @@ impl KvStore {
                 lamina_quant::kv::q8_0_row(src, &mut d[b..][..n]);
             }
         }
+    }
+
+    /// The stored bytes of rows `first .. first + rows` of `width` values.
+    pub(crate) fn row_bytes(&self, first: usize, rows: usize, width: usize) -> &[u8] {
+        let (a, b) = (first * width, (first + rows) * width);
+        match self {
+            KvStore::F32(x) => bytemuck::cast_slice(&x[a..b]),
+            KvStore::F16(x) => bytemuck::cast_slice(&x[a..b]),
+            KvStore::Q8_0(x) => &x[a / Q8_0_BLOCK * Q8_0_BYTES..b / Q8_0_BLOCK * Q8_0_BYTES],
+        }
+    }
+
+    /// Overwrites rows from `first` with `bytes` as [`KvStore::row_bytes`]
+    /// gave them; false when they do not fit.
+    pub(crate) fn set_row_bytes(&mut self, first: usize, width: usize, bytes: &[u8]) -> bool {
+        let at = first * width;
+        match self {
+            KvStore::F32(x) => {
+                let n = bytes.len() / 4;
+                if bytes.len() % 4 != 0 || at + n > x.len() {
+                    return false;
+                }
+                bytemuck::cast_slice_mut::<f32, u8>(&mut x[at..at + n]).copy_from_slice(bytes);
+            }
+            KvStore::F16(x) => {
+                let n = bytes.len() / 2;
+                if bytes.len() % 2 != 0 || at + n > x.len() {
+                    return false;
+                }
+                bytemuck::cast_slice_mut::<f16, u8>(&mut x[at..at + n]).copy_from_slice(bytes);
+            }
+            KvStore::Q8_0(x) => {
+                let b = at / Q8_0_BLOCK * Q8_0_BYTES;
+                if b + bytes.len() > x.len() {
+                    return false;
+                }
+                x[b..b + bytes.len()].copy_from_slice(bytes);
+            }
+        }
+        true
     }
 
     /// One head's rows: `d` values from element `off` of each row of

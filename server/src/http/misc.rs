@@ -242,30 +242,45 @@ fn slots_enabled(st: &AppState) -> Result<(), ApiError> {
     }
 }
 
-/// `POST /slots/{id}?action=erase`: the slot forgets its cached tokens
-/// (once no request holds it, as llama-server defers it), answered as
-/// `{id_slot, n_erased}`. `save` and `restore` are a 501 that says so,
-/// never a silent success; any other action is a 400.
+/// A slot file's name as llama-server accepts it: a plain file name in
+/// the --slot-save-path directory, never a path out of it.
+fn slot_file_name(name: &str) -> Result<&str, ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && !name.contains(['/', '\\', '\0', ':'])
+        && !name.chars().any(char::is_control);
+    if ok {
+        Ok(name)
+    } else {
+        Err(ApiError::invalid(
+            "filename",
+            format!("{name:?} is not a plain file name"),
+        ))
+    }
+}
+
+/// `POST /slots/{id}?action=erase|save|restore`, once no request holds the
+/// slot (as llama-server defers it). Erase forgets the slot's cached tokens
+/// (`{id_slot, n_erased}`); save writes its tokens and KV cache to
+/// `{"filename"}` in the --slot-save-path directory (`{id_slot, filename,
+/// n_saved, n_written, timings}`), restore reads such a file back
+/// (`{…, n_restored, n_read, …}`), so a later prompt with the same prefix
+/// reuses it. Without --slot-save-path save and restore are a 501; a file
+/// saved by another model or cache layout is a 400.
 pub async fn slot_action(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<std::collections::HashMap<String, String>>,
+    body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     slots_enabled(&st)?;
     let action = q.get("action").map_or("", String::as_str);
-    match action {
-        "erase" => {}
-        "save" | "restore" => {
-            return Err(ApiError::not_implemented(format!(
-                "slot action {action:?}: saving and restoring slots is not implemented"
-            )))
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "action",
-                format!("action must be save, restore or erase (got {action:?})"),
-            ))
-        }
+    if !matches!(action, "erase" | "save" | "restore") {
+        return Err(ApiError::invalid(
+            "action",
+            format!("action must be save, restore or erase (got {action:?})"),
+        ));
     }
     let id: usize = id.parse().map_err(|_| {
         ApiError::invalid(
@@ -273,13 +288,44 @@ pub async fn slot_action(
             format!("the slot id must be a number (got {id:?})"),
         )
     })?;
+    let file = if action == "erase" {
+        None
+    } else {
+        let Some(dir) = st.options.slot_save_path.clone() else {
+            return Err(ApiError::not_implemented(format!(
+                "slot action {action:?} needs the server started with --slot-save-path DIR"
+            )));
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::invalid("body", format!("not JSON: {e}")))?;
+        let name = v
+            .get("filename")
+            .and_then(|f| f.as_str())
+            .ok_or_else(|| ApiError::invalid("filename", "a string \"filename\" is required"))?;
+        Some((name.to_owned(), dir.join(slot_file_name(name)?)))
+    };
     st.ready()?;
-    let n_erased = st
+    let op = match (action, &file) {
+        ("save", Some((_, p))) => lamina_engine::SlotOp::Save(p.clone()),
+        ("restore", Some((_, p))) => lamina_engine::SlotOp::Restore(p.clone()),
+        _ => lamina_engine::SlotOp::Erase,
+    };
+    let t0 = std::time::Instant::now();
+    let n = st
         .engine
-        .erase_slot(id)?
+        .slot_action(id, op)?
         .await
-        .map_err(|_| ApiError::internal("the engine stopped before erasing the slot"))??;
-    Ok(Json(json!({"id_slot": id, "n_erased": n_erased})).into_response())
+        .map_err(|_| ApiError::internal("the engine stopped before the slot action"))??;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let bytes = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let body = match (action, file) {
+        ("save", Some((name, p))) => json!({"id_slot": id, "filename": name, "n_saved": n,
+            "n_written": bytes(&p), "timings": {"save_ms": ms}}),
+        ("restore", Some((name, p))) => json!({"id_slot": id, "filename": name, "n_restored": n,
+            "n_read": bytes(&p), "timings": {"restore_ms": ms}}),
+        _ => json!({"id_slot": id, "n_erased": n}),
+    };
+    Ok(Json(body).into_response())
 }
 
 /// Prometheus text format, version 0.0.4.

@@ -91,6 +91,8 @@ pub struct Options {
     pub reasoning_format: lamina_chat::ReasoningFormat,
     /// Serve GET /slots (`--no-slots`: 501).
     pub slots: bool,
+    /// `--slot-save-path`: where slot saves go (else save and restore 501).
+    pub slot_save_path: Option<std::path::PathBuf>,
     /// `--embedding`: serve the embedding endpoints (else 501).
     pub embedding: bool,
     /// `--pooling`; `None`: the file's, else none.
@@ -115,6 +117,7 @@ impl Default for Options {
             reasoning: reasoning::ReasoningMode::default(),
             reasoning_format: lamina_chat::ReasoningFormat::default(),
             slots: true,
+            slot_save_path: None,
             embedding: false,
             pooling: None,
             embd_normalize: 2,

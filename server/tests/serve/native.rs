@@ -231,3 +231,110 @@ fn an_unimplemented_llama_server_flag_fails_naming_it() {
         );
     }
 }
+
+/// `--slot-save-path`: a slot saved to a file and restored after another
+/// prompt took it reuses the saved prompt (only the last token is
+/// processed again) and gives the same answer, on the CPU and with every
+/// layer on the GPU; bad names, other servers' files and a server without
+/// the flag are refused.
+#[test]
+fn a_saved_slot_restores_its_prompt_cache() {
+    let dir = std::env::temp_dir().join(format!("lamina-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let long = "The capital of France is Paris. The capital of Germany is Berlin. \
+                The capital of Italy is";
+    for ngl in ["0", "all"] {
+        let server = Server::start(
+            &[
+                "-ngl",
+                ngl,
+                "-np",
+                "1",
+                "--slot-save-path",
+                dir.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let ask = |prompt: &str| {
+            complete(
+                &server,
+                json!({"prompt": prompt, "n_predict": 6, "temperature": 0, "cache_prompt": true}),
+            )
+        };
+        let first = ask(long);
+        let n_prompt = first["tokens_evaluated"].as_u64().unwrap();
+        let saved = client::post(
+            server.port,
+            "/slots/0?action=save",
+            &json!({"filename": "a.bin"}),
+        );
+        assert_eq!(saved.status, 200, "{}", saved.body);
+        let v = saved.json();
+        assert!(v["n_saved"].as_u64().unwrap() >= n_prompt, "{v}");
+        assert!(v["n_written"].as_u64().unwrap() > 1000, "{v}");
+        // Another prompt takes the slot, then the saved one comes back.
+        ask("Once upon a time");
+        let restored = client::post(
+            server.port,
+            "/slots/0?action=restore",
+            &json!({"filename": "a.bin"}),
+        );
+        assert_eq!(restored.status, 200, "{}", restored.body);
+        assert_eq!(restored.json()["n_restored"], v["n_saved"]);
+        let again = ask(long);
+        assert_eq!(again["content"], first["content"], "-ngl {ngl}");
+        assert_eq!(again["timings"]["prompt_n"], 1, "-ngl {ngl}: {again}");
+        for bad in ["../a.bin", ".hidden", "a/b", ""] {
+            let r = client::post(
+                server.port,
+                "/slots/0?action=save",
+                &json!({"filename": bad}),
+            );
+            assert_eq!(r.status, 400, "{bad:?}: {}", r.body);
+        }
+        std::fs::write(dir.join("junk.bin"), b"not a slot").unwrap();
+        let r = client::post(
+            server.port,
+            "/slots/0?action=restore",
+            &json!({"filename": "junk.bin"}),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        let r = client::post(
+            server.port,
+            "/slots/0?action=restore",
+            &json!({"filename": "none.bin"}),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+    }
+    // A file saved by a server with another placement is refused.
+    let server = Server::start(
+        &[
+            "-ngl",
+            "0",
+            "-np",
+            "1",
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+            "--slot-save-path",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let r = client::post(
+        server.port,
+        "/slots/0?action=restore",
+        &json!({"filename": "a.bin"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("another model, cache type"), "{}", r.body);
+    let plain = Server::start(&["-ngl", "0", "-np", "1"], &[]);
+    let r = client::post(
+        plain.port,
+        "/slots/0?action=save",
+        &json!({"filename": "a.bin"}),
+    );
+    assert_eq!(r.status, 501, "{}", r.body);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
