@@ -216,7 +216,7 @@ fn an_unimplemented_llama_server_flag_fails_naming_it() {
     for (flag, name) in [
         (&["--reranking"][..], "--reranking"),
         (&["-nkvo"][..], "-nkvo"),
-        (&["--slot-save-path", "/tmp"][..], "--slot-save-path"),
+        (&["--lora", "adapter.gguf"][..], "--lora"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
             .args(["serve", "-m", &model(), "--port", "0"])
