@@ -63,31 +63,69 @@ pub async fn chat(
         Api::Chat,
         &st.options.sampler,
     )?;
-    let messages = params::messages(&b)?;
-    let choice = tools::openai_choice(b.get("tool_choice"))?;
-    // "none" offers no tools: the prompt does not list them.
-    let tools = params::tools(&b)?
-        .filter(|_| choice.offers_tools())
-        .cloned();
+    let c = chat_prompt(&st, &info, &b).await?;
     let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
-    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel)? {
+    if let Some(w) = tools::forced(&info, c.tools.as_ref(), &c.choice, parallel)? {
         structured::add(&mut s, w)?;
     }
-    let kwargs = params::template_kwargs(&b)?;
-    let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
-    let thinking = Thinking::decide(&st, &info, kwargs, asked, b.get("reasoning_format"))?;
-    let kwargs = thinking.kwargs(kwargs.cloned());
-    let (messages, ending) = params::ending(&b, messages)?;
-    let (prompt, text) =
-        render_chat_ending(&st, &info, messages, tools.clone(), Some(kwargs), ending).await?;
     // Each choice reads its own answer.
     let readers = (0..s.n)
         .map(|_| {
-            let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
-            Reader::new(&info, &thinking, &text, calls)
+            let calls = Calls::new(&info, c.tools.as_ref(), c.choice.offers_tools());
+            Reader::new(&info, &c.thinking, &c.text, calls)
         })
         .collect();
-    run(&st, &info, prompt, s, "messages", Api::Chat, readers).await
+    run(&st, &info, c.tokens, s, "messages", Api::Chat, readers).await
+}
+
+/// `POST /v1/chat/completions/input_tokens`: how many tokens the chat
+/// route's prompt for this body would have (llama-server's count, with
+/// its `object`), without generating.
+pub async fn chat_input_tokens(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let info = st.ready()?;
+    let b = Body::parse(&body?)?;
+    let c = chat_prompt(&st, &info, &b).await?;
+    Ok(
+        Json(json!({"input_tokens": c.tokens.len(), "object": "response.input_tokens"}))
+            .into_response(),
+    )
+}
+
+/// A chat body's prompt and what reading its answer needs.
+struct ChatPrompt {
+    tokens: Vec<u32>,
+    text: String,
+    tools: Option<Value>,
+    choice: tools::Choice,
+    thinking: Thinking,
+}
+
+async fn chat_prompt(
+    st: &AppState,
+    info: &Arc<ModelInfo>,
+    b: &Body,
+) -> Result<ChatPrompt, ApiError> {
+    let messages = params::messages(b)?;
+    let choice = tools::openai_choice(b.get("tool_choice"))?;
+    // "none" offers no tools: the prompt does not list them.
+    let tools = params::tools(b)?.filter(|_| choice.offers_tools()).cloned();
+    let kwargs = params::template_kwargs(b)?;
+    let asked = reasoning::effort_switch(b.get("reasoning_effort"))?;
+    let thinking = Thinking::decide(st, info, kwargs, asked, b.get("reasoning_format"))?;
+    let kwargs = thinking.kwargs(kwargs.cloned());
+    let (messages, ending) = params::ending(b, messages)?;
+    let (tokens, text) =
+        render_chat_ending(st, info, messages, tools.clone(), Some(kwargs), ending).await?;
+    Ok(ChatPrompt {
+        tokens,
+        text,
+        tools,
+        choice,
+        thinking,
+    })
 }
 
 /// Chat messages rendered by the model's template (with the generation

@@ -275,6 +275,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/models", get(misc::models))
         .route("/v1/chat/completions", post(generate::chat))
         .route("/chat/completions", post(generate::chat))
+        .route(
+            "/v1/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        )
+        .route(
+            "/chat/completions/input_tokens",
+            post(generate::chat_input_tokens),
+        )
         .route("/v1/completions", post(generate::completion))
         .route("/v1/responses", post(responses::create))
         .route("/responses", post(responses::create))

@@ -1096,3 +1096,37 @@ async fn ignore_eos_bans_the_end_tokens() {
     let (s, v) = post_json("/completion", json!({"prompt": "Hi", "ignore_eos": 1})).await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
 }
+
+/// `/v1/chat/completions/input_tokens` counts the prompt the chat route
+/// would run (a prefill and tools included), with llama-server's `object`,
+/// and refuses what the chat route refuses.
+#[tokio::test]
+async fn chat_input_tokens_count_the_chat_prompt() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    for body in [
+        chat(json!({})),
+        chat(
+            json!({"messages": [{"role": "user", "content": "Best book?"},
+                                  {"role": "assistant", "content": "Whill"}]}),
+        ),
+        chat(json!({"tools": tools})),
+    ] {
+        let (s, counted) = post_json("/v1/chat/completions/input_tokens", body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{counted}");
+        assert_eq!(counted["object"], "response.input_tokens");
+        let (_, ran) = post_json("/v1/chat/completions", body.clone()).await;
+        assert_eq!(
+            counted["input_tokens"], ran["usage"]["prompt_tokens"],
+            "{body}"
+        );
+        let (_, same) = post_json("/chat/completions/input_tokens", body).await;
+        assert_eq!(same["input_tokens"], counted["input_tokens"]);
+    }
+    let (s, v) = post_json(
+        "/v1/chat/completions/input_tokens",
+        json!({"messages": "hi"}),
+    )
+    .await;
+    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
