@@ -103,6 +103,26 @@ impl SamplerConfig {
     }
 }
 
+/// The distribution a token was drawn from, after the sampler chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PostProbs {
+    /// The drawn token's probability.
+    pub chosen: f32,
+    /// `(id, probability)` of the most likely tokens, most likely first,
+    /// ties to the lowest id; none with probability 0.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl PostProbs {
+    /// One token that could not have been anything else.
+    fn certain(id: u32) -> Self {
+        PostProbs {
+            chosen: 1.0,
+            top: vec![(id, 1.0)],
+        }
+    }
+}
+
 /// One sequence's sampler: the config and its random stream.
 #[derive(Clone, Debug)]
 pub struct Sampler {
@@ -147,10 +167,35 @@ impl Sampler {
     /// penalties; `history` is the sequence so far (prompt and generated),
     /// oldest first. An empty `logits` gives 0.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.sample_inner(logits, history, None).0
+    }
+
+    /// [`Self::sample`], also reporting the distribution the token was
+    /// drawn from (after the whole chain) and its `n` most likely tokens:
+    /// llama-server's `post_sampling_probs`. The draw is the same as
+    /// `sample`'s for the same state.
+    pub fn sample_with_probs(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        n: usize,
+    ) -> (u32, PostProbs) {
+        let (id, probs) = self.sample_inner(logits, history, Some(n));
+        (id, probs.unwrap_or_else(|| PostProbs::certain(id)))
+    }
+
+    fn sample_inner(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        report: Option<usize>,
+    ) -> (u32, Option<PostProbs>) {
         self.apply_bias(logits);
         self.apply_penalties(logits, history);
+        // Greedy: the argmax is the only token that can come out.
+        let certain = |id| (id, report.map(|_| PostProbs::certain(id)));
         if self.cfg.temperature <= 0.0 {
-            return argmax(logits);
+            return certain(argmax(logits));
         }
 
         let mut cands: Vec<Candidate> = logits
@@ -164,7 +209,7 @@ impl Sampler {
             .collect();
         if cands.is_empty() {
             // Everything banned: fall back to the (penalised) argmax.
-            return argmax(logits);
+            return certain(argmax(logits));
         }
         top_k(&mut cands, self.cfg.top_k);
         top_p(&mut cands, self.cfg.top_p);
@@ -172,7 +217,27 @@ impl Sampler {
         for c in &mut cands {
             c.logit /= self.cfg.temperature;
         }
-        self.draw(&cands)
+        let id = self.draw(&cands);
+        let probs = report.map(|n| {
+            // Still sorted by logit: the chain only truncates, and a
+            // positive temperature keeps the order.
+            let p = softmax(&cands);
+            let chosen = cands
+                .iter()
+                .zip(&p)
+                .find(|(c, _)| c.id == id)
+                .map_or(0.0, |(_, &q)| q as f32);
+            let top = cands
+                .iter()
+                .zip(&p)
+                .take(n)
+                .map(|(c, &q)| (c.id, q as f32))
+                // What rounds to nothing was not a possible draw.
+                .filter(|&(_, q)| q > 0.0)
+                .collect();
+            PostProbs { chosen, top }
+        });
+        (id, probs)
     }
 
     fn apply_bias(&self, logits: &mut [f32]) {

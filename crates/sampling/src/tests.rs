@@ -355,3 +355,45 @@ fn top_logprobs_are_log_softmax() {
     assert!(top_logprobs(&logits, 0).is_empty());
     assert!(top_logprobs(&[], 3).is_empty());
 }
+
+/// The post-chain distribution is the softmax over what top-k, top-p and
+/// min-p kept, at the temperature; the drawn token is the one `sample`
+/// draws from the same state.
+#[test]
+fn post_sampling_probs_are_the_chains_distribution() {
+    let logits = logits_of(&[0.5, 0.3, 0.15, 0.05]);
+    let c = SamplerConfig { top_k: 3, ..cfg() };
+    let (mut a, mut b) = (sampler(c.clone()), sampler(c));
+    for _ in 0..20 {
+        let (id, p) = a.sample_with_probs(&mut logits.clone(), &[], 2);
+        assert_eq!(id, b.sample(&mut logits.clone(), &[]));
+        // Top-k 3 drops the last token; the rest renormalise.
+        let want = [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95];
+        assert_eq!(p.top.len(), 2);
+        for (i, &(t, q)) in p.top.iter().enumerate() {
+            assert_eq!(t, i as u32);
+            assert!((f64::from(q) - want[i]).abs() < 1e-6, "{p:?}");
+        }
+        assert!(
+            (f64::from(p.chosen) - want[id as usize]).abs() < 1e-6,
+            "{p:?}"
+        );
+    }
+
+    // Temperature 0.5 squares the probabilities before renormalising.
+    let mut s = sampler(SamplerConfig {
+        temperature: 0.5,
+        ..cfg()
+    });
+    let (_, p) = s.sample_with_probs(&mut logits_of(&[0.75, 0.25]), &[], 5);
+    assert_eq!(p.top.len(), 2);
+    assert!(
+        (p.top[0].1 - 0.9).abs() < 1e-6 && (p.top[1].1 - 0.1).abs() < 1e-6,
+        "{p:?}"
+    );
+
+    // Greedy: the argmax, certainly.
+    let mut g = sampler(SamplerConfig::greedy());
+    let (id, p) = g.sample_with_probs(&mut [0.1, 3.0, -2.0], &[], 3);
+    assert_eq!((id, p.chosen, p.top), (1, 1.0, vec![(1, 1.0)]));
+}
