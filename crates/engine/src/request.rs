@@ -21,6 +21,10 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Alternatives to report per token with `logprobs`; `None`: no log-probs.
     pub logprobs: Option<usize>,
+    /// Report the log-probabilities of the distribution the token was drawn
+    /// from, after the sampler chain (llama-server's
+    /// `post_sampling_probs`), instead of the model's own.
+    pub post_sampling: bool,
     /// Wall-clock budget for this request, on top of the server-wide one.
     pub timeout: Option<Duration>,
     /// A shape the output must keep (JSON mode, a schema, a grammar, a
@@ -63,7 +67,9 @@ impl FinishReason {
 }
 
 /// The log-probability of a sampled token and of the most likely alternatives,
-/// from the model's distribution before sampling changed it.
+/// from the model's distribution before sampling changed it, or (with
+/// `GenerateParams::post_sampling`) from the sampler chain's, where the
+/// alternatives are only those the chain kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
     pub id: u32,

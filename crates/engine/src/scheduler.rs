@@ -27,7 +27,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lamina_grammar::Ahead;
-use lamina_sampling::{top_logprobs, Sampler};
+use lamina_sampling::{top_logprobs, PostProbs, Sampler};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
@@ -126,6 +126,8 @@ struct Sequence {
     generated: usize,
     max_tokens: usize,
     logprobs: Option<usize>,
+    /// `logprobs` after the sampler chain (`GenerateParams::post_sampling`).
+    post_sampling: bool,
     /// The output's constraint, on its own thread: its mask for the next
     /// token is computed while the forward pass computes the logits (the
     /// mask depends only on tokens already sampled), and waited for only
@@ -480,6 +482,7 @@ fn admit<C: Cache>(
         generated: 0,
         max_tokens,
         logprobs: p.logprobs,
+        post_sampling: p.post_sampling,
         grammar,
         deadline: now + timeout,
         submitted,
@@ -628,8 +631,13 @@ fn sample_one(
     cache_cap: usize,
     ctx: &Ctx<'_>,
 ) -> Option<Exit> {
-    // Log-probabilities describe the model, before bias and penalties.
-    let raw = seq.logprobs.map(|n| (logits.to_vec(), n));
+    // Log-probabilities describe the model, before bias and penalties,
+    // unless the request asked for the sampler's distribution.
+    let post = seq.logprobs.filter(|_| seq.post_sampling);
+    let raw = seq
+        .logprobs
+        .filter(|_| !seq.post_sampling)
+        .map(|n| (logits.to_vec(), n));
     let mask = match seq.grammar.as_mut().map(Ahead::mask).transpose() {
         Ok(m) => m,
         Err(e) => return Some(Exit::Failed(EngineError::Constraint(e.to_string()))),
@@ -637,7 +645,13 @@ fn sample_one(
     if let Some(m) = &mask {
         m.apply(logits);
     }
-    let id = seq.sampler.sample(logits, &seq.history);
+    let (id, post) = match post {
+        Some(n) => {
+            let (id, p) = seq.sampler.sample_with_probs(logits, &seq.history, n);
+            (id, Some(p))
+        }
+        None => (seq.sampler.sample(logits, &seq.history), None),
+    };
     // Fail closed: the sampler falls back to the argmax when every logit
     // is -inf, which happens when `logit_bias` bans all the grammar allows.
     if mask.as_ref().is_some_and(|m| !m.allows(id)) {
@@ -652,7 +666,10 @@ fn sample_one(
         return Some(Exit::Finished(FinishReason::Stop));
     }
     seq.history.push(id);
-    let logprob = raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n));
+    let logprob = match post {
+        Some(p) => Some(post_logprob(ctx.tok, id, &p)),
+        None => raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n)),
+    };
     if seq.events.send(Event::Token { id, logprob }).is_err() {
         return Some(Exit::Dropped);
     }
@@ -677,6 +694,20 @@ fn sample_one(
     }
     seq.next_input = Some(id);
     None
+}
+
+/// The sampler chain's probabilities as log-probabilities.
+fn post_logprob(tok: &Tokenizer, id: u32, p: &PostProbs) -> TokenLogprob {
+    TokenLogprob {
+        id,
+        bytes: tok.token_to_piece(id),
+        logprob: p.chosen.ln(),
+        top: p
+            .top
+            .iter()
+            .map(|&(t, q)| (t, tok.token_to_piece(t), q.ln()))
+            .collect(),
+    }
 }
 
 fn token_logprob(tok: &Tokenizer, logits: &[f32], id: u32, n: usize) -> TokenLogprob {

@@ -44,6 +44,7 @@ fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
         max_tokens,
         stop: Vec::new(),
         logprobs: None,
+        post_sampling: false,
         timeout: None,
         constraint: None,
         progress: false,

@@ -306,6 +306,7 @@ pub fn job(
         max_tokens,
         stop: s.stop.clone(),
         logprobs: s.logprobs,
+        post_sampling: s.post_sampling_probs,
         timeout: None,
         constraint: s.constraint.clone(),
         // As in llama-server, only a stream reports progress.

@@ -72,12 +72,7 @@ pub async fn completion(
         Api::Native,
         &st.options.sampler,
     )?;
-    if b.bool("post_sampling_probs")? == Some(true) {
-        return Err(ApiError::invalid(
-            "post_sampling_probs",
-            "post_sampling_probs is not supported yet: n_probs reports the model's own distribution",
-        ));
-    }
+    s.post_sampling_probs = b.bool("post_sampling_probs")?.unwrap_or(false);
     let native = Native {
         return_tokens: b.bool("return_tokens")?.unwrap_or(false),
         fields: response_fields(&b)?,
@@ -133,7 +128,7 @@ pub async fn completion(
         fin.index = index;
         let mut body = fin.body(&c.text, &c.tokens, &c.summary);
         if !c.logprobs.is_empty() {
-            body["completion_probabilities"] = probabilities(&c.logprobs);
+            body["completion_probabilities"] = probabilities(&c.logprobs, s.post_sampling_probs);
         }
         results.push(select_fields(body, &native.fields));
     }
@@ -249,7 +244,7 @@ pub(super) fn verbose(
     let fin = Final::new(st, info, s, j, settings, &native);
     let mut body = fin.body(&c.text, &c.tokens, &c.summary);
     if !c.logprobs.is_empty() {
-        body["completion_probabilities"] = probabilities(&c.logprobs);
+        body["completion_probabilities"] = probabilities(&c.logprobs, s.post_sampling_probs);
     }
     body
 }
@@ -299,7 +294,7 @@ fn generation_settings(s: &Sampling, j: &GenerateParams, n: &Native) -> Value {
         "max_tokens": j.max_tokens,
         "n_predict": j.max_tokens,
         "n_probs": s.logprobs.unwrap_or(0),
-        "post_sampling_probs": false,
+        "post_sampling_probs": s.post_sampling_probs,
         "stream": s.stream,
         "stop": s.stop,
         "ignore_eos": s.ignore_eos,
@@ -318,6 +313,8 @@ struct Final {
     stop: Vec<String>,
     settings: Value,
     return_tokens: bool,
+    /// Probabilities are the sampler chain's (`post_sampling_probs`).
+    post_sampling: bool,
     info: Arc<ModelInfo>,
 }
 
@@ -338,6 +335,7 @@ impl Final {
             stop: s.stop.clone(),
             settings,
             return_tokens: n.return_tokens,
+            post_sampling: s.post_sampling_probs,
             info: info.clone(),
         }
     }
@@ -395,20 +393,28 @@ impl Final {
 }
 
 /// llama-server's `completion_probabilities`: per token its id, text,
-/// bytes and log-probability, and the `top_logprobs` alternatives.
-fn probabilities(lps: &[TokenLogprob]) -> Value {
+/// bytes and log-probability, and the `top_logprobs` alternatives; with
+/// `post_sampling_probs`, the sampler chain's `prob` and `top_probs`
+/// instead, as llama-server spells them.
+fn probabilities(lps: &[TokenLogprob], post: bool) -> Value {
     let entry = |id: u32, bytes: &[u8], logprob: f32| {
-        json!({
+        let mut e = json!({
             "id": id,
             "token": String::from_utf8_lossy(valid_prefix(bytes)),
             "bytes": bytes,
-            "logprob": logprob,
-        })
+        });
+        if post {
+            e["prob"] = json!(logprob.exp());
+        } else {
+            e["logprob"] = json!(logprob);
+        }
+        e
     };
+    let top_key = if post { "top_probs" } else { "top_logprobs" };
     lps.iter()
         .map(|lp| {
             let mut e = entry(lp.id, lp.bytes.as_slice(), lp.logprob);
-            e["top_logprobs"] = lp
+            e[top_key] = lp
                 .top
                 .iter()
                 .map(|(id, b, l)| entry(*id, b.as_slice(), *l))
@@ -544,7 +550,7 @@ impl StreamState {
             "tokens_evaluated": self.fin.prompt.len(),
         });
         if !lps.is_empty() {
-            c["completion_probabilities"] = probabilities(&lps);
+            c["completion_probabilities"] = probabilities(&lps, self.fin.post_sampling);
         }
         c
     }

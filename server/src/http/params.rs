@@ -128,6 +128,9 @@ pub struct Sampling {
     /// `return_progress`: a stream reports the prompt's processing
     /// (`prompt_progress`) before the first token.
     pub return_progress: bool,
+    /// `post_sampling_probs` (`/completion` only): the reported
+    /// probabilities are the sampler chain's, not the model's.
+    pub post_sampling_probs: bool,
     /// `ignore_eos`: the end-of-generation tokens are banned (their bans
     /// are in `sampler.logit_bias`).
     pub ignore_eos: bool,
@@ -287,6 +290,7 @@ pub fn sampling(
         verbose: b.bool("verbose")?,
         return_progress: b.bool("return_progress")?.unwrap_or(false),
         ignore_eos,
+        post_sampling_probs: false,
     })
 }
 

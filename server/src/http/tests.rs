@@ -648,9 +648,9 @@ async fn native_completion_refuses_bad_prompts_and_fields_with_400() {
             "between 0 and 20",
         ),
         (
-            json!({"prompt": "Hi", "post_sampling_probs": true}),
+            json!({"prompt": "Hi", "post_sampling_probs": "yes"}),
             "post_sampling_probs",
-            "not supported",
+            "must be a boolean",
         ),
         (
             json!({"prompt": "Hi", "n_predict": 0}),
@@ -1129,4 +1129,55 @@ async fn chat_input_tokens_count_the_chat_prompt() {
     )
     .await;
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+}
+
+/// `post_sampling_probs` reports the distribution each token was drawn
+/// from, after the sampler chain, as llama-server's `prob`/`top_probs`:
+/// with top-k 3 the kept tokens' probabilities sum to 1, the drawn token
+/// is among them, and greedy decoding is certain.
+#[tokio::test]
+async fn post_sampling_probs_are_the_samplers_distribution() {
+    let body = json!({"prompt": "Today I would finally become a", "n_predict": 4, "n_probs": 5,
+                      "post_sampling_probs": true, "temperature": 1.0, "top_k": 3,
+                      "top_p": 1.0, "min_p": 0.0, "seed": 7});
+    let (s, v) = post_json("/completion", body.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["generation_settings"]["post_sampling_probs"], true);
+    let probs = v["completion_probabilities"].as_array().unwrap();
+    assert_eq!(probs.len(), 4, "{v}");
+    for tok in probs {
+        assert!(
+            tok.get("logprob").is_none() && tok.get("top_logprobs").is_none(),
+            "{tok}"
+        );
+        let p = tok["prob"].as_f64().unwrap();
+        assert!(p > 0.0 && p <= 1.0, "{tok}");
+        let top = tok["top_probs"].as_array().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{tok}");
+        let sum: f64 = top.iter().map(|t| t["prob"].as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-4, "{tok}");
+        let drawn = top.iter().find(|t| t["id"] == tok["id"]).unwrap();
+        assert!((drawn["prob"].as_f64().unwrap() - p).abs() < 1e-6, "{tok}");
+    }
+    // The same draws as without the report: only what is reported differs.
+    let mut plain = body.clone();
+    plain["post_sampling_probs"] = json!(false);
+    let (_, w) = post_json("/completion", plain).await;
+    assert_eq!(w["content"], v["content"]);
+    assert!(
+        w["completion_probabilities"][0].get("logprob").is_some(),
+        "{w}"
+    );
+
+    let mut greedy = body;
+    greedy["temperature"] = json!(0);
+    let (_, v) = post_json("/completion", greedy).await;
+    for tok in v["completion_probabilities"].as_array().unwrap() {
+        assert_eq!(tok["prob"], 1.0, "{tok}");
+        assert_eq!(
+            tok["top_probs"],
+            json!([{"id": tok["id"], "token": tok["token"],
+                                              "bytes": tok["bytes"], "prob": 1.0}])
+        );
+    }
 }
