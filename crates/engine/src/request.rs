@@ -99,8 +99,15 @@ impl Timings {
         per_second(self.prompt_n, self.prompt_ms)
     }
 
+    /// Decode steps spent generating, as llama-server counts them: the
+    /// first token comes from the prompt's last logits and costs none.
+    pub fn decode_steps(&self) -> usize {
+        self.predicted_n.saturating_sub(1)
+    }
+
+    /// Generation speed over the decode steps (0 for a single token).
     pub fn predicted_per_second(&self) -> f64 {
-        per_second(self.predicted_n, self.predicted_ms)
+        per_second(self.decode_steps(), self.predicted_ms)
     }
 }
 

@@ -543,7 +543,8 @@ pub fn timings(t: &Timings) -> Value {
         "prompt_per_second": t.prompt_per_second(),
         "predicted_n": t.predicted_n,
         "predicted_ms": t.predicted_ms,
-        "predicted_per_token_ms": per_token(t.predicted_ms, t.predicted_n),
+        // Per decode step, as llama-server: the first token took none.
+        "predicted_per_token_ms": per_token(t.predicted_ms, t.decode_steps()),
         "predicted_per_second": t.predicted_per_second(),
     })
 }

@@ -1181,3 +1181,34 @@ async fn post_sampling_probs_are_the_samplers_distribution() {
         );
     }
 }
+
+/// The generation rate counts decode steps, as llama-server does: the
+/// first token comes from the prompt's last logits, so one token has no
+/// rate and n tokens took n - 1 steps.
+#[tokio::test]
+async fn generation_timings_count_decode_steps() {
+    let body = |n: u64| json!({"prompt": "I believe", "n_predict": n, "temperature": 0, "ignore_eos": true});
+    let (_, v) = post_json("/completion", body(1)).await;
+    let t = &v["timings"];
+    assert_eq!(t["predicted_n"], 1, "{v}");
+    assert_eq!(
+        (
+            t["predicted_per_second"].as_f64(),
+            t["predicted_per_token_ms"].as_f64()
+        ),
+        (Some(0.0), Some(0.0)),
+        "{t}"
+    );
+    let (_, v) = post_json("/completion", body(6)).await;
+    let t = &v["timings"];
+    assert_eq!(t["predicted_n"], 6, "{v}");
+    let ms = t["predicted_ms"].as_f64().unwrap();
+    assert!(
+        (t["predicted_per_second"].as_f64().unwrap() - 5e3 / ms).abs() < 1e-6,
+        "{t}"
+    );
+    assert!(
+        (t["predicted_per_token_ms"].as_f64().unwrap() - ms / 5.0).abs() < 1e-9,
+        "{t}"
+    );
+}
