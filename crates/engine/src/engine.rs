@@ -27,7 +27,7 @@ use tokio::sync::mpsc as tmpsc;
 use crate::error::EngineError;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model_info::{self, InfoParams, ModelInfo};
-use crate::request::{Events, GenerateParams, HiddenReply};
+use crate::request::{EraseReply, Events, GenerateParams, HiddenReply};
 use crate::scheduler::{self, Job, Limits, Work};
 
 /// How to start an engine.
@@ -269,6 +269,28 @@ impl Engine {
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.enqueue(Work::Hidden(prompt, tx))?;
+        Ok(rx)
+    }
+
+    /// Forgets what slot `id` caches (llama-server's `POST /slots/{id}?
+    /// action=erase`): at once when no request holds it, else as soon as
+    /// its request ends, as llama-server defers it. The reply is how many
+    /// tokens it held. Fails at once for a slot that does not exist, or
+    /// when the model is not ready or the queue is full.
+    pub fn erase_slot(&self, id: usize) -> Result<EraseReply, EngineError> {
+        let info = self.ready()?;
+        if id >= info.n_parallel {
+            return Err(EngineError::Invalid {
+                param: "id_slot",
+                message: format!(
+                    "no slot {id}: this server has {} (ids 0 to {})",
+                    info.n_parallel,
+                    info.n_parallel - 1
+                ),
+            });
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.enqueue(Work::Erase(id, tx))?;
         Ok(rx)
     }
 

@@ -40,7 +40,7 @@ pub use metrics::{Metrics, MetricsSnapshot, SlotView};
 pub use model_info::{ModelInfo, TemplateOrigin};
 pub use pacing::DEFAULT_BUDGET as DEFAULT_STEP_BUDGET;
 pub use request::{
-    Event, Events, FinishReason, GenerateParams, HiddenReply, Progress, Summary, Timings,
-    TokenLogprob,
+    EraseReply, Event, Events, FinishReason, GenerateParams, HiddenReply, Progress, Summary,
+    Timings, TokenLogprob,
 };
 pub use stop::{Pushed, StopMatcher};

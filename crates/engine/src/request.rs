@@ -149,6 +149,10 @@ pub enum Event {
 /// the final norm, `n_embd` floats each, in order; or why there is none.
 pub type HiddenReply = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
 
+/// The answer to [`crate::Engine::erase_slot`]: how many tokens the slot
+/// held, or why it was not erased.
+pub type EraseReply = tokio::sync::oneshot::Receiver<Result<usize, EngineError>>;
+
 /// The receiving end a handler reads. Dropping it cancels the request at the
 /// engine's next step.
 pub type Events = mpsc::UnboundedReceiver<Event>;

@@ -63,13 +63,20 @@ pub(crate) enum Work {
     Generate(GenerateParams, tmpsc::UnboundedSender<Event>),
     /// Every token's final hidden state for this prompt (embeddings).
     Hidden(Vec<u32>, HiddenSender),
+    /// Empty slot `.0`'s cache once no request holds it; the reply is how
+    /// many tokens it held.
+    Erase(usize, EraseSender),
 }
+
+/// Where an erase's answer goes.
+pub(crate) type EraseSender = oneshot::Sender<Result<usize, EngineError>>;
 
 impl Job {
     fn prompt(&self) -> &[u32] {
         match &self.work {
             Work::Generate(p, _) => &p.prompt,
             Work::Hidden(t, _) => t,
+            Work::Erase(..) => &[],
         }
     }
 
@@ -78,6 +85,7 @@ impl Job {
         match &self.work {
             Work::Generate(_, events) => events.is_closed(),
             Work::Hidden(_, reply) => reply.is_closed(),
+            Work::Erase(_, reply) => reply.is_closed(),
         }
     }
 
@@ -87,6 +95,9 @@ impl Job {
                 let _ = events.send(Event::Error(e));
             }
             Work::Hidden(_, reply) => {
+                let _ = reply.send(Err(e));
+            }
+            Work::Erase(_, reply) => {
                 let _ = reply.send(Err(e));
             }
         }
@@ -235,11 +246,14 @@ pub(crate) fn run<B: Backend>(
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);
     publish_slots(metrics, &slots);
     let mut waiting: VecDeque<Job> = VecDeque::new();
+    // Erases whose slot was busy: done when its request ends.
+    let mut erases: Vec<Job> = Vec::new();
     let mut pacer = Pacer::new(limits.step_budget);
     let mut open = true;
     loop {
         let busy = slots.iter().any(|s| s.seq.is_some());
-        if !busy && waiting.is_empty() {
+        // A pending erase is done below as soon as its slot is idle.
+        if !busy && waiting.is_empty() && erases.is_empty() {
             if !open {
                 return Ok(());
             }
@@ -273,6 +287,18 @@ pub(crate) fn run<B: Backend>(
             }
             !gone
         });
+        // An erase does not wait its turn for a free slot: it is done as
+        // soon as its own slot is idle, before a waiting request takes it.
+        let (erase, rest): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(&mut waiting)
+            .into_iter()
+            .partition(|j| matches!(j.work, Work::Erase(..)));
+        waiting = rest;
+        metrics.queued.fetch_sub(erase.len(), Relaxed);
+        erases.extend(erase);
+        erases = std::mem::take(&mut erases)
+            .into_iter()
+            .filter_map(|job| erase_if_idle(&mut slots, job, &ctx))
+            .collect();
         while let Some(i) = free_slot(&slots, waiting.front()) {
             let Some(job) = waiting.pop_front() else {
                 break;
@@ -285,9 +311,17 @@ pub(crate) fn run<B: Backend>(
                 Work::Hidden(tokens, reply) => {
                     hidden(backend, &mut slots[i], &tokens, reply, &ctx, unchanged)
                 }
+                // Taken out of `waiting` above.
+                Work::Erase(_, reply) => {
+                    let _ = reply.send(Err(EngineError::Stopped));
+                    outstanding.fetch_sub(1, Relaxed);
+                }
             }
         }
         if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
+            for job in erases {
+                refuse_one(job, &e, metrics, outstanding);
+            }
             fail_all(&mut slots, waiting, &e, &ctx);
             metrics.kv_used.store(0, Relaxed);
             metrics.active.store(0, Relaxed);
@@ -300,6 +334,36 @@ pub(crate) fn run<B: Backend>(
             .active
             .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
     }
+}
+
+/// Does an erase job whose slot no request holds (answering how many
+/// tokens it held); gives the job back while its slot is busy.
+fn erase_if_idle<C: Cache>(slots: &mut [Slot<C>], job: Job, ctx: &Ctx<'_>) -> Option<Job> {
+    let id = match &job.work {
+        Work::Erase(id, _) => *id,
+        _ => return Some(job),
+    };
+    if slots.get(id).is_some_and(|s| s.seq.is_some()) {
+        return Some(job);
+    }
+    let Work::Erase(_, reply) = job.work else {
+        return None;
+    };
+    ctx.outstanding.fetch_sub(1, Relaxed);
+    // `Engine::erase_slot` checked the id; a bad one is still an answer.
+    let Some(slot) = slots.get_mut(id) else {
+        let _ = reply.send(Err(EngineError::Invalid {
+            param: "id_slot",
+            message: format!("no slot {id}"),
+        }));
+        return None;
+    };
+    let n = slot.tokens.len();
+    slot.cache.truncate(0);
+    slot.tokens.clear();
+    tracing::debug!(slot = id, erased = n, "slot erased");
+    let _ = reply.send(Ok(n));
+    None
 }
 
 /// What `/slots` shows: each slot's cache and request, now.

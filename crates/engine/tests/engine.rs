@@ -322,3 +322,54 @@ fn progress_reports_each_prompt_chunk() {
     // Not asked, not sent.
     assert!(reports(params(prompt, 2)).is_empty());
 }
+
+/// Erasing a slot forgets its cache: the same prompt then reuses nothing.
+/// A busy slot is erased when its request ends, never under it; a slot
+/// that does not exist is refused at once.
+#[test]
+fn erase_slot_forgets_the_cache_once_the_slot_is_idle() {
+    let engine = start(1, 4);
+    let prompt: Vec<u32> = (0..20).map(|i| 2000 + i).collect();
+    let cache_n = |p: GenerateParams| {
+        let mut rx = engine.submit(p).unwrap();
+        loop {
+            match rx.blocking_recv().unwrap() {
+                Event::Done(s) => return s.timings.cache_n,
+                Event::Error(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+    };
+    assert_eq!(cache_n(params(prompt.clone(), 3)), 0);
+    assert_eq!(cache_n(params(prompt.clone(), 3)), 19);
+    // The prompt and the tokens fed back after it: the last sampled one
+    // never entered the cache.
+    let erased = engine.erase_slot(0).unwrap().blocking_recv().unwrap();
+    assert_eq!(erased.unwrap(), 20 + 2);
+    assert_eq!(cache_n(params(prompt.clone(), 3)), 0);
+
+    // Busy: the erase waits for the request, which finishes whole.
+    let mut rx = engine.submit(params(prompt.clone(), 24)).unwrap();
+    match rx.blocking_recv().unwrap() {
+        Event::Token { .. } => {}
+        other => panic!("{other:?}"),
+    }
+    let erase = engine.erase_slot(0).unwrap();
+    let generated = loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Done(s) => break s.completion_tokens,
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    };
+    assert_eq!(generated, 24);
+    assert!(erase.blocking_recv().unwrap().is_ok());
+
+    assert!(matches!(
+        engine.erase_slot(1),
+        Err(EngineError::Invalid {
+            param: "id_slot",
+            ..
+        })
+    ));
+}

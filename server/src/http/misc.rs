@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -221,7 +221,8 @@ pub async fn slots(
                 "next_token": [{
                     "has_next_token": s.is_processing,
                     "has_new_line": false,
-                    "n_remain": s.n_remain,
+                    // llama-server's "no budget": an idle slot has no task.
+                    "n_remain": if s.is_processing { s.n_remain as i64 } else { -1 },
                     "n_decoded": s.n_decoded,
                 }],
             })
@@ -241,17 +242,44 @@ fn slots_enabled(st: &AppState) -> Result<(), ApiError> {
     }
 }
 
-/// `POST /slots/{id}?action=save|restore|erase`: not implemented yet (a
-/// 501 that says so, never a silent success).
+/// `POST /slots/{id}?action=erase`: the slot forgets its cached tokens
+/// (once no request holds it, as llama-server defers it), answered as
+/// `{id_slot, n_erased}`. `save` and `restore` are a 501 that says so,
+/// never a silent success; any other action is a 400.
 pub async fn slot_action(
     State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     slots_enabled(&st)?;
     let action = q.get("action").map_or("", String::as_str);
-    Err(ApiError::not_implemented(format!(
-        "slot action {action:?}: saving, restoring and erasing slots is not implemented"
-    )))
+    match action {
+        "erase" => {}
+        "save" | "restore" => {
+            return Err(ApiError::not_implemented(format!(
+                "slot action {action:?}: saving and restoring slots is not implemented"
+            )))
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "action",
+                format!("action must be save, restore or erase (got {action:?})"),
+            ))
+        }
+    }
+    let id: usize = id.parse().map_err(|_| {
+        ApiError::invalid(
+            "id_slot",
+            format!("the slot id must be a number (got {id:?})"),
+        )
+    })?;
+    st.ready()?;
+    let n_erased = st
+        .engine
+        .erase_slot(id)?
+        .await
+        .map_err(|_| ApiError::internal("the engine stopped before erasing the slot"))??;
+    Ok(Json(json!({"id_slot": id, "n_erased": n_erased})).into_response())
 }
 
 /// Prometheus text format, version 0.0.4.

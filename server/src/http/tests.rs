@@ -807,16 +807,66 @@ async fn slots_are_shown_unless_turned_off() {
         slots: false,
         ..super::Options::default()
     };
-    let (s, v, _) = send(router_with(options, None), get("/slots")).await;
+    let (s, v, _) = send(router_with(options.clone(), None), get("/slots")).await;
     assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
-    let req = Request::builder()
-        .method("POST")
-        .uri("/slots/0?action=erase")
-        .body(Body::empty())
-        .unwrap();
-    let (s, v, _) = send(router(None, 1 << 20), req).await;
+    let (s, v, _) = send(
+        router_with(options, None),
+        post("/slots/0?action=erase", ""),
+    )
+    .await;
     assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
-    assert!(v["error"]["message"].as_str().unwrap().contains("erase"));
+}
+
+/// `POST /slots/{id}?action=erase` empties the slot's cache: the next
+/// request with the same prompt reuses nothing. Saving and restoring are
+/// 501s that say so; a bad action or slot id is a 400. An engine of its
+/// own, so the other tests' caches are left alone.
+#[tokio::test]
+async fn erasing_a_slot_forgets_its_cache() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 1;
+    cfg.n_ctx = Some(256);
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    let app = || app(Arc::new(AppState::new(e.clone(), None, 1 << 20)));
+    let body = json!({"prompt": "The capital of France is", "n_predict": 2, "temperature": 0});
+    let cached = |v: &Value| v["timings"]["cache_n"].as_u64().unwrap();
+    let (_, v, _) = send(app(), post("/completion", body.to_string())).await;
+    let n_prompt = v["tokens_evaluated"].as_u64().unwrap();
+    let (_, v, _) = send(app(), post("/completion", body.to_string())).await;
+    assert_eq!(cached(&v), n_prompt - 1, "{v}");
+
+    let (s, v, _) = send(app(), post("/slots/0?action=erase", "")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["id_slot"], 0);
+    // The prompt and the first generated token, fed back before the second.
+    assert_eq!(v["n_erased"].as_u64(), Some(n_prompt + 1), "{v}");
+    let (_, v, _) = send(app(), get("/slots")).await;
+    assert_eq!(v[0]["n_cached"], 0, "{v}");
+    assert_eq!(
+        v[0]["next_token"][0]["n_remain"], -1,
+        "an idle slot has no budget: {v}"
+    );
+    let (_, v, _) = send(app(), post("/completion", body.to_string())).await;
+    assert_eq!(cached(&v), 0, "{v}");
+
+    for (uri, status) in [
+        ("/slots/0?action=save", StatusCode::NOT_IMPLEMENTED),
+        ("/slots/0?action=restore", StatusCode::NOT_IMPLEMENTED),
+        ("/slots/0?action=wipe", StatusCode::BAD_REQUEST),
+        ("/slots/0", StatusCode::BAD_REQUEST),
+        ("/slots/x?action=erase", StatusCode::BAD_REQUEST),
+        ("/slots/1?action=erase", StatusCode::BAD_REQUEST),
+    ] {
+        let (s, v, _) = send(app(), post(uri, "")).await;
+        assert_eq!(s, status, "{uri}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{v}"
+        );
+    }
 }
 
 #[tokio::test]
