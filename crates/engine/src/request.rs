@@ -34,18 +34,23 @@ pub struct GenerateParams {
     /// Send [`Event::Progress`] when the prompt starts and after each of its
     /// chunks (llama-server's `return_progress`).
     pub progress: bool,
+    /// Send the request's timings so far with every token and progress
+    /// report (llama-server's `timings_per_token`).
+    pub timings_per_token: bool,
 }
 
 /// How far a prompt has been processed, as llama-server's `prompt_progress`
 /// reports it: `processed` counts the reused `cache` tokens too, so the
 /// first report has `processed == cache` and the last `processed == total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Progress {
     pub total: usize,
     pub cache: usize,
     pub processed: usize,
     /// Since the sequence took its slot.
     pub time_ms: u64,
+    /// The timings so far, with `GenerateParams::timings_per_token`.
+    pub timings: Option<Timings>,
 }
 
 /// Why a sequence ended, in OpenAI's words.
@@ -136,6 +141,9 @@ pub enum Event {
     Token {
         id: u32,
         logprob: Option<TokenLogprob>,
+        /// The timings up to this token, with
+        /// `GenerateParams::timings_per_token`.
+        timings: Option<Timings>,
     },
     /// Text ready to show: complete UTF-8, no part of a stop string.
     Text(String),

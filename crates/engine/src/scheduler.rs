@@ -151,6 +151,9 @@ struct Sequence {
     cache_n: usize,
     /// Report the prompt's progress (`GenerateParams::progress`).
     progress: bool,
+    /// Timings with every token and report
+    /// (`GenerateParams::timings_per_token`).
+    timings_per_token: bool,
 }
 
 impl Sequence {
@@ -162,11 +165,21 @@ impl Sequence {
     /// went away is noticed at the next step.
     fn report_progress(&self) {
         if self.progress {
+            let timings = self.timings_per_token.then(|| {
+                let mut t = self.timings();
+                // No prompt token processed yet: no prompt time either
+                // (the clock started when the slot was taken).
+                if t.prompt_n == 0 {
+                    t.prompt_ms = 0.0;
+                }
+                t
+            });
             let _ = self.events.send(Event::Progress(Progress {
                 total: self.prompt.len(),
                 cache: self.cache_n,
                 processed: self.next_prompt,
                 time_ms: self.started.elapsed().as_millis() as u64,
+                timings,
             }));
         }
     }
@@ -554,6 +567,7 @@ fn admit<C: Cache>(
         prompt_done: None,
         cache_n: reuse,
         progress: p.progress,
+        timings_per_token: p.timings_per_token,
     });
     // llama-server's first report: nothing processed beyond the cache yet.
     seq.report_progress();
@@ -734,7 +748,16 @@ fn sample_one(
         Some(p) => Some(post_logprob(ctx.tok, id, &p)),
         None => raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n)),
     };
-    if seq.events.send(Event::Token { id, logprob }).is_err() {
+    let timings = seq.timings_per_token.then(|| seq.timings());
+    if seq
+        .events
+        .send(Event::Token {
+            id,
+            logprob,
+            timings,
+        })
+        .is_err()
+    {
         return Some(Exit::Dropped);
     }
     let piece = seq.detok.push(ctx.tok, id);

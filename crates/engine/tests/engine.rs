@@ -48,6 +48,7 @@ fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
         timeout: None,
         constraint: None,
         progress: false,
+        timings_per_token: false,
     }
 }
 
@@ -213,7 +214,7 @@ fn logprobs_are_normalised_and_include_the_chosen_token() {
     let mut rx = engine.submit(p).unwrap();
     let mut seen = 0;
     while let Some(ev) = rx.blocking_recv() {
-        if let Event::Token { id, logprob } = ev {
+        if let Event::Token { id, logprob, .. } = ev {
             let lp = logprob.unwrap();
             assert_eq!(lp.id, id);
             assert_eq!(lp.top.len(), 3);
@@ -372,4 +373,40 @@ fn erase_slot_forgets_the_cache_once_the_slot_is_idle() {
             ..
         })
     ));
+}
+
+/// With `timings_per_token`, progress reports and tokens carry the timings
+/// so far: the first report has no prompt work yet, the prompt's count
+/// and time never go back, and each token counts itself.
+#[test]
+fn timings_per_token_ride_with_reports_and_tokens() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_ctx = Some(512);
+    cfg.n_batch = 16;
+    let engine = Engine::start(cfg).unwrap();
+    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let mut p = params((0..40).map(|i| 3000 + i).collect(), 3);
+    p.progress = true;
+    p.timings_per_token = true;
+    let mut rx = engine.submit(p).unwrap();
+    let (mut reports, mut tokens) = (Vec::new(), Vec::new());
+    loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Progress(p) => reports.push(p.timings.unwrap()),
+            Event::Token { timings, .. } => tokens.push(timings.unwrap()),
+            Event::Text(_) => {}
+            Event::Done(_) => break,
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(reports.len(), 4);
+    assert_eq!((reports[0].prompt_n, reports[0].prompt_ms), (0, 0.0));
+    assert_eq!(reports[3].prompt_n, 40);
+    for w in reports.windows(2) {
+        assert!(w[1].prompt_n > w[0].prompt_n && w[1].prompt_ms >= w[0].prompt_ms);
+    }
+    assert!(reports.iter().all(|t| t.predicted_n == 0));
+    let counted: Vec<usize> = tokens.iter().map(|t| t.predicted_n).collect();
+    assert_eq!(counted, (1..=tokens.len()).collect::<Vec<_>>());
+    assert!(tokens.iter().all(|t| t.prompt_n == 40));
 }

@@ -311,6 +311,7 @@ pub fn job(
         constraint: s.constraint.clone(),
         // As in llama-server, only a stream reports progress.
         progress: s.stream && s.return_progress,
+        timings_per_token: s.stream && s.timings_per_token,
     })
 }
 
@@ -418,7 +419,7 @@ pub async fn collect_with(
         };
         let Some(ev) = ev else { break };
         match ev {
-            Event::Token { id, logprob } => {
+            Event::Token { id, logprob, .. } => {
                 tokens.push(id);
                 logprobs.extend(logprob);
                 if let Some(c) = &mut calls {

@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
 use lamina_engine::{
-    Event, Events, FinishReason, GenerateParams, ModelInfo, Summary, TokenLogprob,
+    Event, Events, FinishReason, GenerateParams, ModelInfo, Summary, Timings, TokenLogprob,
 };
 use serde_json::{json, Map, Value};
 
@@ -448,6 +448,8 @@ struct StreamState {
     ended: bool,
     /// Fires when the shutdown grace runs out: the stream ends with an error.
     cutoff: CutSignal,
+    /// The timings the last token came with (`timings_per_token`).
+    timings: Option<Timings>,
 }
 
 fn sse(
@@ -466,6 +468,7 @@ fn sse(
         out: VecDeque::new(),
         ended: false,
         cutoff,
+        timings: None,
     };
     let events = stream::unfold(st, |mut st| async move {
         loop {
@@ -484,7 +487,14 @@ fn sse(
                 }
             };
             match ev {
-                Some(Event::Token { id, logprob }) => {
+                Some(Event::Token {
+                    id,
+                    logprob,
+                    timings: t,
+                }) => {
+                    if t.is_some() {
+                        st.timings = t;
+                    }
                     st.tokens.push(id);
                     st.all_tokens.push(id);
                     st.logprobs.extend(logprob);
@@ -494,6 +504,9 @@ fn sse(
                     // llama-server's `prompt_progress`.
                     let mut chunk = st.partial();
                     chunk["prompt_progress"] = super::stream::progress(&p);
+                    if let Some(t) = &p.timings {
+                        chunk["timings"] = timings(t);
+                    }
                     st.push(chunk);
                 }
                 Some(Event::Text(t)) => {
@@ -551,6 +564,9 @@ impl StreamState {
         });
         if !lps.is_empty() {
             c["completion_probabilities"] = probabilities(&lps, self.fin.post_sampling);
+        }
+        if let Some(t) = self.timings.take() {
+            c["timings"] = timings(&t);
         }
         c
     }

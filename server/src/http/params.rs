@@ -128,6 +128,8 @@ pub struct Sampling {
     /// `return_progress`: a stream reports the prompt's processing
     /// (`prompt_progress`) before the first token.
     pub return_progress: bool,
+    /// `timings_per_token`: a stream's chunks carry the timings so far.
+    pub timings_per_token: bool,
     /// `post_sampling_probs` (`/completion` only): the reported
     /// probabilities are the sampler chain's, not the model's.
     pub post_sampling_probs: bool,
@@ -289,6 +291,7 @@ pub fn sampling(
         constraint: None,
         verbose: b.bool("verbose")?,
         return_progress: b.bool("return_progress")?.unwrap_or(false),
+        timings_per_token: b.bool("timings_per_token")?.unwrap_or(false),
         ignore_eos,
         post_sampling_probs: false,
     })

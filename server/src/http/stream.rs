@@ -18,6 +18,9 @@
 //! prompt's processing before the first token: one when it starts, then
 //! one after each chunk of the prompt.
 //!
+//! With `timings_per_token`, each chunk after a token (and each progress
+//! chunk) carries llama-server's `timings` so far.
+//!
 //! A request with `n` > 1 streams its choices interleaved as their tokens
 //! come, each chunk carrying its choice's `index`; every choice ends with
 //! its own `finish_reason` chunk, and the usage chunk and `[DONE]` follow
@@ -35,7 +38,7 @@ use std::time::Duration;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::{self, Stream};
 use lamina_chat::Piece;
-use lamina_engine::{Event, Events, Progress, Summary, TokenLogprob};
+use lamina_engine::{Event, Events, Progress, Summary, Timings, TokenLogprob};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -57,6 +60,9 @@ struct Choice {
     reader: Option<Reader>,
     /// Tool calls sent so far.
     n_calls: usize,
+    /// The timings the last token came with (`timings_per_token`), for
+    /// the next chunk.
+    timings: Option<Timings>,
     done: Option<Summary>,
 }
 
@@ -113,6 +119,7 @@ pub fn sse(
                 logprobs: Vec::new(),
                 reader,
                 n_calls: 0,
+                timings: None,
                 done: None,
             })
             .collect(),
@@ -147,7 +154,17 @@ pub fn sse(
                 }
             };
             match ev {
-                Some((i, Event::Token { id, logprob })) => {
+                Some((
+                    i,
+                    Event::Token {
+                        id,
+                        logprob,
+                        timings: t,
+                    },
+                )) => {
+                    if t.is_some() {
+                        st.choices[i].timings = t;
+                    }
                     if let Some(lp) = logprob {
                         st.want_logprobs = true;
                         st.choices[i].logprobs.push(lp);
@@ -166,6 +183,9 @@ pub fn sse(
                     };
                     let mut c = st.chunk(i, delta, None);
                     c["prompt_progress"] = progress(&p);
+                    if let Some(t) = &p.timings {
+                        c["timings"] = timings(t);
+                    }
                     st.push(c);
                 }
                 Some((i, Event::Text(text))) => match &mut st.choices[i].reader {
@@ -268,6 +288,9 @@ impl State {
         };
         let mut c = self.base();
         c["choices"] = json!([choice]);
+        if let Some(t) = self.choices[i].timings.take() {
+            c["timings"] = timings(&t);
+        }
         c
     }
 

@@ -1262,3 +1262,52 @@ async fn generation_timings_count_decode_steps() {
         "{t}"
     );
 }
+
+/// `timings_per_token` on a stream: every chunk with text carries the
+/// timings so far (the role delta none), counting up to the final ones;
+/// with `return_progress` the reports carry them too, the first with no
+/// prompt work yet.
+#[tokio::test]
+async fn timings_per_token_ride_on_stream_chunks() {
+    for (route, body) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 4, "ignore_eos": true})),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "Hi", "n_predict": 4, "temperature": 0, "ignore_eos": true}),
+        ),
+    ] {
+        let mut body = body;
+        body["stream"] = json!(true);
+        body["timings_per_token"] = json!(true);
+        body["return_progress"] = json!(true);
+        let (s, _, bytes) = send(router(None, 1 << 20), post(route, body.to_string())).await;
+        assert_eq!(s, StatusCode::OK);
+        let objects = sse_objects(&bytes);
+        let reports: Vec<&Value> = objects
+            .iter()
+            .filter(|o| o.get("prompt_progress").is_some())
+            .collect();
+        assert!(!reports.is_empty(), "{route}: {objects:?}");
+        assert_eq!(reports[0]["timings"]["prompt_n"], 0, "{route}");
+        assert_eq!(reports[0]["timings"]["prompt_ms"], 0.0, "{route}");
+        let counts: Vec<u64> = objects
+            .iter()
+            .filter(|o| o.get("prompt_progress").is_none())
+            .filter_map(|o| o.get("timings"))
+            .map(|t| t["predicted_n"].as_u64().unwrap())
+            .collect();
+        assert!(counts.len() >= 4, "{route}: {objects:?}");
+        assert!(
+            counts.windows(2).all(|w| w[0] <= w[1]),
+            "{route}: {counts:?}"
+        );
+        assert_eq!(counts.last(), Some(&4), "{route}: {counts:?}");
+        if route == "/v1/chat/completions" {
+            assert!(objects[0]["choices"][0]["delta"]["role"] == "assistant");
+            assert!(objects[0].get("timings").is_none(), "{:?}", objects[0]);
+        }
+    }
+}
