@@ -375,6 +375,10 @@ fn erase_if_idle<C: Cache>(slots: &mut [Slot<C>], job: Job, ctx: &Ctx<'_>) -> Op
     slot.cache.truncate(0);
     slot.tokens.clear();
     tracing::debug!(slot = id, erased = n, "slot erased");
+    // Shown before the answer, so a client that reads /slots next sees it.
+    let used = slots.iter().map(|s| s.cache.len()).sum();
+    ctx.metrics.kv_used.store(used, Relaxed);
+    publish_slots(ctx.metrics, slots);
     let _ = reply.send(Ok(n));
     None
 }
