@@ -35,7 +35,8 @@ pub enum Clock {
 }
 
 impl Clock {
-    fn now(self) -> NaiveDateTime {
+    /// The time it reads now.
+    pub fn now(self) -> NaiveDateTime {
         match self {
             Clock::Local => chrono::Local::now().naive_local(),
             Clock::Fixed(at) => at,

@@ -223,6 +223,7 @@ pub struct ChatTemplate {
     eos_token: String,
     limits: Limits,
     guard: Option<Guard>,
+    clock: Clock,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -263,6 +264,7 @@ impl ChatTemplate {
             eos_token: eos_token.to_owned(),
             limits: config.limits,
             guard: None,
+            clock: config.clock,
         })
     }
 
@@ -281,6 +283,12 @@ impl ChatTemplate {
     /// The template's source text, as given.
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// Where `strftime_now` reads the time: callers that give a template
+    /// the date another way (llama.cpp's `date_string`) read it here too.
+    pub fn clock(&self) -> Clock {
+        self.clock
     }
 
     /// The limits every render runs under.

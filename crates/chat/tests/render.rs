@@ -114,6 +114,8 @@ fn strftime_now_reads_the_injected_clock() -> Result<(), ChatError> {
         template.render(&json!([]), &RenderOptions::default())?,
         "02 Dec 2026|2026-12-02|Wednesday December 2"
     );
+    // Callers that give the date another way read the same clock.
+    assert_eq!(template.clock().now(), at);
     // The system clock gives some date of the right shape.
     let now = render("{{ strftime_now('%Y-%m-%d') }}")?;
     assert_eq!(now.len(), 10, "{now}");
