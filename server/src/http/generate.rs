@@ -183,12 +183,28 @@ pub fn render_ending(
         } => *add_generation_prompt,
         Ending::Continue(_) => true,
     };
+    // llama.cpp's extra variables: today's date, which Llama 3.x templates
+    // print (`Today Date:`) and otherwise fix to a day of their own; a
+    // request's `chat_template_kwargs` may set them.
+    let now = info.template.clock().now();
+    let mut vars = serde_json::Map::new();
+    vars.insert(
+        "date_string".into(),
+        json!(now.format("%d %b %Y").to_string()),
+    );
+    vars.insert("datetime".into(), json!(now.format("%b %d %Y").to_string()));
+    vars.extend(
+        kwargs
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
     let mut prompt = info.template.render_prompt(
         messages,
         &RenderOptions {
             tools,
             add_generation_prompt,
-            kwargs,
+            kwargs: Some(&vars),
             ..RenderOptions::default()
         },
     )?;

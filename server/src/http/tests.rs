@@ -1311,3 +1311,37 @@ async fn timings_per_token_ride_on_stream_chunks() {
         }
     }
 }
+
+/// Templates see llama.cpp's `date_string` and `datetime` (today, as Llama
+/// 3.x templates print it), which a request's `chat_template_kwargs` may
+/// override. An engine of its own, for its template.
+#[tokio::test]
+async fn templates_see_todays_date_as_llama_cpp_gives_it() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_ctx = Some(256);
+    cfg.chat_template =
+        Some("{{ date_string }}|{{ datetime }}|{{ messages[0].content }}".to_owned());
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    let app = || app(Arc::new(AppState::new(e.clone(), None, 1 << 20)));
+    let today = || {
+        let now = lamina_chat::Clock::Local.now();
+        format!("{}|{}|", now.format("%d %b %Y"), now.format("%b %d %Y"))
+    };
+    let before = today();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (s, v, _) = send(app(), post("/apply-template", body.to_string())).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let prompt = v["prompt"].as_str().unwrap();
+    assert!(
+        prompt == format!("{before}hi") || prompt == format!("{}hi", today()),
+        "{prompt}"
+    );
+    let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                      "chat_template_kwargs": {"date_string": "1 Jan 2000"}});
+    let (_, v, _) = send(app(), post("/apply-template", body.to_string())).await;
+    assert!(
+        v["prompt"].as_str().unwrap().starts_with("1 Jan 2000|"),
+        "{v}"
+    );
+}
