@@ -1345,3 +1345,64 @@ async fn templates_see_todays_date_as_llama_cpp_gives_it() {
         "{v}"
     );
 }
+
+/// llama-server's telemetry on the Responses API's stream: with
+/// `return_progress` the prompt's reports come as `response.in_progress`
+/// events with `prompt_progress`, with `timings_per_token` the text deltas
+/// carry timings, and the last event always does.
+#[tokio::test]
+async fn responses_streams_carry_llama_server_telemetry() {
+    let body = json!({"input": "Once upon a time ".repeat(10), "max_output_tokens": 4,
+                      "temperature": 0, "stream": true, "return_progress": true,
+                      "timings_per_token": true});
+    let (s, _, bytes) = send(
+        router(None, 1 << 20),
+        post("/v1/responses", body.to_string()),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let objects = sse_objects(&bytes);
+    let reports: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o.get("prompt_progress").is_some())
+        .collect();
+    assert!(!reports.is_empty(), "{objects:?}");
+    for r in &reports {
+        assert_eq!(r["type"], "response.in_progress", "{r}");
+        assert!(r["prompt_progress"]["total"].as_u64() > Some(0), "{r}");
+        assert!(
+            r["prompt_progress"]["processed"].as_u64() >= r["prompt_progress"]["cache"].as_u64()
+        );
+    }
+    let deltas: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["type"] == "response.output_text.delta")
+        .collect();
+    assert!(!deltas.is_empty(), "{objects:?}");
+    assert!(
+        deltas
+            .iter()
+            .all(|d| d["timings"]["predicted_n"].as_u64() > Some(0)),
+        "{deltas:?}"
+    );
+    let last = objects.last().unwrap();
+    assert!(last["type"] == "response.completed" || last["type"] == "response.incomplete");
+    assert_eq!(
+        last["timings"]["predicted_n"], last["response"]["usage"]["output_tokens"],
+        "{last}"
+    );
+
+    // Not asked: no reports, no per-delta timings.
+    let body = json!({"input": "Hi", "max_output_tokens": 2, "temperature": 0, "stream": true});
+    let (_, _, bytes) = send(
+        router(None, 1 << 20),
+        post("/v1/responses", body.to_string()),
+    )
+    .await;
+    let objects = sse_objects(&bytes);
+    assert!(objects.iter().all(|o| o.get("prompt_progress").is_none()));
+    assert!(objects
+        .iter()
+        .filter(|o| o["type"] == "response.output_text.delta")
+        .all(|d| d.get("timings").is_none()));
+}

@@ -24,7 +24,10 @@
 //! `response.output_text.delta` …, `response.reasoning_text.delta`,
 //! `response.function_call_arguments.delta`) and their `…done` events,
 //! `response.output_item.done`, and last `response.completed` (or
-//! `response.incomplete`) with the whole response.
+//! `response.incomplete`) with the whole response. As in llama-server, the
+//! last event also carries `timings`; with `return_progress`, more
+//! `response.in_progress` events carry `prompt_progress`, and with
+//! `timings_per_token` each `response.output_text.delta` the timings so far.
 
 mod wire;
 
@@ -40,14 +43,15 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream;
-use lamina_engine::{Event, Events, Summary};
+use lamina_engine::{Event, Events, Summary, Timings};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generate::{collect_with, job, render_chat_text};
+use super::generate::{collect_with, job, render_chat_text, timings};
 use super::params::{self, Body, Sampling};
 use super::reasoning::{self, Reader, Thinking};
 use super::shutdown::{self, CutSignal};
+use super::stream::progress;
 use super::tools::{self, Calls};
 use super::AppState;
 use wire::{Output, ResponseObject, StreamEvent, Usage};
@@ -127,7 +131,17 @@ fn sampling(
     b: &Body,
 ) -> Result<Sampling, ApiError> {
     let mut o = Map::new();
-    for k in ["temperature", "top_p", "stream", "seed", "top_k", "min_p"] {
+    // llama-server's own fields, which its Responses route also reads.
+    for k in [
+        "temperature",
+        "top_p",
+        "stream",
+        "seed",
+        "top_k",
+        "min_p",
+        "return_progress",
+        "timings_per_token",
+    ] {
         if let Some(v) = b.get(k) {
             o.insert(k.into(), v.clone());
         }
@@ -471,18 +485,33 @@ struct StreamState {
     out: VecDeque<SseEvent>,
     started: bool,
     ended: bool,
+    /// The timings the last token came with (`timings_per_token`).
+    timings: Option<Timings>,
 }
 
 impl StreamState {
     fn send(&mut self, ev: &StreamEvent) {
-        let data = serde_json::to_string(ev).unwrap_or_default();
+        self.send_with(ev, Map::new());
+    }
+
+    /// `ev` with llama-server's own fields beside OpenAI's
+    /// (`prompt_progress`, `timings`).
+    fn send_with(&mut self, ev: &StreamEvent, extra: Map<String, Value>) {
+        let mut data = serde_json::to_value(ev).unwrap_or_default();
+        if let Value::Object(o) = &mut data {
+            o.extend(extra);
+        }
         self.out
-            .push_back(SseEvent::default().event(ev.name()).data(data));
+            .push_back(SseEvent::default().event(ev.name()).data(data.to_string()));
     }
 
     fn flush(&mut self) {
         for ev in self.output.take_events() {
-            self.send(&ev);
+            let mut extra = Map::new();
+            if let (StreamEvent::TextDelta { .. }, Some(t)) = (&ev, &self.timings) {
+                extra.insert("timings".into(), timings(t));
+            }
+            self.send_with(&ev, extra);
         }
     }
 
@@ -518,6 +547,7 @@ fn sse(
         cutoff,
         out: VecDeque::new(),
         started: false,
+        timings: None,
         ended: false,
     };
     let events = stream::unfold(st, |mut st| async move {
@@ -551,7 +581,10 @@ fn sse(
                 }
             };
             match ev {
-                Some(Event::Token { id, .. }) => {
+                Some(Event::Token { id, timings: t, .. }) => {
+                    if t.is_some() {
+                        st.timings = t;
+                    }
                     if let Some(r) = &mut st.reader {
                         for p in r.token(id) {
                             st.output.piece(p);
@@ -559,8 +592,24 @@ fn sse(
                     }
                     st.flush();
                 }
-                // The Responses API has no progress reports; none is asked for.
-                Some(Event::Progress(_)) => {}
+                // llama-server's report: an in_progress event with
+                // `prompt_progress` (and the timings when asked).
+                Some(Event::Progress(p)) => {
+                    let response = st.head.response(Vec::new(), None);
+                    let s = st.output.seq();
+                    let mut extra = Map::new();
+                    extra.insert("prompt_progress".into(), progress(&p));
+                    if let Some(t) = &p.timings {
+                        extra.insert("timings".into(), timings(t));
+                    }
+                    st.send_with(
+                        &StreamEvent::InProgress {
+                            sequence_number: s,
+                            response,
+                        },
+                        extra,
+                    );
+                }
                 Some(Event::Text(text)) => {
                     if let Some(r) = &mut st.reader {
                         for p in r.text(&text) {
@@ -590,7 +639,9 @@ fn sse(
                             response,
                         }
                     };
-                    st.send(&last);
+                    let mut extra = Map::new();
+                    extra.insert("timings".into(), timings(&summary.timings));
+                    st.send_with(&last, extra);
                     st.ended = true;
                 }
                 Some(Event::Error(e)) => st.error(&ApiError::from(e)),
