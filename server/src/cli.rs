@@ -200,7 +200,8 @@ pub struct ServeCli {
     #[arg(long, env = "LAMINA_CHAT_TEMPLATE_FILE")]
     pub chat_template_file: Option<PathBuf>,
     /// A chat template by llama.cpp's built-in name (chatml, llama3, gemma,
-    /// mistral), or Jinja source given inline, instead of the file's.
+    /// mistral, phi3, command-r), or Jinja source given inline, instead of
+    /// the file's.
     #[arg(
         long = "chat-template",
         env = "LAMINA_CHAT_TEMPLATE",

@@ -16,14 +16,20 @@ pub enum Builtin {
     Mistral,
     /// `<|im_start|>user\n…<|im_end|>\n`.
     ChatMl,
+    /// `<|user|>\n…<|end|>\n` (Phi-3, Phi-3.5).
+    Phi3,
+    /// `<|START_OF_TURN_TOKEN|><|USER_TOKEN|>…<|END_OF_TURN_TOKEN|>` (Command-R).
+    CommandR,
 }
 
 impl Builtin {
-    pub const ALL: [Builtin; 4] = [
+    pub const ALL: [Builtin; 6] = [
         Builtin::ChatMl,
         Builtin::Llama3,
         Builtin::Gemma,
         Builtin::Mistral,
+        Builtin::Phi3,
+        Builtin::CommandR,
     ];
 
     /// The format llama.cpp's `--chat-template NAME` names, for the names
@@ -39,6 +45,8 @@ impl Builtin {
             Builtin::Llama3 => include_str!("../templates/llama3.jinja"),
             Builtin::Mistral => include_str!("../templates/mistral.jinja"),
             Builtin::ChatMl => include_str!("../templates/chatml.jinja"),
+            Builtin::Phi3 => include_str!("../templates/phi3.jinja"),
+            Builtin::CommandR => include_str!("../templates/command-r.jinja"),
         }
     }
 
@@ -49,6 +57,8 @@ impl Builtin {
             Builtin::Llama3 => "llama3",
             Builtin::Mistral => "mistral",
             Builtin::ChatMl => "chatml",
+            Builtin::Phi3 => "phi3",
+            Builtin::CommandR => "command-r",
         }
     }
 }
@@ -66,6 +76,10 @@ pub fn builtin_for(arch: &str, has_token: impl Fn(&str) -> bool) -> Builtin {
         Builtin::Llama3
     } else if has_token("<|im_start|>") {
         Builtin::ChatMl
+    } else if arch == "phi3" || (has_token("<|assistant|>") && has_token("<|end|>")) {
+        Builtin::Phi3
+    } else if has_token("<|START_OF_TURN_TOKEN|>") && has_token("<|CHATBOT_TOKEN|>") {
+        Builtin::CommandR
     } else if has_token("[INST]") || arch.starts_with("mistral") {
         Builtin::Mistral
     } else {
@@ -100,5 +114,11 @@ mod tests {
             Builtin::ChatMl
         );
         assert_eq!(builtin_for("llama", |t| t == "[INST]"), Builtin::Mistral);
+        assert_eq!(builtin_for("phi3", none), Builtin::Phi3);
+        assert_eq!(
+            builtin_for("command-r", |t| t == "<|START_OF_TURN_TOKEN|>"
+                || t == "<|CHATBOT_TOKEN|>"),
+            Builtin::CommandR
+        );
     }
 }

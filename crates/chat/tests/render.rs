@@ -96,6 +96,53 @@ fn builtin_llama3_chatml_and_mistral() -> Result<(), ChatError> {
     Ok(())
 }
 
+/// The phi3 and command-r built-ins give llama.cpp's own formats on its
+/// test conversation (`tests/test-chat-template.cpp` of the sdist's
+/// llama.cpp: the "Phi-3-mini" legacy output and "c4ai-command-r-plus").
+#[test]
+fn builtin_phi3_and_command_r_match_llama_cpp() -> Result<(), ChatError> {
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        ..RenderOptions::default()
+    };
+    let conversation: Value = [
+        ("system", "You are a helpful assistant"),
+        ("user", "Hello"),
+        ("assistant", "Hi there"),
+        ("user", "Who are you"),
+        ("assistant", "   I am an assistant   "),
+        ("user", "Another question"),
+    ]
+    .iter()
+    .map(|(r, c)| json!({"role": r, "content": c}))
+    .collect::<Vec<_>>()
+    .into();
+    let phi3 = ChatTemplate::new(Builtin::Phi3.source(), "<s>", "<|end|>")?;
+    assert_eq!(
+        phi3.render(&conversation, &opts)?,
+        "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n\
+         <|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n\
+         <|assistant|>\n   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n\
+         <|assistant|>\n"
+    );
+    let command_r = ChatTemplate::new(
+        Builtin::CommandR.source(),
+        "<BOS_TOKEN>",
+        "<|END_OF_TURN_TOKEN|>",
+    )?;
+    assert_eq!(
+        command_r.render(&conversation, &opts)?,
+        "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a helpful assistant<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hello<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|USER_TOKEN|>Who are you<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>I am an assistant<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|USER_TOKEN|>Another question<|END_OF_TURN_TOKEN|>\
+         <|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    );
+    Ok(())
+}
+
 #[test]
 fn strftime_now_reads_the_injected_clock() -> Result<(), ChatError> {
     let at = NaiveDateTime::parse_from_str("2026-12-02 00:00:00", "%Y-%m-%d %H:%M:%S")

@@ -128,5 +128,8 @@ fn chat_template_takes_a_builtin_name_or_inline_jinja() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("chatml, llama3, gemma, mistral"), "{err}");
+    assert!(
+        err.contains("chatml, llama3, gemma, mistral, phi3, command-r"),
+        "{err}"
+    );
 }
