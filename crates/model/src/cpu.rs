@@ -112,9 +112,7 @@ impl KvCache {
         for (il, &ring) in self.rows.iter().enumerate() {
             let rows = if ring < self.n_ctx { ring } else { self.len };
             for store in [&self.k[il], &self.v[il]] {
-                let b = store.row_bytes(0, rows, kvd);
-                out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-                out.extend_from_slice(b);
+                crate::kv::put_run(out, store.row_bytes(0, rows, kvd));
             }
         }
     }
@@ -134,17 +132,11 @@ impl KvCache {
         }
         for il in 0..self.rows.len() {
             for v in [false, true] {
-                let (n, rest) = data.split_first_chunk::<8>().ok_or_else(bad)?;
-                let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| bad())?;
-                if n > rest.len() {
-                    return Err(bad());
-                }
-                let (bytes, rest) = rest.split_at(n);
+                let bytes = crate::kv::take_run(data).ok_or_else(bad)?;
                 let store = if v { &mut self.v[il] } else { &mut self.k[il] };
                 if !store.set_row_bytes(0, kvd, bytes) {
                     return Err(bad());
                 }
-                *data = rest;
             }
         }
         self.len = len;

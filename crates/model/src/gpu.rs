@@ -494,9 +494,7 @@ impl<'a> HybridModel<'a> {
             for i in 0..arena.k.len() {
                 let (off, words) = self.slot_words(cache, i);
                 for t in [&arena.k[i], &arena.v[i]] {
-                    let b = g.read_words(t, off, words).map_err(gpu_err)?;
-                    out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-                    out.extend_from_slice(&b);
+                    crate::kv::put_run(&mut out, &g.read_words(t, off, words).map_err(gpu_err)?);
                 }
             }
         }
@@ -548,16 +546,11 @@ impl<'a> HybridModel<'a> {
             for i in 0..cache.arena.k.len() {
                 let (off, words) = self.slot_words(cache, i);
                 for t in [&cache.arena.k[i], &cache.arena.v[i]] {
-                    let (n, rest) = data
-                        .split_first_chunk::<8>()
-                        .ok_or_else(|| bad("is cut short"))?;
-                    let n =
-                        usize::try_from(u64::from_le_bytes(*n)).map_err(|_| bad("is mis-sized"))?;
-                    if n != words * 4 || n > rest.len() {
+                    let run = crate::kv::take_run(&mut data).ok_or_else(|| bad("is cut short"))?;
+                    if run.len() != words * 4 {
                         return Err(bad("is mis-sized"));
                     }
-                    g.write_words(t, off, &rest[..n]).map_err(gpu_err)?;
-                    data = &rest[n..];
+                    g.write_words(t, off, run).map_err(gpu_err)?;
                 }
             }
         }

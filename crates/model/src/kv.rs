@@ -234,26 +234,36 @@ pub(crate) enum KvStore {
     Q8_0(Vec<u8>),
 }
 
-/// A zeroed vector of `n` elements, or an error naming the bytes when the
-/// allocator refuses them (the size comes from the command line).
-fn try_filled<T: Clone>(n: usize, zero: T) -> Result<Vec<T>, ModelError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| ModelError::Alloc {
-        bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-    })?;
-    v.resize(n, zero);
-    Ok(v)
+/// A saved cache's runs of bytes: a little-endian u64 length, then the
+/// bytes. Used by the host layers' state and the GPU layers' alike.
+pub(crate) fn put_run(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Takes one [`put_run`] run off the front of `data`; `None` when it is
+/// cut short.
+pub(crate) fn take_run<'a>(data: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let (n, rest) = data.split_first_chunk::<8>()?;
+    let n = usize::try_from(u64::from_le_bytes(*n)).ok()?;
+    if n > rest.len() {
+        return None;
+    }
+    let (run, rest) = rest.split_at(n);
+    *data = rest;
+    Some(run)
 }
 
 impl KvStore {
     /// Storage for `values` elements of type `ty`.
     pub(crate) fn new(ty: KvType, values: usize) -> Result<Self, ModelError> {
         Ok(match ty {
-            KvType::F32 => KvStore::F32(try_filled(values, 0.0f32)?),
-            KvType::F16 => KvStore::F16(try_filled(values, f16::ZERO)?),
-            KvType::Q8_0 => {
-                KvStore::Q8_0(try_filled(values.div_ceil(Q8_0_BLOCK) * Q8_0_BYTES, 0u8)?)
-            }
+            KvType::F32 => KvStore::F32(crate::memory::try_filled(values, 0.0f32)?),
+            KvType::F16 => KvStore::F16(crate::memory::try_filled(values, f16::ZERO)?),
+            KvType::Q8_0 => KvStore::Q8_0(crate::memory::try_filled(
+                values.div_ceil(Q8_0_BLOCK) * Q8_0_BYTES,
+                0u8,
+            )?),
         })
     }
 

@@ -162,14 +162,14 @@ pub fn check_against(needed: u64, reserve: u64, a: Available) -> Result<(), Mode
     })
 }
 
-/// `n` zeroed floats, or an error instead of an abort when the allocator
-/// refuses.
-pub fn try_zeroed(n: usize) -> Result<Vec<f32>, ModelError> {
+/// `n` copies of `zero` (a cache's f32, f16 or q8_0 elements), or an error
+/// naming the bytes instead of an abort when the allocator refuses them.
+pub fn try_filled<T: Clone>(n: usize, zero: T) -> Result<Vec<T>, ModelError> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| ModelError::Alloc {
-        bytes: (n as u64).saturating_mul(std::mem::size_of::<f32>() as u64),
+        bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
     })?;
-    v.resize(n, 0.0);
+    v.resize(n, zero);
     Ok(v)
 }
 
@@ -271,8 +271,8 @@ mod tests {
 
     #[test]
     fn a_refused_allocation_is_an_error() {
-        assert_eq!(try_zeroed(3).unwrap(), [0.0; 3]);
-        let e = try_zeroed(usize::MAX / 4).unwrap_err();
+        assert_eq!(try_filled(3, 0.0f32).unwrap(), [0.0; 3]);
+        let e = try_filled(usize::MAX / 4, 0.0f32).unwrap_err();
         assert!(matches!(e, ModelError::Alloc { .. }), "{e}");
     }
 }
