@@ -94,13 +94,15 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
     var o: array<f32, NO>;
     let k0 = 32u * u;
     for (var c = 0u; c < MAXC; c++) {
-        if (c >= p.ncols) {
-            break;
-        }
-        let xb = p.x_offset + c * p.x_stride + k0;
+        // Columns past p.ncols compute on the last column and are not
+        // written: a loop of constant trip count, which the compiler
+        // unrolls, keeping `o` and `s` in registers instead of indexing
+        // them through memory.
+        let cc = min(c, p.ncols - 1u);
+        let xb = p.x_offset + cc * p.x_stride + k0;
         var s: array<f32, RPT>;
         if (k0 + 32u <= p.k) {
-            let xs = unit_x(xb, k0, c, sgl);
+            let xs = unit_x(xb, k0, cc, sgl);
             for (var i = 0u; i < 8u; i++) {
                 let xv = xs[i];
                 for (var rr = 0u; rr < RPT; rr++) {
@@ -115,7 +117,7 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
             // A float row's short last unit: its valid weights only.
             let n = p.k - k0;
             for (var jj = 0u; jj < n; jj++) {
-                let xv = xn1(xb + jj, k0 + jj, c);
+                let xv = xn1(xb + jj, k0 + jj, cc);
                 for (var rr = 0u; rr < RPT; rr++) {
                     s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
                 }
