@@ -14,6 +14,8 @@
 #   benches/peer.sh                 # both models, pp128 / tg32, 2 rounds
 #   REPS=3 N_GEN=64 benches/peer.sh
 #   SKIP_GPU=1 benches/peer.sh      # CPU rows only
+#   SKIP_CPU=1 PEER_MODELS=SmolLM2-135M-Instruct.Q4_1.gguf benches/peer.sh
+#                                   # one model's Vulkan rows only
 #   BUILD_ONLY=1 benches/peer.sh    # fill the cache and stop
 #
 # Needs cmake, a C++ compiler, glslc and the Vulkan headers (apt: cmake g++
@@ -176,9 +178,10 @@ fi
 [ -x target/release/lamina ] || cargo build --release -p lamina
 
 results=$(mktemp)
-placements=("cpu 0 0")
-[ -z "${SKIP_GPU:-}" ] && placements=("vulkan 99 all" "${placements[@]}")
-for model in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
+placements=()
+[ -z "${SKIP_GPU:-}" ] && placements+=("vulkan 99 all")
+[ -z "${SKIP_CPU:-}" ] && placements+=("cpu 0 0")
+for model in ${PEER_MODELS:-SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf}; do
   for p in "${placements[@]}"; do
     read -r backend ngl lngl <<<"$p"
     for rep in $(seq "$REPS"); do
