@@ -141,8 +141,12 @@ pub(crate) fn attention_f16_specs() -> Vec<KernelSpec> {
 const MAX_HEADS_PER_WG: usize = 8;
 /// Workgroup memory for the served heads' queries (values).
 const ATTN_Q_VALUES: usize = 2048;
-/// Below this many workgroups an attention step would leave a device's
-/// cores idle, so heads are not grouped further.
+/// Below this many workgroups an attention step would leave a GPU's cores
+/// idle, so heads are not grouped further. A CPU-backed device (lavapipe)
+/// runs a workgroup per CPU thread at a time and pays for every workgroup's
+/// barriers, so there the floor is its thread count: serving all the query
+/// heads of a KV group in one workgroup decodes SmolLM2 7% faster there
+/// (9 workgroups per token become 3).
 const ATTN_MIN_WGS: usize = 16;
 /// Positions per attention chunk (`shaders/attention.wgsl`). Each chunk of a
 /// token is a workgroup, so a decoded token at position p spreads over
@@ -211,13 +215,24 @@ fn heads_per_wg(
     n_kv_head: usize,
     head_dim: usize,
     chunks: usize,
+    min_wgs: usize,
 ) -> usize {
     let group = n_head / n_kv_head;
     (1..=group.min(MAX_HEADS_PER_WG))
         .rev()
         .filter(|&g| group % g == 0 && attention_shared(g, head_dim) <= ATTN_SHARED_VALUES)
-        .find(|g| n_tokens * n_head / g * chunks >= ATTN_MIN_WGS)
+        .find(|g| n_tokens * n_head / g * chunks >= min_wgs)
         .unwrap_or(1)
+}
+
+/// The fewest attention workgroups a step should spread over on `gpu` (see
+/// [`ATTN_MIN_WGS`]).
+fn attention_min_wgs(gpu: &crate::Gpu) -> usize {
+    if gpu.adapter_info().device_type == "cpu" {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
+    } else {
+        ATTN_MIN_WGS
+    }
 }
 
 impl Batch<'_> {
@@ -627,7 +642,14 @@ impl Batch<'_> {
         if a.n_tokens == 0 || a.n_head == 0 {
             return Ok(());
         }
-        let heads = heads_per_wg(a.n_tokens, a.n_head, a.n_kv_head, a.head_dim, chunks);
+        let heads = heads_per_wg(
+            a.n_tokens,
+            a.n_head,
+            a.n_kv_head,
+            a.head_dim,
+            chunks,
+            attention_min_wgs(self.gpu),
+        );
         let groups = to_u32(OP, "workgroups", a.n_tokens * a.n_head / heads * chunks)?;
         to_u32(OP, "scratch", scratch.len())?;
         to_u32(OP, "cache", a.kv.values(k.len().min(v.len())))?;
