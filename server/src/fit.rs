@@ -26,10 +26,13 @@ pub struct FitArgs<'a> {
     pub measure: bool,
 }
 
-/// Kernel bandwidth of each device, measured on the model's dominant weight type.
+/// Speed of each device: the CPU's from the model's own decode step, the
+/// GPU's from a mat-vec of the model's dominant weight type.
 struct Probe {
     ty: GgmlType,
     cpu_gbs: f64,
+    /// Seconds of the probe's all-CPU decode step.
+    cpu_step_s: f64,
     gpu_gbs: Option<f64>,
     gpu_name: Option<String>,
 }
@@ -49,59 +52,43 @@ fn dominant_type(model: &Model) -> GgmlType {
         .map_or(GgmlType::Q8_0, |e| e.0)
 }
 
-/// A short bandwidth probe. The CPU's: the model's own first blocks' mat-vecs
-/// (up to 1 GiB of them, read in place from the map as decoding reads them,
-/// from inside the thread pool as the forward pass calls its kernels),
-/// timed on a second pass once the first has brought the pages in. The
-/// GPU's: a 4096×4096 mat-vec of the dominant type. (A first version timed
-/// one cache-sized synthetic matrix on the CPU too, and predicted about half
-/// the decode speed `bench model` measured at 1B and 8B.)
-fn probe(model: &Model) -> anyhow::Result<Probe> {
+/// A short speed probe. The CPU's: the model's own decode step, run whole
+/// on the CPU (`-ngl 0`) over the map, timed once a first step has brought
+/// the pages in and started the thread pool; its speed is the bytes that
+/// step reads over its time. The GPU's: a 4096×4096 mat-vec of the
+/// dominant type. Earlier versions timed the CPU on a cache-sized synthetic
+/// matrix, then on the model's first blocks' mat-vecs one call at a time:
+/// half the decode speed `bench model` measured at 1B and 8B for the first,
+/// and for a model small enough to stay in the CPU's caches (SmolLM2: 77
+/// against 167 tokens/s) for the second, which paid a pool round trip per
+/// mat-vec that the forward pass does not.
+fn probe(model: &Model, cpu_bytes: u64) -> anyhow::Result<Probe> {
     const N: usize = 4096;
+    // Steps timed, unless one step takes longer than this (a large model):
+    // then fewer, at least one.
+    const STEPS: usize = 4;
+    const BUDGET_S: f64 = 2.0;
     let mut ty = dominant_type(model);
     if !lamina_quant::supports(ty) || !lamina_gpu::has_kernel(ty) {
         ty = GgmlType::Q8_0;
     }
-    let cfg = Config::from_gguf(model)?;
-    let weights = lamina_model::Weights::load(model, &cfg)?;
-    let mut mats: Vec<&lamina_model::Matrix<'_>> = Vec::new();
-    let mut total = 0usize;
-    for l in &weights.layers {
-        let block: Vec<&lamina_model::Matrix<'_>> = match &l.ffn {
-            lamina_model::Ffn::Dense { gate, up, down } => {
-                vec![&l.wq, &l.wk, &l.wv, &l.wo, gate, up, down]
-            }
-            // A token reads the router and `n_used` experts.
-            lamina_model::Ffn::Moe(ex) => {
-                let used = cfg.moe.map_or(1, |m| m.n_used);
-                let mut v = vec![&l.wq, &l.wk, &l.wv, &l.wo, &ex.router];
-                for e in 0..used.min(ex.gate.len()) {
-                    v.extend([&ex.gate[e], &ex.up[e], &ex.down[e]]);
-                }
-                v
-            }
-        };
-        total += block.iter().map(|m| m.data.len()).sum::<usize>();
-        mats.extend(block);
-        if total >= 1 << 30 {
-            break;
-        }
-    }
-    let widest = mats.iter().map(|m| m.rows.max(m.cols)).max().unwrap_or(1);
-    let x = vec![0.5f32; widest];
-    let mut y = vec![0.0f32; widest];
-    let pass = |y: &mut [f32]| -> anyhow::Result<()> {
-        for m in &mats {
-            m.matmul(&x[..m.cols], 1, &mut y[..m.rows])?;
-        }
-        Ok(())
+    let cpu = lamina_model::CpuModel::load(model)?;
+    let mut cache = lamina_model::KvCache::new(&cpu.config, STEPS + 1)?;
+    // Any id the vocabulary has: the weights read do not depend on it.
+    let token = [1u32.min(cpu.config.n_vocab.saturating_sub(1) as u32)];
+    let t0 = std::time::Instant::now();
+    cpu.forward(&token, &mut cache, lamina_model::Logits::Last)?;
+    let steps = if t0.elapsed().as_secs_f64() * STEPS as f64 > BUDGET_S {
+        1
+    } else {
+        STEPS
     };
-    let cpu_gbs = rayon::scope(|_| -> anyhow::Result<f64> {
-        pass(&mut y)?;
-        let t0 = std::time::Instant::now();
-        pass(&mut y)?;
-        Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e9)
-    })?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..steps {
+        cpu.forward(&token, &mut cache, lamina_model::Logits::Last)?;
+    }
+    let step_s = t0.elapsed().as_secs_f64() / steps as f64;
+    let cpu_gbs = cpu_bytes as f64 / step_s / 1e9;
     let (gpu_gbs, gpu_name) = match lamina_gpu::Gpu::new(lamina_gpu::GpuOptions::default()) {
         Ok(g) => {
             let t = lamina_gpu::bench::matvec(&g, ty, N, N, 10)?;
@@ -112,19 +99,25 @@ fn probe(model: &Model) -> anyhow::Result<Probe> {
     Ok(Probe {
         ty,
         cpu_gbs,
+        cpu_step_s: step_s,
         gpu_gbs,
         gpu_name,
     })
+}
+
+/// Weight bytes the CPU reads per decoded token under `p`: its blocks, and
+/// the head when it is there (a tied head is the embedding, read whole as
+/// the head, one row of it as the embedding).
+fn cpu_read(p: &Plan, tied: bool) -> u64 {
+    let head_on_cpu = p.slots.last().is_some_and(|s| s.device == Device::Cpu);
+    p.cpu_weights - p.embd_bytes + if tied && head_on_cpu { p.embd_bytes } else { 0 }
 }
 
 /// Decode tokens/s predicted for a plan: every weight byte is read once per
 /// token, each device at its probed speed (the two run one after the other).
 /// The embedding lookup reads one row; a tied head on the CPU reads it all.
 fn predict(p: &Plan, tied: bool, probe: &Probe) -> Option<f64> {
-    let head_on_cpu = p.slots.last().is_some_and(|s| s.device == Device::Cpu);
-    let cpu_read =
-        p.cpu_weights - p.embd_bytes + if tied && head_on_cpu { p.embd_bytes } else { 0 };
-    let mut seconds = cpu_read as f64 / (probe.cpu_gbs * 1e9);
+    let mut seconds = cpu_read(p, tied) as f64 / (probe.cpu_gbs * 1e9);
     if p.gpu_weights > 0 {
         seconds += p.gpu_weights as f64 / (probe.gpu_gbs? * 1e9);
     }
@@ -161,7 +154,12 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     let recommend = |budget, n_ctx| plan::fit(&model, &cfg, budget, &params(n_ctx));
     let tied = model.tensor("output.weight").is_none();
     let probe = if a.measure {
-        Some(probe(&model)?)
+        // The all-CPU plan's reads: what the probe's decode step reads.
+        let cpu_bytes = plans
+            .iter()
+            .find(|p| p.ngl == 0)
+            .map_or(0, |p| cpu_read(p, tied));
+        Some(probe(&model, cpu_bytes)?)
     } else {
         None
     };
@@ -194,6 +192,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
                    "cache_type_k": cfg.kv.k.name(), "cache_type_v": cfg.kv.v.name(),
                    "held_by_missing_kernels": held.iter().map(|h| json!({"tensor": h.tensor, "type": h.ty.name()})).collect::<Vec<_>>(),
                    "probe": probe.as_ref().map(|p| json!({"type": p.ty.name(), "cpu_gb_per_s": p.cpu_gbs,
+                       "cpu_step_ms": p.cpu_step_s * 1e3,
                        "gpu_gb_per_s": p.gpu_gbs, "gpu": p.gpu_name}))})
         );
         return Ok(());
@@ -210,11 +209,11 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     println!("\nAt context {main_ctx}:");
     if let Some(pr) = &probe {
         println!(
-            "Probe ({}×4096×4096 mat-vec): CPU {:.2} GB/s; GPU {}",
-            pr.ty,
+            "Probe: CPU {:.2} GB/s (the model's decode step at -ngl 0, {:.1} ms); GPU {}",
             pr.cpu_gbs,
+            pr.cpu_step_s * 1e3,
             match (&pr.gpu_gbs, &pr.gpu_name) {
-                (Some(g), Some(n)) => format!("{g:.2} GB/s ({n})"),
+                (Some(g), Some(n)) => format!("{g:.2} GB/s ({}×4096×4096 mat-vec, {n})", pr.ty),
                 _ => "none".into(),
             }
         );

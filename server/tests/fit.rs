@@ -101,6 +101,13 @@ fn fit_measure_predicts_decode_speed_per_ngl() {
     let rows = v["rows"].as_array().unwrap();
     let cpu_only = rows[0]["predicted_tokens_per_second"].as_f64().unwrap();
     assert!(cpu_only > 0.0 && cpu_only.is_finite());
+    // The all-CPU prediction is the probe's own decode step: the bytes the
+    // prediction charges at -ngl 0 are the bytes the probe's speed divides.
+    let step_ms = v["probe"]["cpu_step_ms"].as_f64().unwrap();
+    assert!(
+        (cpu_only * step_ms / 1e3 - 1.0).abs() < 1e-9,
+        "predicted {cpu_only} tokens/s from a step of {step_ms} ms"
+    );
     if v["probe"]["gpu_gb_per_s"].is_number() {
         let all = rows.last().unwrap()["predicted_tokens_per_second"]
             .as_f64()
