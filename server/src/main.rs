@@ -155,6 +155,12 @@ enum Command {
         /// Write only the metadata (the tokenizer of --vocab-from), no tensors.
         #[arg(long)]
         vocab_only: bool,
+        /// Llama 3.x RoPE scaling with this factor (rope_freqs.weight, low
+        /// and high frequency factors 1 and 4 over 8192 original positions,
+        /// as llama.cpp's converter writes it); 0: none. Default: the
+        /// shape's own (32 for 1b, 8 for 8b, none for the others)
+        #[arg(long)]
+        llama3_rope: Option<f32>,
     },
     /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
     Bench {
@@ -356,6 +362,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             vocab_only,
             tensor_type,
+            llama3_rope,
         } => synth::run(synth::SynthArgs {
             shape: &shape,
             ty: &ty,
@@ -365,6 +372,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             seed,
             tensor_types: &tensor_type,
             vocab_only,
+            llama3_rope,
         })?,
         Command::Fit {
             file,

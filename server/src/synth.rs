@@ -29,6 +29,9 @@ pub struct Shape {
     pub kv_heads: u32,
     pub head_dim: u64,
     pub experts: Option<Experts>,
+    /// Llama 3.x RoPE scaling factor the real model carries (its
+    /// `rope_freqs.weight`), if any.
+    pub llama3_rope: Option<f32>,
 }
 
 /// A mixture of experts' counts and widths.
@@ -60,6 +63,7 @@ const fn llama(
         kv_heads: kv,
         head_dim: hd,
         experts: None,
+        llama3_rope: None,
     }
 }
 
@@ -71,8 +75,14 @@ const fn llama(
 /// a token) for speed beside llama.cpp; and Qwen3-30B-A3B's own shape.
 pub const SHAPES: [Shape; 8] = [
     llama("smollm2", 30, 576, 1536, 9, 3, 64),
-    llama("1b", 16, 2048, 8192, 32, 8, 64),
-    llama("8b", 32, 4096, 14336, 32, 8, 128),
+    Shape {
+        llama3_rope: Some(32.0),
+        ..llama("1b", 16, 2048, 8192, 32, 8, 64)
+    },
+    Shape {
+        llama3_rope: Some(8.0),
+        ..llama("8b", 32, 4096, 14336, 32, 8, 128)
+    },
     Shape {
         name: "qwen3moe-tiny",
         arch: "qwen3moe",
@@ -260,6 +270,34 @@ pub struct SynthArgs<'a> {
     /// Only the metadata (with --vocab-from: the tokenizer), no tensors: a
     /// small file to carry where a real model cannot go.
     pub vocab_only: bool,
+    /// Llama 3.x RoPE scaling factor (`rope_freqs.weight`); `None`: the
+    /// shape's own, 0: none.
+    pub llama3_rope: Option<f32>,
+}
+
+/// Llama 3.x's RoPE frequency divisors for `factor`, as llama.cpp's
+/// converter computes them (low and high frequency factors 1 and 4 over
+/// 8192 original positions): high frequencies keep theirs, low ones are
+/// divided by `factor`, those between blend smoothly.
+pub fn llama3_rope_factors(head_dim: u64, base: f32, factor: f32) -> Vec<f32> {
+    let (low, high, old_ctx) = (1.0f64, 4.0f64, 8192.0f64);
+    let (low_wavelen, high_wavelen) = (old_ctx / low, old_ctx / high);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / f64::from(base).powf(2.0 * i as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let f = f64::from(factor);
+            let r = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                f
+            } else {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / f + smooth)
+            };
+            r as f32
+        })
+        .collect()
 }
 
 pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
@@ -365,6 +403,16 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     let mut tensors: Vec<(String, Vec<u64>, GgmlType)> =
         vec![("token_embd.weight".into(), vec![e, vocab], ty)];
     let f32v = GgmlType::F32;
+    let rope_factors = match a.llama3_rope.or(shape.llama3_rope) {
+        Some(f) if f != 0.0 => {
+            if arch != "llama" || !(f.is_finite() && f >= 1.0) {
+                bail!("--llama3-rope {f}: a factor of at least 1, for a llama shape");
+            }
+            tensors.push(("rope_freqs.weight".into(), vec![hd / 2], f32v));
+            Some(llama3_rope_factors(hd, 500000.0, f))
+        }
+        _ => None,
+    };
     for il in 0..shape.layers {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         tensors.push((n("attn_norm"), vec![e], f32v));
@@ -442,7 +490,11 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     w.write_with(&mut out, |i, t, buf| {
         let dims = &tensors[i].1;
         let (k, count) = (dims[0], dims.iter().product::<u64>());
-        if tensors[i].0.ends_with(".bias") {
+        if tensors[i].0 == "rope_freqs.weight" {
+            for f in rope_factors.iter().flatten() {
+                buf.extend_from_slice(&f.to_le_bytes());
+            }
+        } else if tensors[i].0.ends_with(".bias") {
             // Biases small, around 0.
             for _ in 0..k {
                 buf.extend_from_slice(&(0.1 * rng.signed()).to_le_bytes());

@@ -22,7 +22,11 @@ struct MatParams {
     tab_first: u32,   // token table entry of column 0
     neox: u32,
     freq_base: f32,
-    _pad2: u32,
+    ff_at: u32,       // token table word of the RoPE pair factors (0xffffffff: none)
+    freq_scale: f32,  // every RoPE angle times this
+    _pad3: u32,
+    _pad4: u32,
+    _pad5: u32,
 }
 
 struct RowsParams {
@@ -113,5 +117,9 @@ struct RopeKvParams {
     stride: u32,      // values per token of the QKV product
     src_base: u32,    // element offset of token 0 in the product
     q_base: u32,      // element offset of token 0 in q
-    _pad: u32,
+    ff_at: u32,       // token table word of the RoPE pair factors (0xffffffff: none)
+    freq_scale: f32,  // every RoPE angle times this
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }

@@ -40,7 +40,16 @@ fn rope_store(pi: u32, c: u32, v0: f32, v1: f32) {
     }
     var o = vec2<f32>(v0, v1);
     if (2u * i < p.n_rot) {
-        o = rope_rotate(v0, v1, tab[te + 1u], i, p.n_rot, p.freq_base);
+        o = rope_rotate(
+            v0,
+            v1,
+            tab[te + 1u],
+            i,
+            p.n_rot,
+            p.freq_base,
+            rope_factor(p.ff_at, i),
+            p.freq_scale,
+        );
     }
     if (h < p.n_head) {
         y[p.y_offset + c * p.y_stride + rows.x] = o.x;

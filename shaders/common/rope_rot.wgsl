@@ -13,10 +13,30 @@ fn rope_pair(i: u32, n_rot: u32, neox: bool) -> vec2<u32> {
     return vec2<u32>(2u * i, 2u * i + 1u);
 }
 
-// (x0, x1) rotated for pair i at position pos.
-fn rope_rotate(x0: f32, x1: f32, pos: u32, i: u32, n_rot: u32, freq_base: f32) -> vec2<f32> {
+// Pair i's frequency divisor: word ff_at + i of the token table `tab` (the
+// includer's binding) holds it as f32 bits; ff_at = 0xffffffff: none (1).
+fn rope_factor(ff_at: u32, i: u32) -> f32 {
+    if (ff_at == 0xffffffffu) {
+        return 1.0;
+    }
+    return bitcast<f32>(tab[ff_at + i]);
+}
+
+// (x0, x1) rotated for pair i at position pos: by scale * (pos * base^(-2i /
+// n_rot) / ff), ggml's order for linear scaling and per-pair factors (a
+// scale and a factor of 1 change no bit).
+fn rope_rotate(
+    x0: f32,
+    x1: f32,
+    pos: u32,
+    i: u32,
+    n_rot: u32,
+    freq_base: f32,
+    ff: f32,
+    scale: f32,
+) -> vec2<f32> {
     let inv_freq = exp2(-2.0 * f32(i) / f32(n_rot) * log2(freq_base));
-    var theta = f32(pos) * inv_freq;
+    var theta = scale * (f32(pos) * inv_freq / ff);
     // Keep the argument in [-pi, pi], where WGSL bounds the error of cos/sin.
     theta = theta - TAU * round(theta / TAU);
     let c = cos(theta);

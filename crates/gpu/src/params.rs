@@ -32,7 +32,9 @@ pub(crate) struct MatParams {
     pub tab_first: u32,
     pub neox: u32,
     pub freq_base: f32,
-    pub _pad2: u32,
+    pub ff_at: u32,
+    pub freq_scale: f32,
+    pub _pad3: [u32; 3],
 }
 
 /// `RowsParams`: row lookup from one weight chunk holding rows
@@ -157,7 +159,9 @@ pub(crate) struct RopeKvParams {
     pub stride: u32,
     pub src_base: u32,
     pub q_base: u32,
-    pub _pad: u32,
+    pub ff_at: u32,
+    pub freq_scale: f32,
+    pub _pad: [u32; 3],
 }
 
 /// Sizes naga must report for the WGSL structs of the same names.

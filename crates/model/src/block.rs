@@ -48,6 +48,10 @@ pub struct RopeSpec {
     pub n_rot: usize,
     /// NeoX pairs (x[i], x[i + d/2]) rather than adjacent ones.
     pub neox: bool,
+    /// Every angle times this (linear RoPE scaling; 1 without).
+    pub scale: f32,
+    /// Pair i's angle divided by factor i (the file's `rope_freqs`).
+    pub factors: Option<crate::config::RopeFactors>,
 }
 
 /// The architecture-dependent parts of layer `il`'s computation.
@@ -74,6 +78,8 @@ impl Block {
                 base: c.rope_base_for(il),
                 n_rot: c.rope_dim,
                 neox: c.rope_neox,
+                scale: c.rope_scale_for(il),
+                factors: c.rope_factors,
             },
             window,
             attn_scale: c.attn_scale,
@@ -114,6 +120,8 @@ mod tests {
             rope_dim: 16,
             rope_base: 1e6,
             rope_neox: true,
+            rope_scale: 0.125,
+            rope_factors: None,
             sliding_window: Some(512),
             rope_base_swa: 1e4,
             embed_scale: Some(8.0),

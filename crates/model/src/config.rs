@@ -86,6 +86,34 @@ pub enum Activation {
     GeGlu,
 }
 
+/// Most rotated pairs per head that [`RopeFactors`] holds (heads of up to
+/// 512 rotated dimensions).
+pub const MAX_ROPE_PAIRS: usize = 256;
+
+/// Per-pair divisors of the RoPE frequencies, from the file's
+/// `rope_freqs.weight` (Llama 3.1 and later: the "llama3" scaling that
+/// stretches the low frequencies): pair i turns by θᵢ / fᵢ, as ggml's
+/// `ggml_rope_ext` with freq_factors. Fixed-size so a block's description
+/// stays `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeFactors {
+    len: usize,
+    v: [f32; MAX_ROPE_PAIRS],
+}
+
+impl RopeFactors {
+    /// One factor per rotated pair; `None` beyond [`MAX_ROPE_PAIRS`].
+    pub fn new(f: &[f32]) -> Option<Self> {
+        let mut v = [1.0; MAX_ROPE_PAIRS];
+        v.get_mut(..f.len())?.copy_from_slice(f);
+        Some(Self { len: f.len(), v })
+    }
+
+    pub fn get(&self) -> &[f32] {
+        &self.v[..self.len]
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub arch: Arch,
@@ -103,6 +131,12 @@ pub struct Config {
     pub rope_base: f32,
     /// NeoX pairs (x[i], x[i + d/2]) rather than adjacent pairs (x[2i], x[2i+1]).
     pub rope_neox: bool,
+    /// Linear RoPE scaling of the full-attention layers (1 / the file's
+    /// `rope.scaling.factor`): every angle times this. Sliding-window
+    /// layers keep 1, as llama.cpp's `rope_freq_scale_train_swa`.
+    pub rope_scale: f32,
+    /// The file's per-pair frequency divisors, for every layer.
+    pub rope_factors: Option<RopeFactors>,
     /// Sliding window width, for the layers [`Config::is_swa`] says use one.
     pub sliding_window: Option<usize>,
     /// RoPE base of sliding-window layers (Gemma 3 hard-codes 10000).
@@ -254,6 +288,11 @@ impl Config {
                 "{arch_name} with LongRoPE factors (the 128k-context variants)"
             )));
         }
+        let rope_scale = rope_scaling(&k, arch_name)?;
+        let rope_factors = match model.tensor("rope_freqs.weight") {
+            None => None,
+            Some(t) => Some(rope_factors(&t, rope_dim)?),
+        };
         let moe = match arch {
             Arch::Qwen2Moe | Arch::Qwen3Moe => {
                 let n_expert = k.usize("expert_count")?;
@@ -308,6 +347,8 @@ impl Config {
             rope_dim,
             rope_base: k.f32_opt("rope.freq_base")?.unwrap_or(default_base),
             rope_neox: arch != Arch::Llama,
+            rope_scale,
+            rope_factors,
             sliding_window: if gemma {
                 Some(k.usize_opt("attention.sliding_window")?.unwrap_or(512))
             } else {
@@ -345,6 +386,15 @@ impl Config {
         }
     }
 
+    /// The linear RoPE scale of layer `il` (sliding-window layers: 1).
+    pub fn rope_scale_for(&self, il: usize) -> f32 {
+        if self.is_swa(il) {
+            1.0
+        } else {
+            self.rope_scale
+        }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
     }
@@ -352,4 +402,67 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// The angle scale of `{arch}.rope.scaling.*`, as llama.cpp reads it: the
+/// type defaults to linear, a factor f (or the older `rope.scale_linear`)
+/// scales every angle by 1 / f, and type `none` never scales. YaRN (which
+/// also blends frequencies) and LongRoPE are refused rather than run as
+/// plain linear scaling.
+fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<f32, ModelError> {
+    let ty = match k.model.get(&format!("{arch_name}.rope.scaling.type")) {
+        None => "linear".to_string(),
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| ModelError::BadKey {
+                key: format!("{arch_name}.rope.scaling.type"),
+                reason: "not a string".into(),
+            })?
+            .to_string(),
+    };
+    let factor = match k.f32_opt("rope.scaling.factor")? {
+        Some(f) => Some(f),
+        None => k.f32_opt("rope.scale_linear")?,
+    }
+    .filter(|&f| f != 0.0);
+    let Some(factor) = factor else {
+        return Ok(1.0);
+    };
+    match ty.as_str() {
+        "none" => Ok(1.0),
+        "linear" if factor.is_finite() && factor > 0.0 => Ok(1.0 / factor),
+        "linear" => Err(ModelError::BadKey {
+            key: format!("{arch_name}.rope.scaling.factor"),
+            reason: format!("{factor} is not a positive scale"),
+        }),
+        other => Err(ModelError::UnsupportedArch(format!(
+            "{arch_name} with RoPE scaling `{other}` (factor {factor}); linear scaling and \
+             per-pair frequency factors are supported"
+        ))),
+    }
+}
+
+/// `rope_freqs.weight`: one positive f32 divisor per rotated pair.
+fn rope_factors(t: &lamina_gguf::Tensor<'_>, rope_dim: usize) -> Result<RopeFactors, ModelError> {
+    let bad = |reason: String| ModelError::BadKey {
+        key: "rope_freqs.weight".into(),
+        reason,
+    };
+    if t.info.ty != lamina_gguf::GgmlType::F32 || t.info.dims != [rope_dim as u64 / 2] {
+        return Err(bad(format!(
+            "{} {:?}, expected F32 [{}] (half the rotated dimensions)",
+            t.info.ty.name(),
+            t.info.dims,
+            rope_dim / 2
+        )));
+    }
+    let v: Vec<f32> = t
+        .data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if v.len() != rope_dim / 2 || v.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+        return Err(bad("every factor must be a positive finite number".into()));
+    }
+    RopeFactors::new(&v).ok_or_else(|| bad(format!("more than {MAX_ROPE_PAIRS} pairs")))
 }

@@ -656,7 +656,14 @@ impl<'a> CpuModel<'a> {
         let rope = blk.rope;
         let mut angles = Vec::with_capacity(rope.n_rot / 2);
         for (t, (qrow, krow)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
-            ops::rope_angles(row_pos[t], rope.base, rope.n_rot, &mut angles);
+            ops::rope_angles(
+                row_pos[t],
+                rope.base,
+                rope.n_rot,
+                rope.scale,
+                rope.factors.as_ref().map(|f| f.get()),
+                &mut angles,
+            );
             for (row, norm) in [(qrow, &l.q_norm), (krow, &l.k_norm)] {
                 for head in row.chunks_mut(hd) {
                     if let Some(w) = norm {

@@ -751,9 +751,11 @@ impl<'a> HybridModel<'a> {
             // not bind `n` rows of logits it never computes.
             logits: t(seqs.max(1) * c.n_vocab)?,
             last: t(seqs * e)?,
-            table: t(2 * n)?,
+            // Each table holds its entries, then the RoPE pair factors at
+            // word 2n (see `Self::rope_factors_at`).
+            table: t(2 * n + Self::rope_factor_words(c))?,
             rows: Vec::with_capacity(n),
-            table_ring: t(2 * n)?,
+            table_ring: t(2 * n + Self::rope_factor_words(c))?,
             rows_ring: Vec::with_capacity(n),
             x: t(n * e)?,
             x2: t(n * e)?,
@@ -853,11 +855,20 @@ impl<'a> HybridModel<'a> {
                 }
             }
         }
-        let flat: Vec<u32> = s.rows.iter().flat_map(|r| [r.row, r.pos]).collect();
-        g.write_u32(&s.table, &flat).map_err(gpu_err)?;
+        let factors = self.cpu.config.rope_factors;
+        let table_words = |rows: &[TokenRow]| -> Vec<u32> {
+            let mut flat: Vec<u32> = rows.iter().flat_map(|r| [r.row, r.pos]).collect();
+            if let Some(f) = &factors {
+                flat.resize(2 * s.n, 0);
+                flat.extend(f.get().iter().map(|v| v.to_bits()));
+            }
+            flat
+        };
+        g.write_u32(&s.table, &table_words(&s.rows))
+            .map_err(gpu_err)?;
         if any_ring {
-            let flat: Vec<u32> = s.rows_ring.iter().flat_map(|r| [r.row, r.pos]).collect();
-            g.write_u32(&s.table_ring, &flat).map_err(gpu_err)?;
+            g.write_u32(&s.table_ring, &table_words(&s.rows_ring))
+                .map_err(gpu_err)?;
         }
         let s = &*s;
         g.write_f32(&s.x, x).map_err(gpu_err)?;
@@ -1014,6 +1025,8 @@ impl<'a> HybridModel<'a> {
             pos_offset: 0,
             freq_base: blk.rope.base,
             neox: blk.rope.neox,
+            freq_scale: blk.rope.scale,
+            factors_at: Self::rope_factors_at(c, s.n)?,
         };
         let window = blk.window.kernel_width();
         // The QKV product's input: the raw hidden state, normed in the
@@ -1102,6 +1115,26 @@ impl<'a> HybridModel<'a> {
             )?;
         }
         self.record_ffn(b, il, l, next_norm, s, cur, spare, n, folded)
+    }
+
+    /// Words a token table holds after its entries: the file's RoPE pair
+    /// factors (`rope_freqs`), which the RoPE kernels read from the table
+    /// they already bind.
+    fn rope_factor_words(c: &Config) -> usize {
+        c.rope_factors.map_or(0, |f| f.get().len())
+    }
+
+    /// Where a table of `n` entries holds the RoPE pair factors, if the
+    /// file has them: right after its `2n` words of entries.
+    fn rope_factors_at(c: &Config, n: usize) -> Result<Option<u32>, lamina_gpu::GpuError> {
+        c.rope_factors
+            .map(|_| {
+                u32::try_from(2 * n).map_err(|_| lamina_gpu::GpuError::Shape {
+                    op: "rope",
+                    message: format!("a token table of {n} entries"),
+                })
+            })
+            .transpose()
     }
 
     /// The step's token table for a layer whose cache is a ring of `ring`

@@ -194,6 +194,8 @@ mod tests {
             rope_neox: false,
             sliding_window: None,
             rope_base_swa: 1e5,
+            rope_scale: 1.0,
+            rope_factors: None,
             embed_scale: None,
             qk_norm: false,
             post_norms: false,

@@ -15,19 +15,31 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
 /// mode. Angles are computed in f64: θᵢ = pos · base^(−2i/d).
 pub fn rope(x: &mut [f32], pos: usize, base: f32, rope_dim: usize, neox: bool) {
     let mut angles = Vec::new();
-    rope_angles(pos, base, rope_dim, &mut angles);
+    rope_angles(pos, base, rope_dim, 1.0, None, &mut angles);
     rope_with(x, &angles, neox);
 }
 
-/// The (sin θᵢ, cos θᵢ) of [`rope`] for position `pos`, into `out` (cleared).
+/// The (sin θᵢ, cos θᵢ) of [`rope`] for position `pos`, into `out` (cleared),
+/// with ggml's scalings: θᵢ = scale · (pos · base^(−2i/d) / factorᵢ) (linear
+/// scaling and per-pair frequency factors; 1 and none leave θ as it was).
 /// Every head of a token turns by the same angles: computed once per token
 /// (f64 `powf` and `sin_cos` per pair and head were a twentieth of a
 /// prompt's time), with the same operations, so the same bits.
-pub fn rope_angles(pos: usize, base: f32, rope_dim: usize, out: &mut Vec<(f64, f64)>) {
+pub fn rope_angles(
+    pos: usize,
+    base: f32,
+    rope_dim: usize,
+    scale: f32,
+    factors: Option<&[f32]>,
+    out: &mut Vec<(f64, f64)>,
+) {
     out.clear();
     out.extend((0..rope_dim / 2).map(|i| {
-        let theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
-        theta.sin_cos()
+        let mut theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
+        if let Some(f) = factors.and_then(|f| f.get(i)) {
+            theta /= f64::from(*f);
+        }
+        (theta * f64::from(scale)).sin_cos()
     }));
 }
 

@@ -380,6 +380,8 @@ mod tests {
             rope_neox: false,
             sliding_window: None,
             rope_base_swa: 1e4,
+            rope_scale: 1.0,
+            rope_factors: None,
             embed_scale: None,
             qk_norm: false,
             post_norms: false,

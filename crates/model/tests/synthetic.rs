@@ -80,6 +80,10 @@ struct Spec {
     unfused_qkv: bool,
     /// phi3: LongRoPE factors, as the 128k-context files carry.
     long_rope: bool,
+    /// `rope_freqs.weight` (Llama 3.x): pair i's divisor 1 + s·i, for s.
+    rope_freqs: Option<f32>,
+    /// `rope.scaling.type` and `rope.scaling.factor`.
+    rope_scaling: Option<(&'static str, f32)>,
 }
 
 impl Spec {
@@ -96,6 +100,8 @@ impl Spec {
             gate_q8: false,
             unfused_qkv: false,
             long_rope: false,
+            rope_freqs: None,
+            rope_scaling: None,
         }
     }
 }
@@ -131,6 +137,10 @@ fn build(spec: &Spec) -> Vec<u8> {
     ];
     let moe = a.ends_with("moe");
     let mut keys = keys;
+    if let Some((ty, factor)) = spec.rope_scaling {
+        keys.push((format!("{a}.rope.scaling.type"), Value::String(ty.into())));
+        keys.push((format!("{a}.rope.scaling.factor"), Value::F32(factor)));
+    }
     if moe {
         keys.push((format!("{a}.expert_count"), Value::U32(EXPERTS as u32)));
         keys.push((format!("{a}.expert_used_count"), Value::U32(USED as u32)));
@@ -277,6 +287,16 @@ fn build(spec: &Spec) -> Vec<u8> {
     }
     if spec.long_rope {
         w = add(w, "rope_factors_long.weight", &[hd / 2], false, &mut rng);
+    }
+    if let Some(s) = spec.rope_freqs {
+        let pairs = hd / 2 + usize::from(spec.bad_shape == Some("rope_freqs.weight"));
+        let f: Vec<f32> = (0..pairs).map(|i| 1.0 + s * i as f32).collect();
+        w = w.tensor(
+            "rope_freqs.weight",
+            &[pairs as u64],
+            GgmlType::F32,
+            f32_bytes(&f),
+        );
     }
     w = add(w, "output_norm.weight", &[E], false, &mut rng);
     if !spec.tied {
@@ -701,4 +721,49 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
                 .all(|(p, q)| p.to_bits() == q.to_bits()));
         }
     }
+}
+
+/// Llama 3.x's per-pair RoPE divisors (`rope_freqs.weight`) and linear
+/// `rope.scaling`: divisors of 1 and a factor of 1 change no bit; others
+/// change the logits, on the CPU and the GPU alike (which agree); YaRN
+/// and a misshapen `rope_freqs` are refused by name.
+#[test]
+fn rope_frequency_factors_and_linear_scaling_turn_the_angles() {
+    let logits = |spec: &Spec| cpu_logits(&CpuModel::load(&open(spec)).unwrap());
+    let plain = logits(&Spec::new("llama"));
+    let with = |rope_freqs, rope_scaling| Spec {
+        rope_freqs,
+        rope_scaling,
+        ..Spec::new("llama")
+    };
+    assert_eq!(logits(&with(Some(0.0), None)), plain, "divisors of 1");
+    assert_eq!(
+        logits(&with(None, Some(("linear", 1.0)))),
+        plain,
+        "a factor of 1"
+    );
+    assert_eq!(logits(&with(None, Some(("none", 4.0)))), plain, "type none");
+    for spec in [with(Some(0.5), None), with(None, Some(("linear", 4.0)))] {
+        let got = logits(&spec);
+        let diff = got
+            .iter()
+            .zip(&plain)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            diff > 1e-3,
+            "{:?} {:?}: logits moved {diff}",
+            spec.rope_freqs,
+            spec.rope_scaling
+        );
+        cpu_and_gpu_agree(spec);
+    }
+    let e = load_err(with(None, Some(("yarn", 4.0))));
+    assert!(e.contains("RoPE scaling `yarn`"), "{e}");
+    let bad = Spec {
+        bad_shape: Some("rope_freqs.weight"),
+        ..with(Some(0.5), None)
+    };
+    let e = load_err(bad);
+    assert!(e.contains("rope_freqs"), "{e}");
 }

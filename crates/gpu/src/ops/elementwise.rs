@@ -88,6 +88,20 @@ pub struct Rope {
     pub freq_base: f32,
     /// NeoX pair ordering (`x[i]`, `x[i + n_rot/2]`) instead of (`x[2i]`, `x[2i+1]`).
     pub neox: bool,
+    /// Every angle times this (linear RoPE scaling; 1 without).
+    pub freq_scale: f32,
+    /// Where the token table holds the `n_rot / 2` per-pair frequency
+    /// divisors (f32 bits, one word each) after its entries; `None`: all 1.
+    /// Only the kernels that read the table ([`Batch::rope_kv_rows`] and
+    /// the QKV product's RoPE epilogue) take them.
+    pub factors_at: Option<u32>,
+}
+
+impl Rope {
+    /// The kernels' `ff_at`: the factors' table word, or `u32::MAX`.
+    pub(crate) fn ff_at(&self) -> u32 {
+        self.factors_at.unwrap_or(u32::MAX)
+    }
 }
 
 fn glu_spec(act: &str) -> KernelSpec {
@@ -317,6 +331,12 @@ impl Batch<'_> {
             ));
         }
         Self::distinct(OP, y, &[x])?;
+        if rope.factors_at.is_some() || rope.freq_scale != 1.0 {
+            return Err(shape(
+                OP,
+                "the table-less RoPE kernel takes neither frequency factors nor a scale".into(),
+            ));
+        }
         let params = RopeParams {
             head_dim: to_u32(OP, "head_dim", rope.head_dim)?,
             n_rot: to_u32(OP, "n_rot", rope.n_rot)?,

@@ -192,6 +192,17 @@ pub(crate) fn check_rope_kv(
     if hd == 0 || hd % 2 != 0 || rope.n_rot % 2 != 0 || rope.n_rot > hd || rope.head_dim != hd {
         return Err(bad(format!("rotating {} of heads of {hd}", rope.n_rot)));
     }
+    // The factors lie in the table's buffer, past the entries the step
+    // reads (the kernels read words ff_at .. ff_at + n_rot / 2).
+    if let Some(at) = rope.factors_at {
+        let end = (at as usize).checked_add(rope.n_rot / 2);
+        if at == u32::MAX || end.is_none_or(|e| e > table.gpu.len()) {
+            return Err(bad(format!(
+                "RoPE factors at word {at} of a table of {} words",
+                table.gpu.len()
+            )));
+        }
+    }
     to_u32(
         op,
         "cache",
@@ -473,7 +484,9 @@ impl Batch<'_> {
             stride: to_u32(OP, "stride", stride)?,
             src_base: to_u32(OP, "first element", first * stride)?,
             q_base: to_u32(OP, "first query", first * qd)?,
-            _pad: 0,
+            ff_at: rope.ff_at(),
+            freq_scale: rope.freq_scale,
+            _pad: [0; 3],
         };
         let pairs = to_u32(OP, "pairs", n * stride / 2)?;
         let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));

@@ -784,6 +784,8 @@ impl Batch<'_> {
                         tab_first: to_u32(OP, "first", r.first + c0)?,
                         neox: u32::from(r.rope.neox),
                         freq_base: r.rope.freq_base,
+                        ff_at: r.rope.ff_at(),
+                        freq_scale: r.rope.freq_scale,
                         ..params
                     },
                     None => params,

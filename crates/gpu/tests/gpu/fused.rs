@@ -193,6 +193,8 @@ fn qkv_epilogue_equals_norms_rope_and_copies() {
             pos_offset: pos0 as u32,
             freq_base: 10000.0,
             neox,
+            freq_scale: 1.0,
+            factors_at: None,
         };
         // Unfused: norms over whole tensors, RoPE of the sequence's tokens,
         // copies into the caches.
@@ -524,14 +526,26 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
             pos: 30 + 7 * t,
         });
     }
-    let flat: Vec<u32> = host.iter().flat_map(|e| [e.row, e.pos]).collect();
+    let mut flat: Vec<u32> = host.iter().flat_map(|e| [e.row, e.pos]).collect();
+    // Per-pair frequency divisors after the entries, as the model's tables
+    // carry a file's `rope_freqs` (Llama 3.x).
+    let ff_at = flat.len() as u32;
+    let factors: Vec<f32> = (0..16).map(|i| 1.0 + 0.7 * i as f32).collect();
+    flat.extend(factors.iter().map(|f| f.to_bits()));
     let tab = gpu.upload_u32(&flat).unwrap();
     let table = TokenTable {
         host: &host,
         gpu: &tab,
     };
     let first = 2;
-    for (neox, n_rot, n) in [(false, 32, 1), (true, 32, 3), (false, 16, 8), (true, 16, 1)] {
+    for (neox, n_rot, n, scaled) in [
+        (false, 32, 1, false),
+        (true, 32, 3, false),
+        (false, 16, 8, false),
+        (true, 16, 1, false),
+        (true, 32, 3, true),
+        (false, 16, 1, true),
+    ] {
         let rope = Rope {
             head_dim: hd,
             n_rot,
@@ -539,6 +553,8 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
             pos_offset: 0,
             freq_base: 10000.0,
             neox,
+            freq_scale: if scaled { 0.25 } else { 1.0 },
+            factors_at: scaled.then_some(ff_at),
         };
         let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
         for norm in [false, true] {
@@ -573,6 +589,41 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
             b.rope_kv_rows(&qkv, &qkv, &q1, &kc1, &vc1, &layout, &rope, table, first, n)
                 .unwrap();
             b.submit().unwrap();
+            // The queries against an f64 rotation of the product by
+            // scale · (pos · base^(-2i/n_rot) / factor_i).
+            let (prod, qs) = (gpu.read_f32(&qkv).unwrap(), gpu.read_f32(&q1).unwrap());
+            for (t, e) in host.iter().enumerate().skip(first).take(n) {
+                let pos = f64::from(e.pos);
+                for h in 0..layout.n_head {
+                    for (i, &ff) in factors.iter().enumerate().take(hd / 2) {
+                        let (a, b) = if neox && 2 * i < n_rot {
+                            (i, i + n_rot / 2)
+                        } else {
+                            (2 * i, 2 * i + 1)
+                        };
+                        let src = t * stride + h * hd;
+                        let (x0, x1) = (f64::from(prod[src + a]), f64::from(prod[src + b]));
+                        let (y0, y1) = if 2 * i < n_rot {
+                            let mut theta = pos * 10000f64.powf(-2.0 * i as f64 / n_rot as f64);
+                            if scaled {
+                                theta = theta / f64::from(ff) * 0.25;
+                            }
+                            let (s, c) = theta.sin_cos();
+                            (x0 * c - x1 * s, x0 * s + x1 * c)
+                        } else {
+                            (x0, x1)
+                        };
+                        let dst = t * qd + h * hd;
+                        for (got, want) in [(qs[dst + a], y0), (qs[dst + b], y1)] {
+                            let err = (f64::from(got) - want).abs();
+                            assert!(
+                                err <= 1e-4 * (1.0 + x0.abs() + x1.abs()),
+                                "{rope:?} token {t} head {h} pair {i}: {got} against {want}"
+                            );
+                        }
+                    }
+                }
+            }
             let want = [
                 bits(gpu, &q1)[first * qd..].to_vec(),
                 bits(gpu, &kc1),
