@@ -36,6 +36,44 @@ pub struct Placement {
     pub gpu_memory: Option<u64>,
     #[command(flatten)]
     pub cache: CacheTypes,
+    #[command(flatten)]
+    pub moe: MoeFlags,
+}
+
+/// llama.cpp's placement of a mixture of experts' routed experts
+/// (`ffn_{gate,up,down}_exps`). Lamina splits every offloaded
+/// mixture-of-experts block this way already: its attention, norms, router
+/// and shared expert on the GPU, its routed experts in system RAM on the
+/// CPU, since no GPU kernel runs experts yet. The flags are accepted so
+/// llama.cpp's command lines work, and say so at load.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct MoeFlags {
+    /// Keep every block's routed experts in system RAM, the rest of each
+    /// offloaded block on the GPU (llama.cpp's --cpu-moe, also -cmoe).
+    /// Lamina does this with or without the flag: it has no GPU expert
+    /// kernel yet.
+    #[arg(long = "cpu-moe")]
+    pub cpu_moe: bool,
+    /// Keep the routed experts of the first N blocks in system RAM
+    /// (llama.cpp's --n-cpu-moe, also -ncmoe). Accepted, but every offloaded
+    /// block's experts are in RAM whatever N is: no GPU expert kernel yet.
+    #[arg(long = "n-cpu-moe", value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
+}
+
+impl MoeFlags {
+    /// What the flags did, for the log at load (`None` when neither was given).
+    pub fn note(&self) -> Option<String> {
+        let all = "every offloaded mixture-of-experts block keeps its routed experts \
+                   (ffn_*_exps) in system RAM, run on the CPU, and the rest on the GPU";
+        match (self.cpu_moe, self.n_cpu_moe) {
+            (_, Some(n)) => Some(format!(
+                "--n-cpu-moe {n}: {all}, not only the first {n} blocks' (no GPU expert kernel yet)"
+            )),
+            (true, None) => Some(format!("--cpu-moe: {all} (as without the flag)")),
+            (false, None) => None,
+        }
+    }
 }
 
 /// The KV cache's element types, as llama.cpp spells them. f16 by default

@@ -22,6 +22,8 @@ pub struct FitArgs<'a> {
     /// The KV cache types the plans count.
     pub kv: lamina_model::KvTypes,
     pub json: bool,
+    /// What `--cpu-moe` / `--n-cpu-moe` did, when given.
+    pub moe_note: Option<String>,
     /// Probe the CPU's and the GPU's kernel bandwidth and predict decode speed.
     pub measure: bool,
 }
@@ -174,6 +176,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
                 json!({"ngl": p.ngl, "gpu_bytes": p.gpu_total(), "cpu_bytes": p.cpu_total(),
                        "kv_bytes": p.gpu_kv.saturating_add(p.cpu_kv), "gpu_weight_bytes": p.gpu_weights,
                        "gpu_kv_bytes": p.gpu_kv, "gpu_scratch_bytes": p.gpu_scratch,
+                       "cpu_expert_bytes": p.split_expert_bytes(),
                        "predicted_tokens_per_second": predicted(p)})
             })
             .collect();
@@ -219,21 +222,48 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             }
         );
     }
+    // A mixture's offloaded blocks keep their routed experts in RAM: a
+    // column says how much of the CPU total they are.
+    let moe = cfg.moe.is_some();
+    let experts_col = |v: String| {
+        if moe {
+            format!("  {v:>11}")
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>10}",
-        "-ngl", "GPU weights", "GPU KV", "GPU scratch", "GPU total", "CPU total", "pred tok/s"
+        "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}{}  {:>10}",
+        "-ngl",
+        "GPU weights",
+        "GPU KV",
+        "GPU scratch",
+        "GPU total",
+        "CPU total",
+        experts_col("CPU experts".into()),
+        "pred tok/s"
     );
     for p in &plans {
         println!(
-            "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>10}",
+            "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}{}  {:>10}",
             p.ngl,
             human_size(p.gpu_weights),
             human_size(p.gpu_kv),
             human_size(p.gpu_scratch),
             human_size(p.gpu_total()),
             human_size(p.cpu_total()),
+            experts_col(human_size(p.split_expert_bytes())),
             predicted(p).map_or("-".into(), |t| format!("{t:.1}"))
         );
+    }
+    if moe {
+        println!(
+            "  CPU experts: the routed experts (ffn_*_exps) of the offloaded blocks, in system RAM \
+             and run on the CPU (llama.cpp's --cpu-moe; no GPU expert kernel yet)"
+        );
+    }
+    if let Some(note) = &a.moe_note {
+        println!("  {note}");
     }
     if let Some(note) = &held_note {
         println!("{note}");

@@ -88,16 +88,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "per-tensor placement is not implemented; use -ngl",
     ),
     (
-        "--cpu-moe",
-        "a mixture-of-experts block runs whole on the CPU (experts and attention); \
-         splitting a block's experts from its attention is not implemented",
-    ),
-    (
-        "--n-cpu-moe",
-        "a mixture-of-experts block runs whole on the CPU (experts and attention); \
-         splitting a block's experts from its attention is not implemented",
-    ),
-    (
         "--threads-batch",
         "one -t sets the threads of prompt and generation",
     ),

@@ -117,6 +117,8 @@ enum Command {
         parallel: usize,
         #[command(flatten)]
         cache: cli::CacheTypes,
+        #[command(flatten)]
+        moe: cli::MoeFlags,
         #[arg(long)]
         json: bool,
         /// Probe the CPU's and GPU's bandwidth and predict decode tokens/s per -ngl.
@@ -222,6 +224,8 @@ enum BenchCommand {
         ngl: lamina_model::placement::Ngl,
         #[command(flatten)]
         cache: cli::CacheTypes,
+        #[command(flatten)]
+        moe: cli::MoeFlags,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -277,6 +281,13 @@ enum BenchCommand {
     },
 }
 
+/// Says on stderr what `--cpu-moe` / `--n-cpu-moe` did, when given.
+fn moe_note(moe: &cli::MoeFlags) {
+    if let Some(n) = moe.note() {
+        eprintln!("lamina: {n}");
+    }
+}
+
 fn thread_pool(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(t) = threads {
         rayon::ThreadPoolBuilder::new()
@@ -319,6 +330,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement,
         } => {
             thread_pool(threads)?;
+            moe_note(&placement.moe);
             let sampler = sampling.sampler_with(&lamina_model::FileSampling::open(&file))?;
             run::run(run::RunArgs {
                 file,
@@ -345,6 +357,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve(a) => {
             thread_pool(a.threads)?;
+            moe_note(&a.placement.moe);
             serve::run(serve_args(*a)?)?
         }
         Command::Synth {
@@ -372,9 +385,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ctx,
             parallel,
             cache,
+            moe,
             json,
             measure,
         } => fit::run(fit::FitArgs {
+            moe_note: moe.note(),
             file: &file,
             budget: gpu_memory,
             n_ctx: ctx,
@@ -455,12 +470,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     depth,
                     ngl,
                     cache,
+                    moe,
                     threads,
                     npl,
                     json,
                 },
         } => {
             thread_pool(threads)?;
+            moe_note(&moe);
             bench::model(&bench::ModelArgs {
                 file,
                 n_prompt,
@@ -480,12 +497,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             no_parse_special,
             json,
         } => score::tokenize(&file, &text, !no_bos, !no_parse_special, json)?,
-        Command::Score { file, placement } => score::score(
-            &file,
-            placement.ngl,
-            placement.gpu_memory,
-            placement.cache.types(),
-        )?,
+        Command::Score { file, placement } => {
+            moe_note(&placement.moe);
+            score::score(
+                &file,
+                placement.ngl,
+                placement.gpu_memory,
+                placement.cache.types(),
+            )?
+        }
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())

@@ -266,7 +266,9 @@ fn iq_lattice_types_give_the_cpu_tokens_on_the_gpu() {
 
 /// `synth` writes mixtures of experts (3-D expert tensors, the routing
 /// keys): every reader accepts them, they run, and at `--ngl all` their
-/// expert blocks stay on the CPU with the table saying why.
+/// blocks are split, the routed experts on the CPU (the table says so)
+/// and the rest on the GPU, with the greedy tokens of `--ngl 0`.
+/// llama.cpp's `-cmoe` and `-ncmoe N` are accepted and say what they did.
 #[test]
 fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
     let dir = std::env::temp_dir().join(format!("lamina-synth-moe-{}", std::process::id()));
@@ -293,8 +295,8 @@ fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
             m.tensor("blk.0.ffn_gate_inp_shexp.weight").is_some(),
             shape == "qwen2moe-tiny"
         );
-        let run = |ngl: &str| {
-            let r = lamina(&[
+        let run = |ngl: &str, extra: &[&str]| {
+            let mut args = vec![
                 "run",
                 "-m",
                 out.to_str().unwrap(),
@@ -306,23 +308,36 @@ fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
                 "0",
                 "--ngl",
                 ngl,
-            ]);
+            ];
+            args.extend_from_slice(extra);
+            let r = lamina(&args);
             assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
             (
                 String::from_utf8_lossy(&r.stdout).into_owned(),
                 String::from_utf8_lossy(&r.stderr).into_owned(),
             )
         };
-        let (cpu, _) = run("0");
-        let (gpu, table) = run("all");
+        let (cpu, _) = run("0", &[]);
+        let (gpu, table) = run("all", &[]);
         assert!(!cpu.trim().is_empty());
+        let experts = table
+            .lines()
+            .find(|l| l.contains("routed experts"))
+            .unwrap_or_else(|| panic!("{shape}: no experts line in {table}"));
         assert!(
-            table.contains("mixture of experts runs on the CPU"),
-            "{shape}: {table}"
+            experts.trim_start().starts_with("blk.0-3    CPU"),
+            "{shape}: {experts}"
         );
-        assert!(table.contains("offloaded 1/5 layers"), "{shape}: {table}");
-        // Only the head moved: the same greedy tokens.
+        assert!(table.contains("blk.0-3    GPU"), "{shape}: {table}");
+        assert!(table.contains("offloaded 5/5 layers"), "{shape}: {table}");
+        // Attention and router on the GPU, experts on the CPU: the same
+        // greedy tokens.
         assert_eq!(cpu, gpu, "{shape}");
+        let (flagged, log) = run("all", &["-cmoe"]);
+        assert_eq!(flagged, gpu, "{shape}: -cmoe places what no flag does");
+        assert!(log.contains("--cpu-moe: every offloaded"), "{log}");
+        let (_, log) = run("all", &["-ncmoe", "2"]);
+        assert!(log.contains("--n-cpu-moe 2:"), "{log}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -258,12 +258,35 @@ fn experts(
     n: usize,
     out: &mut [f32],
 ) -> Result<(), ModelError> {
-    let (nx, k) = (m.n_expert, m.n_used);
-    let mut logits = vec![0.0f32; n * nx];
+    let mut logits = vec![0.0f32; n * m.n_expert];
     ex.router.matmul(h, n, &mut logits)?;
+    routed_experts(ex, m, e, h, n, &mut logits, out)?;
+    if let Some((gate_inp, sg, su, sd)) = &ex.shared {
+        let mut sy = vec![0.0f32; n * e];
+        let (mut g, mut u) = (Vec::new(), Vec::new());
+        gated(sg, su, sd, h, n, &mut g, &mut u, &mut sy, Glu::Silu)?;
+        add_shared(gate_inp, e, h, &sy, out);
+    }
+    Ok(())
+}
+
+/// The routed part of [`experts`] from the router's `logits` (`n_expert`
+/// per token, softmaxed in place): `out = Σ_slot w · expert(h)`. What a
+/// block split between the devices runs on the CPU, its router's logits
+/// computed on the GPU.
+pub(crate) fn routed_experts(
+    ex: &Experts<'_>,
+    m: &Moe,
+    e: usize,
+    h: &[f32],
+    n: usize,
+    logits: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let (nx, k) = (m.n_expert, m.n_used);
     let mut chosen = vec![(0usize, 0.0f32); n * k];
     let mut order: Vec<usize> = Vec::with_capacity(nx);
-    for (row, sel) in logits.chunks_mut(nx).zip(chosen.chunks_mut(k)) {
+    for (row, sel) in logits[..n * nx].chunks_mut(nx).zip(chosen.chunks_mut(k)) {
         ops::softmax(row);
         order.clear();
         order.extend(0..nx);
@@ -323,16 +346,17 @@ fn experts(
             }
         }
     }
-    if let Some((gate_inp, sg, su, sd)) = &ex.shared {
-        let mut sy = vec![0.0f32; n * e];
-        gated(sg, su, sd, h, n, &mut g, &mut u, &mut sy, Glu::Silu)?;
-        for (t, (o, y)) in out[..n * e].chunks_mut(e).zip(sy.chunks(e)).enumerate() {
-            let z = lamina_quant::dot_f32(&h[t * e..(t + 1) * e], gate_inp);
-            let gate = 1.0 / (1.0 + (-z).exp());
-            o.iter_mut().zip(y).for_each(|(o, y)| *o += y * gate);
-        }
-    }
     Ok(())
+}
+
+/// `out += sigmoid(h · gate_inp) · sy` per token: the qwen2moe shared
+/// expert's output `sy` under its gate, added after the routed experts.
+pub(crate) fn add_shared(gate_inp: &[f32], e: usize, h: &[f32], sy: &[f32], out: &mut [f32]) {
+    for (t, (o, y)) in out.chunks_mut(e).zip(sy.chunks(e)).enumerate() {
+        let z = lamina_quant::dot_f32(&h[t * e..(t + 1) * e], gate_inp);
+        let gate = 1.0 / (1.0 + (-z).exp());
+        o.iter_mut().zip(y).for_each(|(o, y)| *o += y * gate);
+    }
 }
 
 /// Rows of a multi-sequence batch that belong to one sequence.

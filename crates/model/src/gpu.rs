@@ -7,6 +7,16 @@
 //! is recorded into one command buffer, submitted once, with one readback (the
 //! logits). Each layer's KV cache lives on the device of its layer.
 //!
+//! A mixture-of-experts block on the GPU is split (llama.cpp's `--cpu-moe`):
+//! its attention, norms, router logits and shared expert (qwen2moe) are
+//! recorded like any block's, then the submission ends and the normed
+//! feed-forward input, the router's logits and the shared expert's output
+//! come back; the CPU routes, runs the chosen experts over the mapped
+//! blocks ([`crate::cpu`]'s `routed_experts`) and adds the gated shared
+//! output, and the sum goes up for the residual add of the next
+//! submission. The activations cross once each way per split block, and
+//! the routing is the CPU path's, so a token's result is still its own.
+//!
 //! The GPU layers' caches of sequences created together
 //! ([`HybridModel::new_caches`], as the server does for its slots) share one
 //! buffer per layer, a slot of rows each, so a step that carries several of
@@ -96,10 +106,29 @@ struct GpuLayer {
     k_norm: Option<Tensor>,
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// Gate and up stacked: `[gate (n_ff), up (n_ff)]` per token.
-    gate_up: Stacked,
-    down: Weight,
+    ffn: GpuFfn,
     post_ffn_norm: Option<Tensor>,
+}
+
+/// A GPU block's feed-forward part.
+enum GpuFfn {
+    Dense {
+        /// Gate and up stacked: `[gate (n_ff), up (n_ff)]` per token.
+        gate_up: Stacked,
+        down: Weight,
+    },
+    /// A mixture of experts whose routed experts run on the CPU: the
+    /// router, and the shared expert's gate/up and down (qwen2moe).
+    Split {
+        router: Weight,
+        shared: Option<(Stacked, Weight)>,
+    },
+}
+
+impl GpuLayer {
+    fn is_split(&self) -> bool {
+        matches!(self.ffn, GpuFfn::Split { .. })
+    }
 }
 
 struct GpuHead {
@@ -227,12 +256,21 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
 }
 
 fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
-    // Placement keeps expert blocks on the CPU (plan.rs): no GPU kernel
-    // routes tokens to experts yet.
-    let Ffn::Dense { gate, up, down } = &l.ffn else {
-        return Err(ModelError::Placement(
-            "mixture-of-experts blocks run on the CPU; the plan placed one on the GPU".into(),
-        ));
+    // The routed experts stay in the map (see the module header).
+    let ffn = match &l.ffn {
+        Ffn::Dense { gate, up, down } => GpuFfn::Dense {
+            gate_up: Stacked::upload(gpu, &[gate, up])?,
+            down: upload_matrix(gpu, down)?,
+        },
+        Ffn::Moe(ex) => GpuFfn::Split {
+            router: upload_matrix(gpu, &ex.router)?,
+            shared: match &ex.shared {
+                Some((_, g, u, d)) => {
+                    Some((Stacked::upload(gpu, &[g, u])?, upload_matrix(gpu, d)?))
+                }
+                None => None,
+            },
+        },
     };
     let bqkv = match (&l.bq, &l.bk, &l.bv) {
         (Some(q), Some(k), Some(v)) => Some(upload_vec(gpu, &[&q[..], k, v].concat())?),
@@ -247,8 +285,7 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
         k_norm: upload_opt(gpu, &l.k_norm)?,
         post_attn_norm: upload_opt(gpu, &l.post_attn_norm)?,
         ffn_norm: upload_vec(gpu, &l.ffn_norm)?,
-        gate_up: Stacked::upload(gpu, &[gate, up])?,
-        down: upload_matrix(gpu, down)?,
+        ffn,
         post_ffn_norm: upload_opt(gpu, &l.post_ffn_norm)?,
     })
 }
@@ -290,6 +327,12 @@ struct Scratch {
     /// The stacked gate/up product and the gated activation.
     gu: Tensor,
     a: Tensor,
+    /// A split block's router logits, and its shared expert's stacked
+    /// gate/up product and activation (one value each where there is no
+    /// mixture or no shared expert).
+    router: Tensor,
+    sgu: Tensor,
+    sa: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
 }
@@ -343,7 +386,7 @@ impl<'a> HybridModel<'a> {
                 .zip(&plan.slots[first_gpu..])
             {
                 layers.push(upload_layer(g, l)?);
-                done += slot.weight_bytes;
+                done += slot.gpu_bytes();
                 progress(done, total);
             }
             head = Some(GpuHead {
@@ -741,6 +784,7 @@ impl<'a> HybridModel<'a> {
         let c = &self.cpu.config;
         let t = |len: usize| g.tensor(len).map_err(gpu_err);
         let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let fs = c.moe.and_then(|m| m.n_ff_shared).unwrap_or(0);
         Ok(Scratch {
             n,
             seqs,
@@ -765,6 +809,9 @@ impl<'a> HybridModel<'a> {
             o: t(n * e)?,
             gu: t(n * 2 * ff)?,
             a: t(n * ff)?,
+            router: t((n * c.moe.map_or(0, |m| m.n_expert)).max(1))?,
+            sgu: t((n * 2 * fs).max(1))?,
+            sa: t((n * fs).max(1))?,
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
@@ -879,7 +926,8 @@ impl<'a> HybridModel<'a> {
                 normed = true;
             }
         }
-        let before = b.len();
+        let mut before = b.len();
+        let mut dispatched = 0;
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
             let next_norm = self.layers.get(i + 1).map_or(&head.norm, |l| &l.attn_norm);
@@ -888,11 +936,25 @@ impl<'a> HybridModel<'a> {
                     &mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments, normed,
                 )
                 .map_err(gpu_err)?;
+            if l.is_split() {
+                // The routed experts on the CPU between two submissions;
+                // their sum comes back in `o` for the residual add.
+                dispatched += b.len() - before;
+                std::mem::replace(&mut b, g.batch())
+                    .submit()
+                    .map_err(gpu_err)?;
+                self.run_split_experts(g, il, s, n)?;
+                before = 0;
+                let post = l.post_ffn_norm.as_ref();
+                let eps = Block::new(c, il).eps;
+                b.add_rms_norm(&s.x2, &s.o, post, next_norm, cur, &s.h, e, eps)
+                    .map_err(gpu_err)?;
+                normed = true;
+            }
         }
-        self.block_dispatches.fetch_add(
-            (b.len() - before) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        dispatched += b.len() - before;
+        self.block_dispatches
+            .fetch_add(dispatched as u64, std::sync::atomic::Ordering::Relaxed);
         if !normed {
             b.rms_norm(cur, &head.norm, &s.h, e, c.rms_eps)
                 .map_err(gpu_err)?;
@@ -1101,6 +1163,12 @@ impl<'a> HybridModel<'a> {
                 blk.attn_scale,
             )?;
         }
+        if l.is_split() {
+            // Ends with the hidden state in `spare`: the step submits, runs
+            // the routed experts and adds them (see gpu_step).
+            self.record_split(b, il, l, s, cur, spare, n)?;
+            return Ok(false);
+        }
         self.record_ffn(b, il, l, next_norm, s, cur, spare, n, folded)
     }
 
@@ -1129,9 +1197,12 @@ impl<'a> HybridModel<'a> {
             && b.gpu().norm_prologue()
             && l.post_attn_norm.is_none()
             && l.post_ffn_norm.is_none();
-        match &l.gate_up.parts[..] {
-            [w] if folds && b.glu_fuses(w, n) => Some(w),
-            _ => None,
+        match &l.ffn {
+            GpuFfn::Dense { gate_up, .. } => match &gate_up.parts[..] {
+                [w] if folds && b.glu_fuses(w, n) => Some(w),
+                _ => None,
+            },
+            GpuFfn::Split { .. } => None,
         }
     }
 
@@ -1227,6 +1298,15 @@ impl<'a> HybridModel<'a> {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
+        let (gate_up, down) = match &l.ffn {
+            GpuFfn::Dense { gate_up, down } => (gate_up, down),
+            GpuFfn::Split { .. } => {
+                return Err(lamina_gpu::GpuError::Shape {
+                    op: "record_ffn",
+                    message: "a split block's feed-forward is recorded by record_split".into(),
+                })
+            }
+        };
         if let Some(w) = folded {
             let add = Fuse {
                 add: true,
@@ -1234,23 +1314,105 @@ impl<'a> HybridModel<'a> {
             };
             b.matmul_fused(&l.wo, &s.attn, cur, Columns::packed(n, &l.wo), add)?;
             b.matmul_glu_normed(w, cur, &s.gu, &s.a, n, gate, (&l.ffn_norm, blk.eps))?;
-            b.matmul_fused(&l.down, &s.a, cur, Columns::packed(n, &l.down), add)?;
+            b.matmul_fused(down, &s.a, cur, Columns::packed(n, down), add)?;
             return Ok(false);
         }
-        b.matmul(&l.wo, &s.attn, &s.o, n)?;
-        let post = l.post_attn_norm.as_ref();
-        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, blk.eps)?;
-        match &l.gate_up.parts[..] {
+        self.record_attn_out(b, il, l, s, cur, spare, n)?;
+        match &gate_up.parts[..] {
             // One weight: the activation in the mat-vec's epilogue.
             [w] => b.matmul_glu(w, &s.h, &s.gu, &s.a, n, gate)?,
             _ => {
-                l.gate_up.record(b, &s.h, &s.gu, n, None)?;
+                gate_up.record(b, &s.h, &s.gu, n, None)?;
                 b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
             }
         }
-        b.matmul(&l.down, &s.a, &s.o, n)?;
+        b.matmul(down, &s.a, &s.o, n)?;
         let post = l.post_ffn_norm.as_ref();
         b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, blk.eps)?;
         Ok(true)
+    }
+
+    /// The attention output product and its residual add: `spare` gets
+    /// the hidden state, `s.h` its feed-forward norm.
+    #[allow(clippy::too_many_arguments)]
+    fn record_attn_out(
+        &self,
+        b: &mut Batch<'_>,
+        il: usize,
+        l: &GpuLayer,
+        s: &Scratch,
+        cur: &Tensor,
+        spare: &Tensor,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let c = &self.cpu.config;
+        let eps = Block::new(c, il).eps;
+        b.matmul(&l.wo, &s.attn, &s.o, n)?;
+        let post = l.post_attn_norm.as_ref();
+        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, c.n_embd, eps)
+    }
+
+    /// A split block's GPU part of its feed-forward, after its attention:
+    /// `spare` gets the hidden state, `s.h` the normed input, `s.router`
+    /// the router's logits and `s.o` the shared expert's output (qwen2moe,
+    /// before its gate).
+    #[allow(clippy::too_many_arguments)]
+    fn record_split(
+        &self,
+        b: &mut Batch<'_>,
+        il: usize,
+        l: &GpuLayer,
+        s: &Scratch,
+        cur: &Tensor,
+        spare: &Tensor,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let GpuFfn::Split { router, shared } = &l.ffn else {
+            return Ok(());
+        };
+        self.record_attn_out(b, il, l, s, cur, spare, n)?;
+        b.matmul(router, &s.h, &s.router, n)?;
+        if let Some((gate_up, down)) = shared {
+            match &gate_up.parts[..] {
+                [w] => b.matmul_glu(w, &s.h, &s.sgu, &s.sa, n, Gate::Silu)?,
+                _ => {
+                    gate_up.record(b, &s.h, &s.sgu, n, None)?;
+                    b.glu_stacked_n(&s.sgu, &s.sa, down.cols(), n, Gate::Silu)?;
+                }
+            }
+            b.matmul(down, &s.sa, &s.o, n)?;
+        }
+        Ok(())
+    }
+
+    /// The CPU part of split block `il` over the `n` tokens of a step whose
+    /// submission [`Self::record_split`] ended: reads back the normed
+    /// input, the router's logits and the shared expert's output, runs the
+    /// routed experts and writes the block's feed-forward output to `s.o`.
+    fn run_split_experts(
+        &self,
+        g: &Gpu,
+        il: usize,
+        s: &Scratch,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.cpu.config;
+        let e = c.n_embd;
+        let (Ffn::Moe(ex), Some(m)) = (&self.cpu.weights.layers[il].ffn, c.moe) else {
+            return Err(ModelError::Placement(format!(
+                "blk.{il} was split but has no experts"
+            )));
+        };
+        let h = g.read_f32_range(&s.h, 0, n * e).map_err(gpu_err)?;
+        let mut logits = g
+            .read_f32_range(&s.router, 0, n * m.n_expert)
+            .map_err(gpu_err)?;
+        let mut out = vec![0.0f32; n * e];
+        crate::cpu::routed_experts(ex, &m, e, &h, n, &mut logits, &mut out)?;
+        if let Some((gate_inp, ..)) = &ex.shared {
+            let sy = g.read_f32_range(&s.o, 0, n * e).map_err(gpu_err)?;
+            crate::cpu::add_shared(gate_inp, e, &h, &sy, &mut out);
+        }
+        g.write_f32(&s.o, &out).map_err(gpu_err)
     }
 }

@@ -158,13 +158,22 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
     while i < p.slots.len() {
         let s = &p.slots[i];
         let mut j = i;
-        let (mut w, mut kv) = (0u64, 0u64);
+        let (mut w, mut x, mut kv) = (0u64, 0u64, 0u64);
         while j < p.slots.len()
             && p.slots[j].device == s.device
             && (p.slots[j].name == "output") == (s.name == "output")
         {
-            w += p.slots[j].weight_bytes;
-            kv = kv.saturating_add(p.slots[j].kv_bytes);
+            // A block on the GPU counts there without its routed experts,
+            // which get a line of their own on the CPU.
+            let sj = &p.slots[j];
+            match sj.device {
+                Device::Gpu => {
+                    w += sj.gpu_bytes();
+                    x += sj.expert_bytes;
+                }
+                Device::Cpu => w += sj.weight_bytes,
+            }
+            kv = kv.saturating_add(sj.kv_bytes);
             j += 1;
         }
         let name = if j - i == 1 {
@@ -182,6 +191,15 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
             human_size(w),
             human_size(kv)
         );
+        if x > 0 {
+            let _ = writeln!(
+                out,
+                "  {name:<10} {:<6} {:>12} {:>12}  routed experts (ffn_*_exps): no GPU expert kernel yet",
+                "CPU",
+                human_size(x),
+                "-"
+            );
+        }
         i = j;
     }
     let _ = writeln!(
@@ -227,13 +245,6 @@ pub fn held_note(p: &Plan) -> Option<String> {
     } else {
         " and every slot before it"
     };
-    if p.held.iter().any(|h| h.tensor.contains("_exps.")) {
-        return Some(format!(
-            "  {name}{before} stayed on the CPU: its mixture of experts runs on the CPU \
-             (no GPU kernel routes tokens to experts yet) (-ngl asked {}, placed {})",
-            p.asked, p.ngl
-        ));
-    }
     Some(format!(
         "  {name}{before} stayed on the CPU: no GPU kernel for {} (-ngl asked {}, placed {})",
         tensors.join(", "),

@@ -9,6 +9,12 @@
 //! always stays on the CPU. A tied head (no `output.weight`) needs its own GPU
 //! copy of `token_embd`, so it is counted on the GPU while the map keeps the
 //! embedding rows for the lookup.
+//!
+//! A mixture-of-experts block on the GPU is split (llama.cpp's `--cpu-moe`):
+//! its routed experts (`ffn_{gate,up,down}_exps`) stay in host memory and
+//! run on the CPU over the mapped blocks, everything else of the block goes
+//! to the GPU. No GPU kernel routes tokens to experts yet, so every
+//! offloaded block is split; [`Slot::expert_bytes`] counts what stays.
 
 use lamina_gguf::{GgmlType, Model};
 
@@ -47,8 +53,27 @@ pub struct Slot {
     /// `blk.N` or `output`.
     pub name: String,
     pub device: Device,
+    /// All of the slot's weights, wherever they are.
     pub weight_bytes: u64,
+    /// The routed experts' share of `weight_bytes`: in host memory even
+    /// when the slot is on the GPU (0 for a dense block).
+    pub expert_bytes: u64,
     pub kv_bytes: u64,
+}
+
+impl Slot {
+    /// The bytes of this slot's weights in GPU memory.
+    pub fn gpu_bytes(&self) -> u64 {
+        match self.device {
+            Device::Gpu => self.weight_bytes - self.expert_bytes,
+            Device::Cpu => 0,
+        }
+    }
+
+    /// A block on the GPU whose routed experts run on the CPU.
+    pub fn is_split(&self) -> bool {
+        self.device == Device::Gpu && self.expert_bytes > 0
+    }
 }
 
 /// A tensor that kept its slot, and every slot before it, off the GPU.
@@ -90,6 +115,16 @@ impl Plan {
     pub fn cpu_total(&self) -> u64 {
         self.cpu_weights.saturating_add(self.cpu_kv)
     }
+
+    /// The routed experts of the blocks on the GPU, in host memory (part
+    /// of `cpu_weights`).
+    pub fn split_expert_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter(|s| s.device == Device::Gpu)
+            .map(|s| s.expert_bytes)
+            .sum()
+    }
 }
 
 /// What placement needs of a file: each slot's weight bytes (`n_layer + 1`
@@ -98,6 +133,8 @@ impl Plan {
 #[derive(Clone, Debug, Default)]
 pub struct Layout {
     pub bytes: Vec<u64>,
+    /// Each slot's routed experts' bytes (part of `bytes`).
+    pub experts: Vec<u64>,
     pub embd: u64,
     pub tied: bool,
     pub no_kernel: Vec<Vec<Held>>,
@@ -120,6 +157,7 @@ impl Layout {
 pub fn layout(model: &Model, c: &Config) -> Layout {
     let mut l = Layout {
         bytes: vec![0u64; c.n_layer + 1],
+        experts: vec![0u64; c.n_layer + 1],
         no_kernel: vec![Vec::new(); c.n_layer + 1],
         ..Layout::default()
     };
@@ -152,10 +190,11 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             _ => c.n_layer,
         };
         l.bytes[slot] += bytes;
-        // The experts of a mixture run on the CPU for now: their block is
-        // held there like a tensor without a GPU kernel.
-        let expert = name.contains("_exps.") || name.contains(".ffn_gate_inp.");
-        if expert || !lamina_gpu::has_kernel(t.info.ty) {
+        // The routed experts stay in host memory wherever their block is
+        // (the router and the shared expert go with it).
+        if name.contains("_exps.") {
+            l.experts[slot] += bytes;
+        } else if !lamina_gpu::has_kernel(t.info.ty) {
             l.no_kernel[slot].push(Held {
                 tensor: name.clone(),
                 ty: t.info.ty,
@@ -244,9 +283,11 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
             w
         };
         let kv = if i < n_layer { kv_layer(i) } else { 0 };
+        let experts = l.experts.get(i).copied().unwrap_or(0);
         match device {
             Device::Gpu => {
-                plan.gpu_weights += w;
+                plan.gpu_weights += w - experts;
+                plan.cpu_weights += experts;
                 plan.gpu_kv = plan.gpu_kv.saturating_add(kv);
             }
             Device::Cpu => {
@@ -262,6 +303,7 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
             },
             device,
             weight_bytes: w,
+            expert_bytes: experts,
             kv_bytes: kv,
         });
     }
@@ -282,7 +324,11 @@ fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
     if !blocks {
         return logits.saturating_add(b * c.n_embd as u64 * f);
     }
-    let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) as u64;
+    // A split block's router logits and shared expert besides.
+    let moe = c
+        .moe
+        .map_or(0, |m| m.n_expert + 3 * m.n_ff_shared.unwrap_or(0));
+    let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + moe) as u64;
     // The attention partials: head_dim + 4 values per head and chunk.
     let scores = lamina_gpu::attention_scratch_len(1, c.n_head, c.head_dim, p.n_ctx) as u64;
     (b * f)
@@ -394,6 +440,7 @@ mod tests {
     fn layout(bytes: &[u64], embd: u64, tied: bool) -> Layout {
         Layout {
             bytes: bytes.to_vec(),
+            experts: vec![0; bytes.len()],
             embd,
             tied,
             no_kernel: vec![Vec::new(); bytes.len()],
@@ -442,6 +489,29 @@ mod tests {
         assert_eq!(none.held[0].tensor, "output.weight");
         // fit never counts a held slot as fitting, however large the budget.
         assert!((0..=5).all(|n| plan_from_layout(&l, &c, n, &p).ngl == 0));
+    }
+
+    #[test]
+    fn an_offloaded_blocks_routed_experts_stay_in_host_memory() {
+        let c = cfg(2);
+        let p = PlanParams::default();
+        let mut l = layout(&[100, 100, 50], 7, false);
+        l.experts = vec![60, 60, 0];
+        let all = plan_from_layout(&l, &c, 3, &p);
+        assert_eq!(all.ngl, 3);
+        assert_eq!(all.gpu_weights, 40 + 40 + 50);
+        assert_eq!(all.cpu_weights, 7 + 60 + 60);
+        assert_eq!(all.split_expert_bytes(), 120);
+        assert!(all.slots[0].is_split() && all.slots[1].is_split());
+        assert!(!all.slots[2].is_split());
+        assert_eq!(all.slots[0].gpu_bytes(), 40);
+        // A block on the CPU holds its experts as its other weights.
+        let two = plan_from_layout(&l, &c, 2, &p);
+        assert_eq!(two.gpu_weights, 40 + 50);
+        assert_eq!(two.cpu_weights, 7 + 100 + 60);
+        assert_eq!(two.split_expert_bytes(), 60);
+        assert!(!two.slots[0].is_split());
+        assert_eq!(two.slots[0].gpu_bytes(), 0);
     }
 
     #[test]
