@@ -238,6 +238,12 @@ impl HybridCache {
     }
 }
 
+/// Values per token a split block reads back (see `Scratch::moe_io`).
+fn moe_io_width(c: &Config, m: &crate::config::Moe) -> usize {
+    let shared = if m.n_ff_shared.is_some() { c.n_embd } else { 0 };
+    c.n_embd + m.n_expert + shared
+}
+
 fn upload_matrix(gpu: &Gpu, m: &Matrix<'_>) -> Result<Weight, ModelError> {
     gpu.upload_weight(m.ty, m.rows, m.cols, m.data)
         .map_err(|e| ModelError::Gpu(format!("{}: {e}", m.name)))
@@ -327,10 +333,13 @@ struct Scratch {
     /// The stacked gate/up product and the gated activation.
     gu: Tensor,
     a: Tensor,
-    /// A split block's router logits, and its shared expert's stacked
-    /// gate/up product and activation (one value each where there is no
-    /// mixture or no shared expert).
-    router: Tensor,
+    /// What a split block hands the CPU, read back at once: the normed
+    /// feed-forward input (`n · n_embd`), the router's logits
+    /// (`n · n_expert`) and the shared expert's output (`n · n_embd`,
+    /// qwen2moe); and the shared expert's stacked gate/up product and
+    /// activation (one value each where there is no mixture or no shared
+    /// expert).
+    moe_io: Tensor,
     sgu: Tensor,
     sa: Tensor,
     /// The attention chunks' partials.
@@ -809,7 +818,7 @@ impl<'a> HybridModel<'a> {
             o: t(n * e)?,
             gu: t(n * 2 * ff)?,
             a: t(n * ff)?,
-            router: t((n * c.moe.map_or(0, |m| m.n_expert)).max(1))?,
+            moe_io: t((n * c.moe.map_or(0, |m| moe_io_width(c, &m))).max(1))?,
             sgu: t((n * 2 * fs).max(1))?,
             sa: t((n * fs).max(1))?,
             scores: t(lamina_gpu::attention_scratch_len(
@@ -1353,9 +1362,9 @@ impl<'a> HybridModel<'a> {
     }
 
     /// A split block's GPU part of its feed-forward, after its attention:
-    /// `spare` gets the hidden state, `s.h` the normed input, `s.router`
-    /// the router's logits and `s.o` the shared expert's output (qwen2moe,
-    /// before its gate).
+    /// `spare` gets the hidden state, `s.h` the normed input, and
+    /// `s.moe_io` that input, the router's logits and the shared expert's
+    /// output (qwen2moe, before its gate) side by side.
     #[allow(clippy::too_many_arguments)]
     fn record_split(
         &self,
@@ -1371,7 +1380,23 @@ impl<'a> HybridModel<'a> {
             return Ok(());
         };
         self.record_attn_out(b, il, l, s, cur, spare, n)?;
-        b.matmul(router, &s.h, &s.router, n)?;
+        let e = self.cpu.config.n_embd;
+        let nx = router.rows();
+        b.copy(&s.h, 0, &s.moe_io, 0, n * e)?;
+        let at = |y_offset, w: &Weight| Columns {
+            n,
+            x_offset: 0,
+            x_stride: w.cols(),
+            y_offset,
+            y_stride: w.rows(),
+        };
+        b.matmul_strided(
+            MatmulKernel::Auto,
+            router,
+            &s.h,
+            &s.moe_io,
+            at(n * e, router),
+        )?;
         if let Some((gate_up, down)) = shared {
             match &gate_up.parts[..] {
                 [w] => b.matmul_glu(w, &s.h, &s.sgu, &s.sa, n, Gate::Silu)?,
@@ -1380,7 +1405,8 @@ impl<'a> HybridModel<'a> {
                     b.glu_stacked_n(&s.sgu, &s.sa, down.cols(), n, Gate::Silu)?;
                 }
             }
-            b.matmul(down, &s.sa, &s.o, n)?;
+            let y = at(n * (e + nx), down);
+            b.matmul_strided(MatmulKernel::Auto, down, &s.sa, &s.moe_io, y)?;
         }
         Ok(())
     }
@@ -1403,15 +1429,16 @@ impl<'a> HybridModel<'a> {
                 "blk.{il} was split but has no experts"
             )));
         };
-        let h = g.read_f32_range(&s.h, 0, n * e).map_err(gpu_err)?;
-        let mut logits = g
-            .read_f32_range(&s.router, 0, n * m.n_expert)
+        // One readback: the input, the logits, the shared output.
+        let mut io = g
+            .read_f32_range(&s.moe_io, 0, n * moe_io_width(c, &m))
             .map_err(gpu_err)?;
+        let (h, rest) = io.split_at_mut(n * e);
+        let (logits, sy) = rest.split_at_mut(n * m.n_expert);
         let mut out = vec![0.0f32; n * e];
-        crate::cpu::routed_experts(ex, &m, e, &h, n, &mut logits, &mut out)?;
+        crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?;
         if let Some((gate_inp, ..)) = &ex.shared {
-            let sy = g.read_f32_range(&s.o, 0, n * e).map_err(gpu_err)?;
-            crate::cpu::add_shared(gate_inp, e, &h, &sy, &mut out);
+            crate::cpu::add_shared(gate_inp, e, h, sy, &mut out);
         }
         g.write_f32(&s.o, &out).map_err(gpu_err)
     }
