@@ -209,6 +209,9 @@ mod tests {
             "f.gguf",
             "-ngl",
             "99",
+            "-cmoe",
+            "-ncmoe",
+            "3",
             "-np",
             "2",
             "-c",
@@ -257,6 +260,8 @@ mod tests {
             s.placement.ngl,
             "99".parse::<lamina_model::placement::Ngl>().unwrap()
         );
+        assert!(s.placement.moe.cpu_moe);
+        assert_eq!(s.placement.moe.n_cpu_moe, Some(3));
         assert_eq!(s.parallel, 2);
         assert_eq!(s.ctx, Some(512));
         assert_eq!(s.sampling.n_predict(), Some(64));

@@ -268,9 +268,10 @@ fn iq_lattice_types_give_the_cpu_tokens_on_the_gpu() {
 /// keys): every reader accepts them, they run, and at `--ngl all` their
 /// blocks are split, the routed experts on the CPU (the table says so)
 /// and the rest on the GPU, with the greedy tokens of `--ngl 0`.
-/// llama.cpp's `-cmoe` and `-ncmoe N` are accepted and say what they did.
+/// llama.cpp's `-cmoe` and `-ncmoe N` are accepted and say what they did;
+/// `fit` counts the offloaded blocks' experts on the CPU.
 #[test]
-fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
+fn a_synthetic_mixture_of_experts_splits_its_blocks_with_the_experts_on_the_cpu() {
     let dir = std::env::temp_dir().join(format!("lamina-synth-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let vocab = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -338,6 +339,20 @@ fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
         assert!(log.contains("--cpu-moe: every offloaded"), "{log}");
         let (_, log) = run("all", &["-ncmoe", "2"]);
         assert!(log.contains("--n-cpu-moe 2:"), "{log}");
+        let r = lamina(&["fit", "-m", out.to_str().unwrap(), "-c", "256", "--json"]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        let rows = v["rows"].as_array().unwrap();
+        let experts = |i: usize| rows[i]["cpu_expert_bytes"].as_u64().unwrap();
+        let all_experts: u64 = m
+            .tensors()
+            .filter(|t| t.info.name.contains("_exps."))
+            .map(|t| t.info.n_bytes)
+            .sum();
+        assert!(all_experts > 0);
+        assert_eq!(experts(0), 0, "{shape}: nothing offloaded");
+        assert_eq!(experts(1), 0, "{shape}: the head alone");
+        assert_eq!(experts(5), all_experts, "{shape}: every block split");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
