@@ -41,37 +41,34 @@ pub struct Placement {
 }
 
 /// llama.cpp's placement of a mixture of experts' routed experts
-/// (`ffn_{gate,up,down}_exps`). Lamina splits every offloaded
-/// mixture-of-experts block this way already: its attention, norms, router
-/// and shared expert on the GPU, its routed experts in system RAM on the
-/// CPU, since no GPU kernel runs experts yet. The flags are accepted so
-/// llama.cpp's command lines work, and say so at load.
+/// (`ffn_{gate,up,down}_exps`). An offloaded mixture-of-experts block runs
+/// its attention, norms, router and shared expert on the GPU; its routed
+/// experts stay in system RAM and run on the CPU (a split block) unless
+/// `--n-cpu-moe N` sends those of the blocks from N on to the GPU.
+/// Unlike llama.cpp, whose experts go with their block unless told
+/// otherwise, Lamina keeps them in RAM by default: its GPU experts are
+/// routed on the CPU, a second round trip per block and step.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct MoeFlags {
-    /// Keep every block's routed experts in system RAM, the rest of each
-    /// offloaded block on the GPU (llama.cpp's --cpu-moe, also -cmoe).
-    /// Lamina does this with or without the flag: it has no GPU expert
-    /// kernel yet.
+    /// Keep every block's routed experts in system RAM, run on the CPU,
+    /// the rest of each offloaded block on the GPU (llama.cpp's --cpu-moe,
+    /// also -cmoe). Lamina's default; wins over --n-cpu-moe.
     #[arg(long = "cpu-moe")]
     pub cpu_moe: bool,
-    /// Keep the routed experts of the first N blocks in system RAM
-    /// (llama.cpp's --n-cpu-moe, also -ncmoe). Accepted, but every offloaded
-    /// block's experts are in RAM whatever N is: no GPU expert kernel yet.
+    /// Keep only the routed experts of the first N blocks in system RAM;
+    /// the later offloaded blocks' go to the GPU with their block
+    /// (llama.cpp's --n-cpu-moe, also -ncmoe; 0: every offloaded block's).
     #[arg(long = "n-cpu-moe", value_name = "N")]
     pub n_cpu_moe: Option<usize>,
 }
 
 impl MoeFlags {
-    /// What the flags did, for the log at load (`None` when neither was given).
-    pub fn note(&self) -> Option<String> {
-        let all = "every offloaded mixture-of-experts block keeps its routed experts \
-                   (ffn_*_exps) in system RAM, run on the CPU, and the rest on the GPU";
+    /// The blocks whose routed experts stay in RAM: the first
+    /// [`lamina_model::plan::PlanParams::cpu_moe`].
+    pub fn blocks(&self) -> usize {
         match (self.cpu_moe, self.n_cpu_moe) {
-            (_, Some(n)) => Some(format!(
-                "--n-cpu-moe {n}: {all}, not only the first {n} blocks' (no GPU expert kernel yet)"
-            )),
-            (true, None) => Some(format!("--cpu-moe: {all} (as without the flag)")),
-            (false, None) => None,
+            (false, Some(n)) => n,
+            _ => usize::MAX,
         }
     }
 }

@@ -22,8 +22,8 @@ pub struct FitArgs<'a> {
     /// The KV cache types the plans count.
     pub kv: lamina_model::KvTypes,
     pub json: bool,
-    /// What `--cpu-moe` / `--n-cpu-moe` did, when given.
-    pub moe_note: Option<String>,
+    /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
+    pub cpu_moe: usize,
     /// Probe the CPU's and the GPU's kernel bandwidth and predict decode speed.
     pub measure: bool,
 }
@@ -140,6 +140,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     let params = |n_ctx| PlanParams {
         n_ctx,
         n_parallel: a.n_parallel,
+        cpu_moe: a.cpu_moe,
         ..PlanParams::default()
     };
     let main_ctx = a.n_ctx.unwrap_or(cfg.context_length.min(4096));
@@ -258,12 +259,10 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     }
     if moe {
         println!(
-            "  CPU experts: the routed experts (ffn_*_exps) of the offloaded blocks, in system RAM \
-             and run on the CPU (llama.cpp's --cpu-moe; no GPU expert kernel yet)"
+            "  CPU experts: the routed experts (ffn_*_exps) of the offloaded blocks kept in system \
+             RAM and run on the CPU: all of them by default (--cpu-moe), the first N blocks' with \
+             --n-cpu-moe N"
         );
-    }
-    if let Some(note) = &a.moe_note {
-        println!("  {note}");
     }
     if let Some(note) = &held_note {
         println!("{note}");

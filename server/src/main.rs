@@ -281,13 +281,6 @@ enum BenchCommand {
     },
 }
 
-/// Says on stderr what `--cpu-moe` / `--n-cpu-moe` did, when given.
-fn moe_note(moe: &cli::MoeFlags) {
-    if let Some(n) = moe.note() {
-        eprintln!("lamina: {n}");
-    }
-}
-
 fn thread_pool(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(t) = threads {
         rayon::ThreadPoolBuilder::new()
@@ -330,7 +323,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement,
         } => {
             thread_pool(threads)?;
-            moe_note(&placement.moe);
             let sampler = sampling.sampler_with(&lamina_model::FileSampling::open(&file))?;
             run::run(run::RunArgs {
                 file,
@@ -353,11 +345,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ngl: placement.ngl,
                 gpu_memory: placement.gpu_memory,
                 kv: placement.cache.types(),
+                cpu_moe: placement.moe.blocks(),
             })?
         }
         Command::Serve(a) => {
             thread_pool(a.threads)?;
-            moe_note(&a.placement.moe);
             serve::run(serve_args(*a)?)?
         }
         Command::Synth {
@@ -389,7 +381,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             measure,
         } => fit::run(fit::FitArgs {
-            moe_note: moe.note(),
+            cpu_moe: moe.blocks(),
             file: &file,
             budget: gpu_memory,
             n_ctx: ctx,
@@ -477,7 +469,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
         } => {
             thread_pool(threads)?;
-            moe_note(&moe);
             bench::model(&bench::ModelArgs {
                 file,
                 n_prompt,
@@ -486,6 +477,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 depth,
                 ngl,
                 kv: cache.types(),
+                cpu_moe: moe.blocks(),
                 npl,
                 json,
             })?
@@ -497,15 +489,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             no_parse_special,
             json,
         } => score::tokenize(&file, &text, !no_bos, !no_parse_special, json)?,
-        Command::Score { file, placement } => {
-            moe_note(&placement.moe);
-            score::score(
-                &file,
-                placement.ngl,
-                placement.gpu_memory,
-                placement.cache.types(),
-            )?
-        }
+        Command::Score { file, placement } => score::score(
+            &file,
+            placement.ngl,
+            placement.gpu_memory,
+            placement.cache.types(),
+            placement.moe.blocks(),
+        )?,
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
     Ok(())
@@ -582,6 +572,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         ngl: a.placement.ngl,
         gpu_memory: a.placement.gpu_memory,
         kv: a.placement.cache.types(),
+        cpu_moe: a.placement.moe.blocks(),
         shutdown_grace_s: a.shutdown_grace,
         no_mmap: a.no_mmap,
     })

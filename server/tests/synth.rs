@@ -268,8 +268,9 @@ fn iq_lattice_types_give_the_cpu_tokens_on_the_gpu() {
 /// keys): every reader accepts them, they run, and at `--ngl all` their
 /// blocks are split, the routed experts on the CPU (the table says so)
 /// and the rest on the GPU, with the greedy tokens of `--ngl 0`.
-/// llama.cpp's `-cmoe` and `-ncmoe N` are accepted and say what they did;
-/// `fit` counts the offloaded blocks' experts on the CPU.
+/// llama.cpp's `-cmoe` places as the default does, `-ncmoe N` puts the
+/// experts of blocks N.. on the GPU (the same tokens again); `fit` counts
+/// the offloaded blocks' experts on the CPU.
 #[test]
 fn a_synthetic_mixture_of_experts_splits_its_blocks_with_the_experts_on_the_cpu() {
     let dir = std::env::temp_dir().join(format!("lamina-synth-moe-{}", std::process::id()));
@@ -336,9 +337,12 @@ fn a_synthetic_mixture_of_experts_splits_its_blocks_with_the_experts_on_the_cpu(
         assert_eq!(cpu, gpu, "{shape}");
         let (flagged, log) = run("all", &["-cmoe"]);
         assert_eq!(flagged, gpu, "{shape}: -cmoe places what no flag does");
-        assert!(log.contains("--cpu-moe: every offloaded"), "{log}");
-        let (_, log) = run("all", &["-ncmoe", "2"]);
-        assert!(log.contains("--n-cpu-moe 2:"), "{log}");
+        assert!(log.contains("blk.0-3    CPU"), "{shape}: {log}");
+        let (two, log) = run("all", &["-ncmoe", "2"]);
+        assert_eq!(two, cpu, "{shape}: experts of blocks 2 and 3 on the GPU");
+        assert!(log.contains("blk.0-1    CPU"), "{shape}: {log}");
+        assert!(log.contains("blk.2-3    GPU"), "{shape}: {log}");
+        assert!(!log.contains("blk.2-3    CPU"), "{shape}: {log}");
         let r = lamina(&["fit", "-m", out.to_str().unwrap(), "-c", "256", "--json"]);
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
         let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
@@ -353,6 +357,20 @@ fn a_synthetic_mixture_of_experts_splits_its_blocks_with_the_experts_on_the_cpu(
         assert_eq!(experts(0), 0, "{shape}: nothing offloaded");
         assert_eq!(experts(1), 0, "{shape}: the head alone");
         assert_eq!(experts(5), all_experts, "{shape}: every block split");
+        let r = lamina(&[
+            "fit",
+            "-m",
+            out.to_str().unwrap(),
+            "-c",
+            "256",
+            "--json",
+            "-ncmoe",
+            "1",
+        ]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        let row = &v["rows"].as_array().unwrap()[5];
+        assert_eq!(row["cpu_expert_bytes"].as_u64().unwrap(), all_experts / 4);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

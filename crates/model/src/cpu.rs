@@ -284,25 +284,7 @@ pub(crate) fn routed_experts(
     out: &mut [f32],
 ) -> Result<(), ModelError> {
     let (nx, k) = (m.n_expert, m.n_used);
-    let mut chosen = vec![(0usize, 0.0f32); n * k];
-    let mut order: Vec<usize> = Vec::with_capacity(nx);
-    for (row, sel) in logits[..n * nx].chunks_mut(nx).zip(chosen.chunks_mut(k)) {
-        ops::softmax(row);
-        order.clear();
-        order.extend(0..nx);
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        for (s, &i) in sel.iter_mut().zip(&order) {
-            *s = (i, row[i]);
-        }
-        if m.norm_weights {
-            // llama.cpp clamps the sum to f16's smallest normal.
-            let sum = sel.iter().map(|s| s.1).sum::<f32>().max(6.103_515_6e-5);
-            sel.iter_mut().for_each(|s| s.1 /= sum);
-        }
-        if m.weights_scale != 0.0 && m.weights_scale != 1.0 {
-            sel.iter_mut().for_each(|s| s.1 *= m.weights_scale);
-        }
-    }
+    let chosen = route(m, n, logits);
     // Each expert over the tokens that chose it; outputs by (token, slot).
     let mut ys = vec![0.0f32; n * k * e];
     let (mut xin, mut y, mut g, mut u) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -335,7 +317,46 @@ pub(crate) fn routed_experts(
             ys[i * e..(i + 1) * e].copy_from_slice(&y[j * e..(j + 1) * e]);
         }
     }
-    for (t, o) in out[..n * e].chunks_mut(e).enumerate() {
+    weigh_experts(&chosen, k, e, &ys, &mut out[..n * e]);
+    Ok(())
+}
+
+/// Routing from the router's `logits` (`n_expert` per token, softmaxed in
+/// place): each token's `n_used` (expert, weight) pairs in slot order.
+pub(crate) fn route(m: &Moe, n: usize, logits: &mut [f32]) -> Vec<(usize, f32)> {
+    let (nx, k) = (m.n_expert, m.n_used);
+    let mut chosen = vec![(0usize, 0.0f32); n * k];
+    let mut order: Vec<usize> = Vec::with_capacity(nx);
+    for (row, sel) in logits[..n * nx].chunks_mut(nx).zip(chosen.chunks_mut(k)) {
+        ops::softmax(row);
+        order.clear();
+        order.extend(0..nx);
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        for (s, &i) in sel.iter_mut().zip(&order) {
+            *s = (i, row[i]);
+        }
+        if m.norm_weights {
+            // llama.cpp clamps the sum to f16's smallest normal.
+            let sum = sel.iter().map(|s| s.1).sum::<f32>().max(6.103_515_6e-5);
+            sel.iter_mut().for_each(|s| s.1 /= sum);
+        }
+        if m.weights_scale != 0.0 && m.weights_scale != 1.0 {
+            sel.iter_mut().for_each(|s| s.1 *= m.weights_scale);
+        }
+    }
+    chosen
+}
+
+/// `out = Σ_slot w · y` per token, in slot order, product then add: the
+/// experts' outputs `ys` by (token, slot), `k` slots a token.
+pub(crate) fn weigh_experts(
+    chosen: &[(usize, f32)],
+    k: usize,
+    e: usize,
+    ys: &[f32],
+    out: &mut [f32],
+) {
+    for (t, o) in out.chunks_mut(e).enumerate() {
         for s in 0..k {
             let w = chosen[t * k + s].1;
             let y = &ys[(t * k + s) * e..][..e];
@@ -346,7 +367,6 @@ pub(crate) fn routed_experts(
             }
         }
     }
-    Ok(())
 }
 
 /// `out += sigmoid(h · gate_inp) · sy` per token: the qwen2moe shared

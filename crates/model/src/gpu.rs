@@ -75,11 +75,24 @@ impl Stacked {
         n: usize,
         fuse: Option<Fuse<'_>>,
     ) -> Result<(), lamina_gpu::GpuError> {
-        let mut at = 0;
+        self.record_from(b, x, y, 0, n, fuse)
+    }
+
+    /// [`Stacked::record`] for columns `first..first + n` of `x` and `y`.
+    fn record_from(
+        &self,
+        b: &mut Batch<'_>,
+        x: &Tensor,
+        y: &Tensor,
+        first: usize,
+        n: usize,
+        fuse: Option<Fuse<'_>>,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let mut at = first * self.rows;
         for w in &self.parts {
             let cols = Columns {
                 n,
-                x_offset: 0,
+                x_offset: first * w.cols(),
                 x_stride: w.cols(),
                 y_offset: at,
                 y_stride: self.rows,
@@ -117,17 +130,28 @@ enum GpuFfn {
         gate_up: Stacked,
         down: Weight,
     },
-    /// A mixture of experts whose routed experts run on the CPU: the
-    /// router, and the shared expert's gate/up and down (qwen2moe).
+    /// A mixture of experts, its tokens routed on the CPU: the router,
+    /// the shared expert's gate/up and down (qwen2moe), and each routed
+    /// expert's gate/up and down where they are on the GPU (`--n-cpu-moe`;
+    /// empty where they run on the CPU, a split block).
     Split {
         router: Weight,
         shared: Option<(Stacked, Weight)>,
+        experts: Vec<(Stacked, Weight)>,
     },
 }
 
 impl GpuLayer {
+    /// A mixture of experts: the step's submission ends after its router.
     fn is_split(&self) -> bool {
         matches!(self.ffn, GpuFfn::Split { .. })
+    }
+
+    fn gpu_experts(&self) -> &[(Stacked, Weight)] {
+        match &self.ffn {
+            GpuFfn::Split { experts, .. } => experts,
+            GpuFfn::Dense { .. } => &[],
+        }
     }
 }
 
@@ -261,8 +285,9 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
     ModelError::Gpu(e.to_string())
 }
 
-fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
-    // The routed experts stay in the map (see the module header).
+/// Uploads block `l`; a mixture's routed experts only with `experts` (else
+/// they stay in the map, see the module header).
+fn upload_layer(gpu: &Gpu, l: &Layer<'_>, experts: bool) -> Result<GpuLayer, ModelError> {
     let ffn = match &l.ffn {
         Ffn::Dense { gate, up, down } => GpuFfn::Dense {
             gate_up: Stacked::upload(gpu, &[gate, up])?,
@@ -275,6 +300,18 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
                     Some((Stacked::upload(gpu, &[g, u])?, upload_matrix(gpu, d)?))
                 }
                 None => None,
+            },
+            experts: if experts {
+                (0..ex.gate.len())
+                    .map(|x| {
+                        Ok((
+                            Stacked::upload(gpu, &[&ex.gate[x], &ex.up[x]])?,
+                            upload_matrix(gpu, &ex.down[x])?,
+                        ))
+                    })
+                    .collect::<Result<_, ModelError>>()?
+            } else {
+                Vec::new()
             },
         },
     };
@@ -342,6 +379,13 @@ struct Scratch {
     moe_io: Tensor,
     sgu: Tensor,
     sa: Tensor,
+    /// Routed experts on the GPU: every (token, slot)'s input packed in
+    /// expert order, its gate/up product, activation and output (one value
+    /// each where no block has its experts on the GPU).
+    xin: Tensor,
+    egu: Tensor,
+    ea: Tensor,
+    ys: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
 }
@@ -394,7 +438,7 @@ impl<'a> HybridModel<'a> {
                 .iter()
                 .zip(&plan.slots[first_gpu..])
             {
-                layers.push(upload_layer(g, l)?);
+                layers.push(upload_layer(g, l, !slot.is_split())?);
                 done += slot.gpu_bytes();
                 progress(done, total);
             }
@@ -794,6 +838,12 @@ impl<'a> HybridModel<'a> {
         let t = |len: usize| g.tensor(len).map_err(gpu_err);
         let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let fs = c.moe.and_then(|m| m.n_ff_shared).unwrap_or(0);
+        // (token, slot) pairs of the routed experts on the GPU, if any.
+        let gpu_experts = self.layers.iter().any(|l| !l.gpu_experts().is_empty());
+        let (slots, fe) = match c.moe {
+            Some(m) if gpu_experts => (n * m.n_used, m.n_ff_exp),
+            _ => (0, 0),
+        };
         Ok(Scratch {
             n,
             seqs,
@@ -821,6 +871,10 @@ impl<'a> HybridModel<'a> {
             moe_io: t((n * c.moe.map_or(0, |m| moe_io_width(c, &m))).max(1))?,
             sgu: t((n * 2 * fs).max(1))?,
             sa: t((n * fs).max(1))?,
+            xin: t((slots * e).max(1))?,
+            egu: t((slots * 2 * fe).max(1))?,
+            ea: t((slots * fe).max(1))?,
+            ys: t((slots * e).max(1))?,
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
@@ -952,7 +1006,7 @@ impl<'a> HybridModel<'a> {
                 std::mem::replace(&mut b, g.batch())
                     .submit()
                     .map_err(gpu_err)?;
-                self.run_split_experts(g, il, s, n)?;
+                self.run_split_experts(g, il, l, s, n)?;
                 before = 0;
                 let post = l.post_ffn_norm.as_ref();
                 let eps = Block::new(c, il).eps;
@@ -1376,7 +1430,7 @@ impl<'a> HybridModel<'a> {
         spare: &Tensor,
         n: usize,
     ) -> Result<(), lamina_gpu::GpuError> {
-        let GpuFfn::Split { router, shared } = &l.ffn else {
+        let GpuFfn::Split { router, shared, .. } = &l.ffn else {
             return Ok(());
         };
         self.record_attn_out(b, il, l, s, cur, spare, n)?;
@@ -1419,6 +1473,7 @@ impl<'a> HybridModel<'a> {
         &self,
         g: &Gpu,
         il: usize,
+        l: &GpuLayer,
         s: &Scratch,
         n: usize,
     ) -> Result<(), ModelError> {
@@ -1436,10 +1491,85 @@ impl<'a> HybridModel<'a> {
         let (h, rest) = io.split_at_mut(n * e);
         let (logits, sy) = rest.split_at_mut(n * m.n_expert);
         let mut out = vec![0.0f32; n * e];
-        crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?;
+        match l.gpu_experts() {
+            [] => crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?,
+            gx => self.gpu_routed_experts(g, gx, &m, s, h, n, logits, &mut out)?,
+        }
         if let Some((gate_inp, ..)) = &ex.shared {
             crate::cpu::add_shared(gate_inp, e, h, sy, &mut out);
         }
         g.write_f32(&s.o, &out).map_err(gpu_err)
+    }
+
+    /// The routed experts of a block that has them on the GPU, for the
+    /// normed input `h` of `n` tokens routed on the CPU from `logits`:
+    /// every (token, slot)'s input goes up packed in expert order, so each
+    /// chosen expert's tokens are one run of columns of its gate/up and
+    /// down products; the outputs come back and are weighed in slot order
+    /// on the CPU, as [`crate::cpu`]'s `routed_experts` weighs its own.
+    #[allow(clippy::too_many_arguments)]
+    fn gpu_routed_experts(
+        &self,
+        g: &Gpu,
+        gx: &[(Stacked, Weight)],
+        m: &crate::config::Moe,
+        s: &Scratch,
+        h: &[f32],
+        n: usize,
+        logits: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (e, k, fe) = (self.cpu.config.n_embd, m.n_used, m.n_ff_exp);
+        let chosen = crate::cpu::route(m, n, logits);
+        // A stable sort: within an expert, the tokens in order.
+        let mut order: Vec<usize> = (0..n * k).collect();
+        order.sort_by_key(|&i| chosen[i].0);
+        let mut xin = Vec::with_capacity(n * k * e);
+        for &i in &order {
+            let t = i / k;
+            xin.extend_from_slice(&h[t * e..(t + 1) * e]);
+        }
+        g.write_f32(&s.xin, &xin).map_err(gpu_err)?;
+        let runs: Vec<(usize, usize, usize)> = order
+            .chunk_by(|&a, &b| chosen[a].0 == chosen[b].0)
+            .scan(0, |first, run| {
+                let at = *first;
+                *first += run.len();
+                Some((chosen[run[0]].0, at, run.len()))
+            })
+            .collect();
+        let expert = |x: usize| {
+            gx.get(x)
+                .ok_or_else(|| ModelError::Gpu(format!("expert {x} of {} routed", gx.len())))
+        };
+        let mut b = g.batch();
+        for &(x, first, len) in &runs {
+            expert(x)?
+                .0
+                .record_from(&mut b, &s.xin, &s.egu, first, len, None)
+                .map_err(gpu_err)?;
+        }
+        b.glu_stacked_n(&s.egu, &s.ea, fe, n * k, Gate::Silu)
+            .map_err(gpu_err)?;
+        for &(x, first, len) in &runs {
+            let cols = Columns {
+                n: len,
+                x_offset: first * fe,
+                x_stride: fe,
+                y_offset: first * e,
+                y_stride: e,
+            };
+            b.matmul_strided(MatmulKernel::Auto, &expert(x)?.1, &s.ea, &s.ys, cols)
+                .map_err(gpu_err)?;
+        }
+        b.submit().map_err(gpu_err)?;
+        let packed = g.read_f32_range(&s.ys, 0, n * k * e).map_err(gpu_err)?;
+        // Back to (token, slot) order.
+        let mut ys = vec![0.0f32; n * k * e];
+        for (j, &i) in order.iter().enumerate() {
+            ys[i * e..(i + 1) * e].copy_from_slice(&packed[j * e..(j + 1) * e]);
+        }
+        crate::cpu::weigh_experts(&chosen, k, e, &ys, out);
+        Ok(())
     }
 }

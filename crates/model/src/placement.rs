@@ -67,6 +67,9 @@ pub struct LoadArgs {
     pub n_parallel: usize,
     /// The KV cache's element types (`-ctk` / `-ctv`).
     pub kv: KvTypes,
+    /// Offloaded blocks whose routed experts stay in host memory: the
+    /// first `cpu_moe` ([`PlanParams::cpu_moe`]; `usize::MAX` for all).
+    pub cpu_moe: usize,
 }
 
 /// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
@@ -102,6 +105,7 @@ pub fn choose_plan(
     let params = PlanParams {
         n_ctx: a.n_ctx,
         n_parallel: a.n_parallel,
+        cpu_moe: a.cpu_moe,
         ..PlanParams::default()
     };
     let all = cfg.n_layer + 1;
@@ -162,6 +166,7 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
         while j < p.slots.len()
             && p.slots[j].device == s.device
             && (p.slots[j].name == "output") == (s.name == "output")
+            && p.slots[j].is_split() == s.is_split()
         {
             // A block on the GPU counts there without its routed experts,
             // which get a line of their own on the CPU.
@@ -194,7 +199,7 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
         if x > 0 {
             let _ = writeln!(
                 out,
-                "  {name:<10} {:<6} {:>12} {:>12}  routed experts (ffn_*_exps): no GPU expert kernel yet",
+                "  {name:<10} {:<6} {:>12} {:>12}  routed experts (ffn_*_exps) in system RAM",
                 "CPU",
                 human_size(x),
                 "-"

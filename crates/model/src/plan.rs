@@ -13,8 +13,10 @@
 //! A mixture-of-experts block on the GPU is split (llama.cpp's `--cpu-moe`):
 //! its routed experts (`ffn_{gate,up,down}_exps`) stay in host memory and
 //! run on the CPU over the mapped blocks, everything else of the block goes
-//! to the GPU. No GPU kernel routes tokens to experts yet, so every
-//! offloaded block is split; [`Slot::expert_bytes`] counts what stays.
+//! to the GPU. That is the default; [`PlanParams::cpu_moe`] (`--n-cpu-moe
+//! N`) keeps only the first N blocks' experts in host memory and puts the
+//! later offloaded blocks' experts on the GPU with the rest of their block.
+//! [`Slot::expert_bytes`] counts what stays in host memory.
 
 use lamina_gguf::{GgmlType, Model};
 
@@ -36,6 +38,10 @@ pub struct PlanParams {
     pub n_parallel: usize,
     /// Tokens of a prompt processed per step.
     pub n_batch: usize,
+    /// Blocks whose routed experts stay in host memory when the block is
+    /// offloaded: the first `cpu_moe` (`--n-cpu-moe`); `usize::MAX`, the
+    /// default, for all of them (`--cpu-moe`).
+    pub cpu_moe: usize,
 }
 
 impl Default for PlanParams {
@@ -44,6 +50,7 @@ impl Default for PlanParams {
             n_ctx: 4096,
             n_parallel: 1,
             n_batch: 512,
+            cpu_moe: usize::MAX,
         }
     }
 }
@@ -55,8 +62,10 @@ pub struct Slot {
     pub device: Device,
     /// All of the slot's weights, wherever they are.
     pub weight_bytes: u64,
-    /// The routed experts' share of `weight_bytes`: in host memory even
-    /// when the slot is on the GPU (0 for a dense block).
+    /// The routed experts' share of `weight_bytes` that is in host memory:
+    /// all of a CPU slot's, and an offloaded block's unless
+    /// [`PlanParams::cpu_moe`] sent them to the GPU with it (0 for a dense
+    /// block).
     pub expert_bytes: u64,
     pub kv_bytes: u64,
 }
@@ -135,6 +144,9 @@ pub struct Layout {
     pub bytes: Vec<u64>,
     /// Each slot's routed experts' bytes (part of `bytes`).
     pub experts: Vec<u64>,
+    /// Slots whose routed experts have a type without a GPU kernel: they
+    /// stay in host memory whatever `cpu_moe` says.
+    pub experts_cpu_only: Vec<bool>,
     pub embd: u64,
     pub tied: bool,
     pub no_kernel: Vec<Vec<Held>>,
@@ -158,6 +170,7 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
     let mut l = Layout {
         bytes: vec![0u64; c.n_layer + 1],
         experts: vec![0u64; c.n_layer + 1],
+        experts_cpu_only: vec![false; c.n_layer + 1],
         no_kernel: vec![Vec::new(); c.n_layer + 1],
         ..Layout::default()
     };
@@ -194,6 +207,9 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
         // (the router and the shared expert go with it).
         if name.contains("_exps.") {
             l.experts[slot] += bytes;
+            if !lamina_gpu::has_kernel(t.info.ty) {
+                l.experts_cpu_only[slot] = true;
+            }
         } else if !lamina_gpu::has_kernel(t.info.ty) {
             l.no_kernel[slot].push(Held {
                 tensor: name.clone(),
@@ -283,7 +299,13 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
             w
         };
         let kv = if i < n_layer { kv_layer(i) } else { 0 };
+        // Routed experts in host memory: all of a CPU slot's, and an
+        // offloaded block's unless `cpu_moe` lets them go with it.
         let experts = l.experts.get(i).copied().unwrap_or(0);
+        let in_ram = device == Device::Cpu
+            || i < p.cpu_moe
+            || l.experts_cpu_only.get(i).copied().unwrap_or(false);
+        let experts = if in_ram { experts } else { 0 };
         match device {
             Device::Gpu => {
                 plan.gpu_weights += w - experts;
@@ -441,6 +463,7 @@ mod tests {
         Layout {
             bytes: bytes.to_vec(),
             experts: vec![0; bytes.len()],
+            experts_cpu_only: vec![false; bytes.len()],
             embd,
             tied,
             no_kernel: vec![Vec::new(); bytes.len()],
@@ -512,6 +535,18 @@ mod tests {
         assert_eq!(two.split_expert_bytes(), 60);
         assert!(!two.slots[0].is_split());
         assert_eq!(two.slots[0].gpu_bytes(), 0);
+        // --n-cpu-moe 1: block 1's experts go to the GPU with their block.
+        let n1 = PlanParams { cpu_moe: 1, ..p };
+        let all = plan_from_layout(&l, &c, 3, &n1);
+        assert_eq!(all.gpu_weights, 40 + 100 + 50);
+        assert_eq!(all.cpu_weights, 7 + 60);
+        assert!(all.slots[0].is_split() && !all.slots[1].is_split());
+        assert_eq!(all.slots[1].gpu_bytes(), 100);
+        // Unless their type has no GPU kernel.
+        l.experts_cpu_only[1] = true;
+        let held = plan_from_layout(&l, &c, 3, &n1);
+        assert!(held.slots[1].is_split());
+        assert_eq!(held.cpu_weights, 7 + 60 + 60);
     }
 
     #[test]

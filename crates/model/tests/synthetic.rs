@@ -312,6 +312,12 @@ fn hybrid_logits(file: &Model, ngl: usize) -> Vec<f32> {
 }
 
 fn hybrid_logits_on(file: &Model, ngl: usize, gpu: Arc<Gpu>) -> Vec<f32> {
+    hybrid_logits_moe(file, ngl, gpu, usize::MAX)
+}
+
+/// [`hybrid_logits_on`] with the routed experts of blocks `cpu_moe..` on
+/// the GPU (`--n-cpu-moe`).
+fn hybrid_logits_moe(file: &Model, ngl: usize, gpu: Arc<Gpu>, cpu_moe: usize) -> Vec<f32> {
     let cpu = CpuModel::load(file).unwrap();
     let p = plan::plan(
         file,
@@ -319,6 +325,7 @@ fn hybrid_logits_on(file: &Model, ngl: usize, gpu: Arc<Gpu>) -> Vec<f32> {
         ngl,
         &PlanParams {
             n_ctx: 16,
+            cpu_moe,
             ..PlanParams::default()
         },
     );
@@ -462,6 +469,21 @@ fn mixtures_of_experts_split_their_blocks_between_the_devices() {
             "the table names the experts on the CPU: {table}"
         );
         cpu_and_gpu_agree(Spec::new(arch));
+        // --n-cpu-moe 1 and 0: the later blocks' experts on the GPU.
+        let reference = cpu_logits(&cpu);
+        for cpu_moe in [1, 0] {
+            let params = PlanParams {
+                cpu_moe,
+                ..PlanParams::default()
+            };
+            let p = plan::plan(&file, &cpu.config, LAYERS + 1, &params);
+            let split: Vec<bool> = p.slots[..LAYERS].iter().map(|s| s.is_split()).collect();
+            assert_eq!(split, (0..LAYERS).map(|i| i < cpu_moe).collect::<Vec<_>>());
+            assert_eq!(p.split_expert_bytes(), cpu_moe as u64 * experts);
+            let got = hybrid_logits_moe(&file, LAYERS + 1, gpu(), cpu_moe);
+            let err = rel_err(&got, &reference);
+            assert!(err < CPU_GPU_REL, "{arch} --n-cpu-moe {cpu_moe}: {err}");
+        }
     }
 }
 
@@ -470,10 +492,11 @@ fn mixtures_of_experts_split_their_blocks_between_the_devices() {
 fn split_mixtures_decode_the_cpu_tokens() {
     for arch in ["qwen3moe", "qwen2moe"] {
         let file = open(&Spec::new(arch));
-        let greedy = |ngl: usize| -> Vec<u32> {
+        let greedy_moe = |ngl: usize, cpu_moe: usize| -> Vec<u32> {
             let cpu = CpuModel::load(&file).unwrap();
             let params = PlanParams {
                 n_ctx: 32,
+                cpu_moe,
                 ..PlanParams::default()
             };
             let p = plan::plan(&file, &cpu.config, ngl, &params);
@@ -490,9 +513,12 @@ fn split_mixtures_decode_the_cpu_tokens() {
             }
             out
         };
+        let greedy = |ngl| greedy_moe(ngl, usize::MAX);
         let cpu = greedy(0);
         assert_eq!(greedy(LAYERS + 1), cpu, "{arch}: -ngl all");
         assert_eq!(greedy(2), cpu, "{arch}: -ngl 2");
+        assert_eq!(greedy_moe(LAYERS + 1, 1), cpu, "{arch}: --n-cpu-moe 1");
+        assert_eq!(greedy_moe(LAYERS + 1, 0), cpu, "{arch}: --n-cpu-moe 0");
         // Not a constant: the tokens depend on the model.
         assert!(cpu.iter().any(|&t| t != cpu[0]), "{arch}: {cpu:?}");
     }
@@ -699,10 +725,19 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
         // Batched caches made together (one buffer per layer: one RoPE and
         // one attention dispatch for the step) or not (runs of sequences
         // that share buffers: here the middle one does not).
-        for (ngl, shared) in [(LAYERS + 1, true), (LAYERS + 1, false), (1, true)] {
+        // And for the mixtures, block 1's routed experts on the GPU
+        // (`--n-cpu-moe 1`: block 0 split, block 1's experts on the GPU).
+        let all = usize::MAX;
+        for (ngl, shared, cpu_moe) in [
+            (LAYERS + 1, true, all),
+            (LAYERS + 1, false, all),
+            (1, true, all),
+            (LAYERS + 1, true, 1),
+        ] {
             let cpu = CpuModel::load(&file).unwrap();
             let params = PlanParams {
                 n_ctx: 32,
+                cpu_moe,
                 ..PlanParams::default()
             };
             let p = plan::plan(&file, &cpu.config, ngl, &params);
@@ -742,7 +777,8 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
                 let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
                 assert!(
                     same,
-                    "{arch} -ngl {ngl}, shared {shared}: sequence {i} differs when batched"
+                    "{arch} -ngl {ngl}, shared {shared}, --n-cpu-moe {cpu_moe}: \
+                     sequence {i} differs when batched"
                 );
             }
             assert_eq!((a2.len(), b2.len(), c2.len()), (6, 5, 4));
