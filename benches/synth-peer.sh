@@ -4,9 +4,9 @@
 #
 # Writes qwen3moe, qwen2moe and phi3 files with `lamina synth` (random
 # weights, SmolLM2's vocabulary), then:
-#   1. agreement: the same greedy prompt through `lamina run --ngl 0` (and,
-#      where a GPU adapter answers, `--ngl all`: a mixture's blocks split,
-#      routed experts on the CPU, the rest on the GPU) and llama.cpp's
+#   1. agreement: the same greedy prompt through `lamina run --ngl 0` and
+#      `--ngl all` (a mixture's blocks split, routed experts on the CPU, the
+#      rest on the GPU; NGLS=0 where there is no GPU adapter) and llama.cpp's
 #      `llama-completion`, with f32 weights (no rounding on either
 #      side: the tokens must agree) and Q8_0 weights (llama.cpp rounds the
 #      activations to 8 bits for its dot products, Lamina keeps f32, so on

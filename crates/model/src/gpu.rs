@@ -7,15 +7,21 @@
 //! is recorded into one command buffer, submitted once, with one readback (the
 //! logits). Each layer's KV cache lives on the device of its layer.
 //!
-//! A mixture-of-experts block on the GPU is split (llama.cpp's `--cpu-moe`):
-//! its attention, norms, router logits and shared expert (qwen2moe) are
-//! recorded like any block's, then the submission ends and the normed
-//! feed-forward input, the router's logits and the shared expert's output
-//! come back; the CPU routes, runs the chosen experts over the mapped
-//! blocks ([`crate::cpu`]'s `routed_experts`) and adds the gated shared
-//! output, and the sum goes up for the residual add of the next
-//! submission. The activations cross once each way per split block, and
-//! the routing is the CPU path's, so a token's result is still its own.
+//! A mixture-of-experts block on the GPU records its attention, norms,
+//! router logits and shared expert (qwen2moe) like any block's, then the
+//! submission ends and the normed feed-forward input, the router's logits
+//! and the shared expert's output come back in one readback; the CPU
+//! routes (the CPU path's own code, so a token's result is still its own).
+//! A split block (llama.cpp's `--cpu-moe`, the default) runs the chosen
+//! experts on the CPU over the mapped blocks ([`crate::cpu`]'s
+//! `routed_experts`): the activations cross once each way. A block whose
+//! experts are on the GPU (`--n-cpu-moe`) sends every (token, slot)'s input
+//! up packed in expert order, runs each chosen expert's products over its
+//! run of columns, and reads the outputs back to weigh them in slot order:
+//! a second round trip, where a kernel that reads the expert ids from a
+//! buffer (routing on the GPU) would need none. Either way the CPU adds
+//! the gated shared output, and the sum goes up for the residual add that
+//! opens the next submission.
 //!
 //! The GPU layers' caches of sequences created together
 //! ([`HybridModel::new_caches`], as the server does for its slots) share one
@@ -143,7 +149,7 @@ enum GpuFfn {
 
 impl GpuLayer {
     /// A mixture of experts: the step's submission ends after its router.
-    fn is_split(&self) -> bool {
+    fn is_moe(&self) -> bool {
         matches!(self.ffn, GpuFfn::Split { .. })
     }
 
@@ -999,7 +1005,7 @@ impl<'a> HybridModel<'a> {
                     &mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments, normed,
                 )
                 .map_err(gpu_err)?;
-            if l.is_split() {
+            if l.is_moe() {
                 // The routed experts on the CPU between two submissions;
                 // their sum comes back in `o` for the residual add.
                 dispatched += b.len() - before;
@@ -1226,7 +1232,7 @@ impl<'a> HybridModel<'a> {
                 blk.attn_scale,
             )?;
         }
-        if l.is_split() {
+        if l.is_moe() {
             // Ends with the hidden state in `spare`: the step submits, runs
             // the routed experts and adds them (see gpu_step).
             self.record_split(b, il, l, s, cur, spare, n)?;

@@ -203,8 +203,8 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             _ => c.n_layer,
         };
         l.bytes[slot] += bytes;
-        // The routed experts stay in host memory wherever their block is
-        // (the router and the shared expert go with it).
+        // The routed experts are counted apart: where their block goes,
+        // they may not (the router and the shared expert always do).
         if name.contains("_exps.") {
             l.experts[slot] += bytes;
             if !lamina_gpu::has_kernel(t.info.ty) {
