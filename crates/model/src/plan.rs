@@ -346,10 +346,17 @@ fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
     if !blocks {
         return logits.saturating_add(b * c.n_embd as u64 * f);
     }
-    // A split block's router logits and shared expert besides.
-    let moe = c
-        .moe
-        .map_or(0, |m| m.n_expert + 3 * m.n_ff_shared.unwrap_or(0));
+    // A mixture's readback (input, router logits, shared output) and
+    // shared expert besides, and where experts may be on the GPU every
+    // (token, slot)'s input, gate/up, activation and output.
+    let moe = c.moe.map_or(0, |m| {
+        let gpu_experts = if p.cpu_moe < c.n_layer {
+            m.n_used * (2 * c.n_embd + 3 * m.n_ff_exp)
+        } else {
+            0
+        };
+        2 * c.n_embd + m.n_expert + 3 * m.n_ff_shared.unwrap_or(0) + gpu_experts
+    });
     let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + moe) as u64;
     // The attention partials: head_dim + 4 values per head and chunk.
     let scores = lamina_gpu::attention_scratch_len(1, c.n_head, c.head_dim, p.n_ctx) as u64;
