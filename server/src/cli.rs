@@ -58,6 +58,8 @@ pub struct MoeFlags {
     /// Keep only the routed experts of the first N blocks in system RAM;
     /// the later offloaded blocks' go to the GPU with their block
     /// (llama.cpp's --n-cpu-moe, also -ncmoe; 0: every offloaded block's).
+    /// Their tokens are still routed on the CPU: a second round trip per
+    /// block and step.
     #[arg(long = "n-cpu-moe", value_name = "N")]
     pub n_cpu_moe: Option<usize>,
 }
