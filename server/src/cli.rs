@@ -62,6 +62,16 @@ pub struct MoeFlags {
     /// block and step.
     #[arg(long = "n-cpu-moe", value_name = "N")]
     pub n_cpu_moe: Option<usize>,
+    /// PATTERN=CPU|GPU[,...]: place the routed experts whose tensor names
+    /// match PATTERN (a regex searched in the name, as llama.cpp's
+    /// -ot/--override-tensor) in system RAM or on the GPU with their
+    /// offloaded block, over --cpu-moe/--n-cpu-moe; repeatable, the first
+    /// match wins, and a block's three expert tensors stay together (in RAM
+    /// if any is sent there). llama.cpp's GPU buffer names (CUDA0, Vulkan0)
+    /// mean the GPU. A pattern that matches any other tensor is an error:
+    /// the rest follows -ngl. Also -ot.
+    #[arg(long = "override-tensor", value_name = "PATTERN=CPU|GPU")]
+    pub override_tensor: Vec<String>,
 }
 
 impl MoeFlags {
@@ -72,6 +82,15 @@ impl MoeFlags {
             (false, Some(n)) => n,
             _ => usize::MAX,
         }
+    }
+
+    /// The `-ot` rules, in order.
+    pub fn rules(&self) -> anyhow::Result<Vec<lamina_model::plan::ExpertRule>> {
+        let mut out = Vec::new();
+        for s in &self.override_tensor {
+            out.extend(lamina_model::plan::ExpertRule::parse_list(s).map_err(anyhow::Error::msg)?);
+        }
+        Ok(out)
     }
 }
 

@@ -24,6 +24,8 @@ pub struct FitArgs<'a> {
     pub json: bool,
     /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
     pub cpu_moe: usize,
+    /// `-ot` ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     /// Probe the CPU's and the GPU's kernel bandwidth and predict decode speed.
     pub measure: bool,
 }
@@ -145,7 +147,8 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     };
     let main_ctx = a.n_ctx.unwrap_or(cfg.context_length.min(4096));
     // Past what the GPU's kernels allow, every larger -ngl is the same plan.
-    let all = plan::all_plans(&model, &cfg, &params(main_ctx));
+    let layout = plan::layout_with(&model, &cfg, &a.experts)?;
+    let all = layout.all_plans(&cfg, &params(main_ctx));
     let held = all.last().map(|p| p.held.clone()).unwrap_or_default();
     let held_note = all.last().and_then(lamina_model::placement::held_note);
     let plans: Vec<Plan> = all.into_iter().filter(|p| p.asked == p.ngl).collect();
@@ -161,7 +164,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
         Some(b) => vec![b],
         None => COMMON_CARDS_GIB.iter().map(|g| g << 30).collect(),
     };
-    let recommend = |budget, n_ctx| plan::fit(&model, &cfg, budget, &params(n_ctx));
+    let recommend = |budget, n_ctx| layout.fit(&cfg, budget, &params(n_ctx));
     let tied = model.tensor("output.weight").is_none();
     let probe = if a.measure {
         Some(probe(&model)?)

@@ -84,10 +84,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--main-gpu", "Lamina uses the first GPU adapter"),
     ("--device", "Lamina uses the first GPU adapter"),
     (
-        "--override-tensor",
-        "per-tensor placement is not implemented; use -ngl",
-    ),
-    (
         "--threads-batch",
         "one -t sets the threads of prompt and generation",
     ),

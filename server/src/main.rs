@@ -346,6 +346,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpu_memory: placement.gpu_memory,
                 kv: placement.cache.types(),
                 cpu_moe: placement.moe.blocks(),
+                experts: placement.moe.rules()?,
             })?
         }
         Command::Serve(a) => {
@@ -382,6 +383,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             measure,
         } => fit::run(fit::FitArgs {
             cpu_moe: moe.blocks(),
+            experts: moe.rules()?,
             file: &file,
             budget: gpu_memory,
             n_ctx: ctx,
@@ -478,6 +480,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ngl,
                 kv: cache.types(),
                 cpu_moe: moe.blocks(),
+                experts: moe.rules()?,
                 npl,
                 json,
             })?
@@ -495,6 +498,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement.gpu_memory,
             placement.cache.types(),
             placement.moe.blocks(),
+            placement.moe.rules()?,
         )?,
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
@@ -573,6 +577,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         gpu_memory: a.placement.gpu_memory,
         kv: a.placement.cache.types(),
         cpu_moe: a.placement.moe.blocks(),
+        experts: a.placement.moe.rules()?,
         shutdown_grace_s: a.shutdown_grace,
         no_mmap: a.no_mmap,
     })

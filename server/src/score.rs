@@ -57,6 +57,7 @@ pub fn score(
     gpu_memory: Option<u64>,
     kv: lamina_model::KvTypes,
     cpu_moe: usize,
+    experts: Vec<lamina_model::plan::ExpertRule>,
 ) -> anyhow::Result<()> {
     let mut input = String::new();
     std::io::stdin()
@@ -78,6 +79,7 @@ pub fn score(
         n_parallel: 1,
         kv,
         cpu_moe,
+        experts,
     };
     let (m, _) = placement::load(&model, &args)?;
     let mut cache = m.new_cache(n_ctx)?;

@@ -50,6 +50,8 @@ pub struct ServeArgs {
     pub kv: lamina_model::KvTypes,
     /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
     pub cpu_moe: usize,
+    /// `-ot` ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     pub shutdown_grace_s: u64,
     /// Read the model into memory rather than mapping it.
     pub no_mmap: bool,
@@ -132,6 +134,7 @@ async fn serve(
         gpu_memory: a.gpu_memory,
         kv: a.kv,
         cpu_moe: a.cpu_moe,
+        experts: a.experts,
         load_mode: if a.no_mmap {
             LoadMode::Read
         } else {

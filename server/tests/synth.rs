@@ -343,6 +343,30 @@ fn a_synthetic_mixture_of_experts_splits_its_blocks_with_the_experts_on_the_cpu(
         assert!(log.contains("blk.0-1    CPU"), "{shape}: {log}");
         assert!(log.contains("blk.2-3    GPU"), "{shape}: {log}");
         assert!(!log.contains("blk.2-3    CPU"), "{shape}: {log}");
+        // llama.cpp's -ot: block 1's experts in RAM, the rest on the GPU
+        // (the first match wins; CUDA0 means the GPU).
+        let (ot, log) = run("all", &["-ot", r"blk\.1\.ffn_up_exps=CPU,exps=CUDA0"]);
+        assert_eq!(ot, cpu, "{shape}: -ot");
+        assert!(log.contains("blk.1      CPU"), "{shape}: {log}");
+        assert!(log.contains("blk.0      GPU"), "{shape}: {log}");
+        assert!(log.contains("blk.2-3    GPU"), "{shape}: {log}");
+        // Only experts are placed by name: another tensor is refused, named.
+        let r = lamina(&[
+            "run",
+            "-m",
+            out.to_str().unwrap(),
+            "-p",
+            "Hello",
+            "-n",
+            "1",
+            "--ngl",
+            "all",
+            "-ot",
+            "attn_q=CPU",
+        ]);
+        assert!(!r.status.success());
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(err.contains("places only routed experts"), "{err}");
         let r = lamina(&["fit", "-m", out.to_str().unwrap(), "-c", "256", "--json"]);
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
         let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();

@@ -66,6 +66,8 @@ pub struct EngineConfig {
     /// Offloaded blocks whose routed experts stay in host memory: the
     /// first `cpu_moe` (`--n-cpu-moe`; `usize::MAX`, the default, all).
     pub cpu_moe: usize,
+    /// `-ot` rules for the routed experts ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     /// Map the file (the default) or read it into memory (`--no-mmap`), where
     /// changes to the file cannot reach the server.
     pub load_mode: LoadMode,
@@ -88,6 +90,7 @@ impl EngineConfig {
             gpu_memory: None,
             kv: lamina_model::KvTypes::default(),
             cpu_moe: usize::MAX,
+            experts: Vec::new(),
             load_mode: LoadMode::Mmap,
         }
     }
@@ -402,6 +405,7 @@ fn load_and_serve(
         n_parallel: cfg.n_parallel.max(1),
         kv: cfg.kv,
         cpu_moe: cfg.cpu_moe,
+        experts: cfg.experts.clone(),
     };
     let (model, table) =
         placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;

@@ -70,6 +70,8 @@ pub struct LoadArgs {
     /// Offloaded blocks whose routed experts stay in host memory: the
     /// first `cpu_moe` ([`PlanParams::cpu_moe`]; `usize::MAX` for all).
     pub cpu_moe: usize,
+    /// `-ot` rules for the routed experts, over `cpu_moe` ([`plan::ExpertRule`]).
+    pub experts: Vec<plan::ExpertRule>,
 }
 
 /// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
@@ -109,16 +111,17 @@ pub fn choose_plan(
         ..PlanParams::default()
     };
     let all = cfg.n_layer + 1;
+    let layout = plan::layout_with(model, cfg, &a.experts)?;
     if !have_gpu {
-        return Ok(plan::plan(model, cfg, 0, &params));
+        return Ok(layout.plan(cfg, 0, &params));
     }
     let p = match a.ngl {
         Ngl::Auto => {
             let free = gpu.and_then(|g| g.free_memory);
-            plan::fit(model, cfg, auto_budget(a.gpu_memory, free).0, &params)
+            layout.fit(cfg, auto_budget(a.gpu_memory, free).0, &params)
         }
-        Ngl::All => plan::plan(model, cfg, all, &params),
-        Ngl::Layers(n) => plan::plan(model, cfg, n, &params),
+        Ngl::All => layout.plan(cfg, all, &params),
+        Ngl::Layers(n) => layout.plan(cfg, n, &params),
     };
     if let (Some(budget), Ngl::All | Ngl::Layers(_)) = (a.gpu_memory, a.ngl) {
         let usable = budget.saturating_sub(plan::margin(budget));

@@ -16,11 +16,13 @@
 //! to the GPU. That is the default; [`PlanParams::cpu_moe`] (`--n-cpu-moe
 //! N`) keeps only the first N blocks' experts in host memory and puts the
 //! later offloaded blocks' experts on the GPU with the rest of their block.
-//! [`Slot::expert_bytes`] counts what stays in host memory.
+//! [`ExpertRule`]s (llama.cpp's `-ot PATTERN=CPU|GPU`) choose per block
+//! over both. [`Slot::expert_bytes`] counts what stays in host memory.
 
 use lamina_gguf::{GgmlType, Model};
 
 use crate::config::Config;
+use crate::error::ModelError;
 
 /// Where a slot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +138,52 @@ impl Plan {
     }
 }
 
+/// llama.cpp's `-ot/--override-tensor PATTERN=BUFFER` for the tensors
+/// Lamina places one by one: a block's routed experts
+/// (`ffn_{gate,up,down}_exps`), in host memory (`CPU`) or with their
+/// offloaded block on the GPU. The pattern is searched for in each tensor
+/// name, as llama.cpp does; the first rule that matches a tensor decides
+/// it, and a block's three expert tensors stay together (in host memory if
+/// any of them is sent there). A rule that matches any other tensor is an
+/// error: everything else follows `-ngl`.
+#[derive(Clone, Debug)]
+pub struct ExpertRule {
+    pub pattern: regex::Regex,
+    pub device: Device,
+}
+
+impl ExpertRule {
+    /// `PATTERN=CPU` or `PATTERN=GPU`; llama.cpp's GPU buffer names (CUDA0,
+    /// Vulkan0, Metal …) mean the GPU. Several rules are comma-separated
+    /// (`-ot "a=CPU,b=GPU"`), as llama.cpp reads them.
+    pub fn parse_list(s: &str) -> Result<Vec<Self>, String> {
+        s.split(',').map(Self::parse).collect()
+    }
+
+    fn parse(rule: &str) -> Result<Self, String> {
+        let (pat, buf) = rule
+            .rsplit_once('=')
+            .ok_or_else(|| format!("-ot {rule:?}: expected PATTERN=CPU or PATTERN=GPU"))?;
+        let b = buf.to_ascii_lowercase();
+        let device = if b == "cpu" {
+            Device::Cpu
+        } else if b == "gpu"
+            || ["cuda", "vulkan", "metal", "rocm", "hip", "sycl"]
+                .iter()
+                .any(|g| b.starts_with(g))
+        {
+            Device::Gpu
+        } else {
+            return Err(format!(
+                "-ot {rule:?}: {buf:?} is not CPU or a GPU (GPU, CUDA0, Vulkan0 …)"
+            ));
+        };
+        let pattern =
+            regex::Regex::new(pat).map_err(|e| format!("-ot {rule:?}: bad pattern: {e}"))?;
+        Ok(Self { pattern, device })
+    }
+}
+
 /// What placement needs of a file: each slot's weight bytes (`n_layer + 1`
 /// entries), the embedding's, whether the head is tied to the embedding,
 /// and each slot's tensors whose type has no GPU kernel.
@@ -147,6 +195,9 @@ pub struct Layout {
     /// Slots whose routed experts have a type without a GPU kernel: they
     /// stay in host memory whatever `cpu_moe` says.
     pub experts_cpu_only: Vec<bool>,
+    /// Where [`ExpertRule`]s put each slot's routed experts (`None`: as
+    /// `cpu_moe` says).
+    pub experts_forced: Vec<Option<Device>>,
     pub embd: u64,
     pub tied: bool,
     pub no_kernel: Vec<Vec<Held>>,
@@ -171,6 +222,7 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
         bytes: vec![0u64; c.n_layer + 1],
         experts: vec![0u64; c.n_layer + 1],
         experts_cpu_only: vec![false; c.n_layer + 1],
+        experts_forced: vec![None; c.n_layer + 1],
         no_kernel: vec![Vec::new(); c.n_layer + 1],
         ..Layout::default()
     };
@@ -229,6 +281,61 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
         }
     }
     l
+}
+
+/// [`layout`] with `rules` placing routed experts; an error names a rule
+/// that matches a tensor other than a routed expert.
+pub fn layout_with(model: &Model, c: &Config, rules: &[ExpertRule]) -> Result<Layout, ModelError> {
+    let mut l = layout(model, c);
+    if rules.is_empty() {
+        return Ok(l);
+    }
+    for t in model.tensors() {
+        let name = &t.info.name;
+        let Some(rule) = rules.iter().find(|r| r.pattern.is_match(name)) else {
+            continue;
+        };
+        let block = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&il| il < c.n_layer);
+        let (Some(il), true) = (block, name.contains("_exps.")) else {
+            return Err(ModelError::Placement(format!(
+                "-ot {}: Lamina places only routed experts (ffn_*_exps) by name; {name} follows -ngl",
+                rule.pattern
+            )));
+        };
+        let forced = &mut l.experts_forced[il];
+        if *forced != Some(Device::Cpu) {
+            *forced = Some(rule.device);
+        }
+    }
+    Ok(l)
+}
+
+impl Layout {
+    /// [`plan`] over this layout.
+    pub fn plan(&self, c: &Config, ngl: usize, p: &PlanParams) -> Plan {
+        plan_from_layout(self, c, ngl, p)
+    }
+
+    /// [`fit`] over this layout.
+    pub fn fit(&self, c: &Config, budget: u64, p: &PlanParams) -> Plan {
+        let usable = budget.saturating_sub(margin(budget));
+        (0..=c.n_layer + 1)
+            .rev()
+            .map(|n| plan_from_layout(self, c, n, p))
+            .find(|pl| pl.gpu_total() <= usable)
+            .unwrap_or_else(|| plan_from_layout(self, c, 0, p))
+    }
+
+    /// [`all_plans`] over this layout.
+    pub fn all_plans(&self, c: &Config, p: &PlanParams) -> Vec<Plan> {
+        (0..=c.n_layer + 1)
+            .map(|n| plan_from_layout(self, c, n, p))
+            .collect()
+    }
 }
 
 /// Bytes of each slot's weights (`n_layer + 1` entries), of the embedding,
@@ -303,8 +410,11 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         // offloaded block's unless `cpu_moe` lets them go with it.
         let experts = l.experts.get(i).copied().unwrap_or(0);
         let in_ram = device == Device::Cpu
-            || i < p.cpu_moe
-            || l.experts_cpu_only.get(i).copied().unwrap_or(false);
+            || l.experts_cpu_only.get(i).copied().unwrap_or(false)
+            || match l.experts_forced.get(i).copied().flatten() {
+                Some(d) => d == Device::Cpu,
+                None => i < p.cpu_moe,
+            };
         let experts = if in_ram { experts } else { 0 };
         match device {
             Device::Gpu => {
@@ -330,7 +440,14 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         });
     }
     if ngl > 0 {
-        plan.gpu_scratch = scratch_bytes(c, p, ngl > 1);
+        // Routed experts on the GPU: an offloaded block with experts none
+        // of which stayed in host memory.
+        let gpu_experts = plan.slots.iter().enumerate().any(|(i, s)| {
+            s.device == Device::Gpu
+                && s.expert_bytes == 0
+                && l.experts.get(i).is_some_and(|&x| x > 0)
+        });
+        plan.gpu_scratch = scratch_bytes(c, p, ngl > 1, gpu_experts);
     }
     plan
 }
@@ -339,7 +456,7 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
 /// block (residual, normed input, Q, K, V, attention output, gate, up), the
 /// attention partials of a batch over the whole context, and the logits of
 /// the parallel sequences. An estimate, deliberately generous.
-fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
+fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool, gpu_experts: bool) -> u64 {
     let f = 4u64;
     let b = p.n_batch as u64;
     let logits = (c.n_vocab as u64 * f).saturating_mul(p.n_parallel.max(1) as u64);
@@ -350,7 +467,7 @@ fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
     // shared expert besides, and where experts may be on the GPU every
     // (token, slot)'s input, gate/up, activation and output.
     let moe = c.moe.map_or(0, |m| {
-        let gpu_experts = if p.cpu_moe < c.n_layer {
+        let gpu_experts = if gpu_experts {
             m.n_used * (2 * c.n_embd + 3 * m.n_ff_exp)
         } else {
             0
@@ -375,23 +492,14 @@ pub fn margin(budget: u64) -> u64 {
 /// Slots that cannot go to the GPU (no kernel for a tensor) are never
 /// counted as fitting.
 pub fn fit(model: &Model, c: &Config, budget: u64, p: &PlanParams) -> Plan {
-    let l = layout(model, c);
-    let usable = budget.saturating_sub(margin(budget));
-    (0..=c.n_layer + 1)
-        .rev()
-        .map(|n| plan_from_layout(&l, c, n, p))
-        .find(|pl| pl.gpu_total() <= usable)
-        .unwrap_or_else(|| plan_from_layout(&l, c, 0, p))
+    layout(model, c).fit(c, budget, p)
 }
 
 /// Every `-ngl` from 0 to all.
 /// Every `-ngl` from 0 to all (a plan past what the kernels allow repeats
 /// the largest one that they do, with `asked` saying what was asked).
 pub fn all_plans(model: &Model, c: &Config, p: &PlanParams) -> Vec<Plan> {
-    let l = layout(model, c);
-    (0..=c.n_layer + 1)
-        .map(|n| plan_from_layout(&l, c, n, p))
-        .collect()
+    layout(model, c).all_plans(c, p)
 }
 
 /// `1.50 GiB`, `12.00 MiB`, `512 B`.
@@ -471,6 +579,7 @@ mod tests {
             bytes: bytes.to_vec(),
             experts: vec![0; bytes.len()],
             experts_cpu_only: vec![false; bytes.len()],
+            experts_forced: vec![None; bytes.len()],
             embd,
             tied,
             no_kernel: vec![Vec::new(); bytes.len()],
@@ -549,6 +658,12 @@ mod tests {
         assert_eq!(all.cpu_weights, 7 + 60);
         assert!(all.slots[0].is_split() && !all.slots[1].is_split());
         assert_eq!(all.slots[1].gpu_bytes(), 100);
+        // -ot: block 0's experts on the GPU, block 1's in RAM, whatever
+        // cpu_moe says.
+        l.experts_forced = vec![Some(Device::Gpu), Some(Device::Cpu), None];
+        let ot = plan_from_layout(&l, &c, 3, &n1);
+        assert!(!ot.slots[0].is_split() && ot.slots[1].is_split());
+        l.experts_forced = vec![None; 3];
         // Unless their type has no GPU kernel.
         l.experts_cpu_only[1] = true;
         let held = plan_from_layout(&l, &c, 3, &n1);
@@ -598,6 +713,23 @@ mod tests {
             .map(|n| plan_from_bytes(&bytes, 7, false, &c, n, &p).gpu_total())
             .collect();
         assert!(totals.windows(2).all(|w| w[0] < w[1]), "{totals:?}");
+    }
+
+    #[test]
+    fn override_rules_parse_as_llama_cpp_writes_them() {
+        let r = ExpertRule::parse_list(r"blk\.[0-9]\.ffn_.*_exps=CPU,exps=CUDA0").unwrap();
+        assert_eq!((r[0].device, r[1].device), (Device::Cpu, Device::Gpu));
+        assert!(r[0].pattern.is_match("blk.3.ffn_up_exps.weight"));
+        assert!(!r[0].pattern.is_match("blk.13.ffn_up_exps.weight"));
+        assert!(ExpertRule::parse_list("exps")
+            .unwrap_err()
+            .contains("PATTERN=CPU"));
+        assert!(ExpertRule::parse_list("exps=RAM")
+            .unwrap_err()
+            .contains("not CPU"));
+        assert!(ExpertRule::parse_list("(=CPU")
+            .unwrap_err()
+            .contains("bad pattern"));
     }
 
     #[test]
