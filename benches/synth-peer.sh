@@ -5,7 +5,9 @@
 # Writes qwen3moe, qwen2moe and phi3 files with `lamina synth` (random
 # weights, SmolLM2's vocabulary), then:
 #   1. agreement: the same greedy prompt through `lamina run --ngl 0` and
-#      llama.cpp's `llama-completion`, with f32 weights (no rounding on either
+#      `--ngl all` (a mixture's blocks split, routed experts on the CPU, the
+#      rest on the GPU; NGLS=0 where there is no GPU adapter) and llama.cpp's
+#      `llama-completion`, with f32 weights (no rounding on either
 #      side: the tokens must agree) and Q8_0 weights (llama.cpp rounds the
 #      activations to 8 bits for its dot products, Lamina keeps f32, so on
 #      random weights they part at the first near-tie); prints the words the
@@ -45,27 +47,30 @@ synth() { # shape type out
     --vocab-from "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$3" >/dev/null
 }
 
-echo "| shape | weights | words shared with llama.cpp (of $N tokens) | Lamina | llama.cpp |"
-echo "| --- | --- | --- | --- | --- |"
+NGLS=${NGLS:-0 all}
+echo "| shape | weights | --ngl | words shared with llama.cpp (of $N tokens) | Lamina | llama.cpp |"
+echo "| --- | --- | --- | --- | --- | --- |"
 for shape in qwen3moe-tiny qwen2moe-tiny phi3-tiny; do
   for ty in F32 Q8_0; do
-    f="$WORK/$shape-$ty.gguf"
-    synth "$shape" "$ty" "$f"
-    ours=$("$LAMINA" run -m "$f" -p "$PROMPT" -n "$N" --temp 0 --ngl 0 \
-      -ctk f32 -ctv f32 2>/dev/null | words)
-    peer=$(llama llama-completion -m "$f" -p "$PROMPT" -n "$N" --temp 0 -no-cnv \
-      --no-warmup -t "$THREADS" -ctk f32 -ctv f32 2>/dev/null | words)
-    peer=${peer#"$PROMPT"}
-    peer=${peer# }
-    ours=${ours# }
-    shared=0
-    read -r -a a <<<"$ours"
-    read -r -a b <<<"$peer"
-    while [ "$shared" -lt "${#a[@]}" ] && [ "$shared" -lt "${#b[@]}" ] &&
-      [ "${a[$shared]}" = "${b[$shared]}" ]; do
-      shared=$((shared + 1))
+    for ngl in $NGLS; do
+      f="$WORK/$shape-$ty.gguf"
+      synth "$shape" "$ty" "$f"
+      ours=$("$LAMINA" run -m "$f" -p "$PROMPT" -n "$N" --temp 0 --ngl "$ngl" \
+        -ctk f32 -ctv f32 2>/dev/null | words)
+      peer=$(llama llama-completion -m "$f" -p "$PROMPT" -n "$N" --temp 0 -no-cnv \
+        --no-warmup -t "$THREADS" -ctk f32 -ctv f32 2>/dev/null | words)
+      peer=${peer#"$PROMPT"}
+      peer=${peer# }
+      ours=${ours# }
+      shared=0
+      read -r -a a <<<"$ours"
+      read -r -a b <<<"$peer"
+      while [ "$shared" -lt "${#a[@]}" ] && [ "$shared" -lt "${#b[@]}" ] &&
+        [ "${a[$shared]}" = "${b[$shared]}" ]; do
+        shared=$((shared + 1))
+      done
+      echo "| $shape | $ty | $ngl | $shared of ${#a[@]} | ${ours:0:60} | ${peer:0:60} |"
     done
-    echo "| $shape | $ty | $shared of ${#a[@]} | ${ours:0:60} | ${peer:0:60} |"
   done
 done
 

@@ -275,6 +275,10 @@ pub struct ModelArgs {
     pub depth: usize,
     pub ngl: Ngl,
     pub kv: lamina_model::KvTypes,
+    /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
+    pub cpu_moe: usize,
+    /// `-ot` ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     /// Levels of concurrent decoding to measure besides the single stream.
     pub npl: Vec<usize>,
     pub json: bool,
@@ -296,6 +300,8 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         n_ctx,
         n_parallel: a.npl.iter().copied().max().unwrap_or(1).max(1),
         kv: a.kv,
+        cpu_moe: a.cpu_moe,
+        experts: a.experts.clone(),
     };
     let (m, table) = lamina_model::placement::load(&file, &load_args)?;
     if !a.json {

@@ -36,6 +36,62 @@ pub struct Placement {
     pub gpu_memory: Option<u64>,
     #[command(flatten)]
     pub cache: CacheTypes,
+    #[command(flatten)]
+    pub moe: MoeFlags,
+}
+
+/// llama.cpp's placement of a mixture of experts' routed experts
+/// (`ffn_{gate,up,down}_exps`). An offloaded mixture-of-experts block runs
+/// its attention, norms, router and shared expert on the GPU; its routed
+/// experts stay in system RAM and run on the CPU (a split block) unless
+/// `--n-cpu-moe N` sends those of the blocks from N on to the GPU.
+/// Unlike llama.cpp, whose experts go with their block unless told
+/// otherwise, Lamina keeps them in RAM by default: its GPU experts are
+/// routed on the CPU, a second round trip per block and step.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct MoeFlags {
+    /// Keep every block's routed experts in system RAM, run on the CPU,
+    /// the rest of each offloaded block on the GPU (llama.cpp's --cpu-moe,
+    /// also -cmoe). Lamina's default; wins over --n-cpu-moe.
+    #[arg(long = "cpu-moe")]
+    pub cpu_moe: bool,
+    /// Keep only the routed experts of the first N blocks in system RAM;
+    /// the later offloaded blocks' go to the GPU with their block
+    /// (llama.cpp's --n-cpu-moe, also -ncmoe; 0: every offloaded block's).
+    /// Their tokens are still routed on the CPU: a second round trip per
+    /// block and step.
+    #[arg(long = "n-cpu-moe", value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
+    /// PATTERN=CPU|GPU[,...]: place the routed experts whose tensor names
+    /// match PATTERN (a regex searched in the name, as llama.cpp's
+    /// -ot/--override-tensor) in system RAM or on the GPU with their
+    /// offloaded block, over --cpu-moe/--n-cpu-moe; repeatable, the first
+    /// match wins, and a block's three expert tensors stay together (in RAM
+    /// if any is sent there). llama.cpp's GPU buffer names (CUDA0, Vulkan0)
+    /// mean the GPU. A pattern that matches any other tensor is an error:
+    /// the rest follows -ngl. Also -ot.
+    #[arg(long = "override-tensor", value_name = "PATTERN=CPU|GPU")]
+    pub override_tensor: Vec<String>,
+}
+
+impl MoeFlags {
+    /// The blocks whose routed experts stay in RAM: the first
+    /// [`lamina_model::plan::PlanParams::cpu_moe`].
+    pub fn blocks(&self) -> usize {
+        match (self.cpu_moe, self.n_cpu_moe) {
+            (false, Some(n)) => n,
+            _ => usize::MAX,
+        }
+    }
+
+    /// The `-ot` rules, in order.
+    pub fn rules(&self) -> anyhow::Result<Vec<lamina_model::plan::ExpertRule>> {
+        let mut out = Vec::new();
+        for s in &self.override_tensor {
+            out.extend(lamina_model::plan::ExpertRule::parse_list(s).map_err(anyhow::Error::msg)?);
+        }
+        Ok(out)
+    }
 }
 
 /// The KV cache's element types, as llama.cpp spells them. f16 by default

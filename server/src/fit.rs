@@ -22,6 +22,10 @@ pub struct FitArgs<'a> {
     /// The KV cache types the plans count.
     pub kv: lamina_model::KvTypes,
     pub json: bool,
+    /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
+    pub cpu_moe: usize,
+    /// `-ot` ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     /// Probe the CPU's and the GPU's kernel bandwidth and predict decode speed.
     pub measure: bool,
 }
@@ -131,11 +135,13 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
     let params = |n_ctx| PlanParams {
         n_ctx,
         n_parallel: a.n_parallel,
+        cpu_moe: a.cpu_moe,
         ..PlanParams::default()
     };
     let main_ctx = a.n_ctx.unwrap_or(cfg.context_length.min(4096));
     // Past what the GPU's kernels allow, every larger -ngl is the same plan.
-    let all = plan::all_plans(&model, &cfg, &params(main_ctx));
+    let layout = plan::layout_with(&model, &cfg, &a.experts)?;
+    let all = layout.all_plans(&cfg, &params(main_ctx));
     let held = all.last().map(|p| p.held.clone()).unwrap_or_default();
     let held_note = all.last().and_then(lamina_model::placement::held_note);
     let plans: Vec<Plan> = all.into_iter().filter(|p| p.asked == p.ngl).collect();
@@ -151,7 +157,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
         Some(b) => vec![b],
         None => COMMON_CARDS_GIB.iter().map(|g| g << 30).collect(),
     };
-    let recommend = |budget, n_ctx| plan::fit(&model, &cfg, budget, &params(n_ctx));
+    let recommend = |budget, n_ctx| layout.fit(&cfg, budget, &params(n_ctx));
     let tied = model.tensor("output.weight").is_none();
     let probe = if a.measure {
         // The all-CPU plan's reads: what the probe's decode step reads.
@@ -172,6 +178,7 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
                 json!({"ngl": p.ngl, "gpu_bytes": p.gpu_total(), "cpu_bytes": p.cpu_total(),
                        "kv_bytes": p.gpu_kv.saturating_add(p.cpu_kv), "gpu_weight_bytes": p.gpu_weights,
                        "gpu_kv_bytes": p.gpu_kv, "gpu_scratch_bytes": p.gpu_scratch,
+                       "cpu_expert_bytes": p.split_expert_bytes(),
                        "predicted_tokens_per_second": predicted(p)})
             })
             .collect();
@@ -218,20 +225,45 @@ pub fn run(a: FitArgs<'_>) -> anyhow::Result<()> {
             }
         );
     }
+    // A mixture's offloaded blocks keep their routed experts in RAM: a
+    // column says how much of the CPU total they are.
+    let moe = cfg.moe.is_some();
+    let experts_col = |v: String| {
+        if moe {
+            format!("  {v:>11}")
+        } else {
+            String::new()
+        }
+    };
     println!(
-        "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>10}",
-        "-ngl", "GPU weights", "GPU KV", "GPU scratch", "GPU total", "CPU total", "pred tok/s"
+        "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}{}  {:>10}",
+        "-ngl",
+        "GPU weights",
+        "GPU KV",
+        "GPU scratch",
+        "GPU total",
+        "CPU total",
+        experts_col("CPU experts".into()),
+        "pred tok/s"
     );
     for p in &plans {
         println!(
-            "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}  {:>10}",
+            "  {:>4}  {:>11}  {:>11}  {:>11}  {:>11}  {:>11}{}  {:>10}",
             p.ngl,
             human_size(p.gpu_weights),
             human_size(p.gpu_kv),
             human_size(p.gpu_scratch),
             human_size(p.gpu_total()),
             human_size(p.cpu_total()),
+            experts_col(human_size(p.split_expert_bytes())),
             predicted(p).map_or("-".into(), |t| format!("{t:.1}"))
+        );
+    }
+    if moe {
+        println!(
+            "  CPU experts: the routed experts (ffn_*_exps) of the offloaded blocks kept in system \
+             RAM and run on the CPU: all of them by default (--cpu-moe), the first N blocks' with \
+             --n-cpu-moe N"
         );
     }
     if let Some(note) = &held_note {

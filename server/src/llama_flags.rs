@@ -84,20 +84,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--main-gpu", "Lamina uses the first GPU adapter"),
     ("--device", "Lamina uses the first GPU adapter"),
     (
-        "--override-tensor",
-        "per-tensor placement is not implemented; use -ngl",
-    ),
-    (
-        "--cpu-moe",
-        "a mixture-of-experts block runs whole on the CPU (experts and attention); \
-         splitting a block's experts from its attention is not implemented",
-    ),
-    (
-        "--n-cpu-moe",
-        "a mixture-of-experts block runs whole on the CPU (experts and attention); \
-         splitting a block's experts from its attention is not implemented",
-    ),
-    (
         "--threads-batch",
         "one -t sets the threads of prompt and generation",
     ),
@@ -219,6 +205,9 @@ mod tests {
             "f.gguf",
             "-ngl",
             "99",
+            "-cmoe",
+            "-ncmoe",
+            "3",
             "-np",
             "2",
             "-c",
@@ -267,6 +256,8 @@ mod tests {
             s.placement.ngl,
             "99".parse::<lamina_model::placement::Ngl>().unwrap()
         );
+        assert!(s.placement.moe.cpu_moe);
+        assert_eq!(s.placement.moe.n_cpu_moe, Some(3));
         assert_eq!(s.parallel, 2);
         assert_eq!(s.ctx, Some(512));
         assert_eq!(s.sampling.n_predict(), Some(64));

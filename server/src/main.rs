@@ -117,6 +117,8 @@ enum Command {
         parallel: usize,
         #[command(flatten)]
         cache: cli::CacheTypes,
+        #[command(flatten)]
+        moe: cli::MoeFlags,
         #[arg(long)]
         json: bool,
         /// Probe the CPU's and GPU's bandwidth and predict decode tokens/s per -ngl.
@@ -228,6 +230,8 @@ enum BenchCommand {
         ngl: lamina_model::placement::Ngl,
         #[command(flatten)]
         cache: cli::CacheTypes,
+        #[command(flatten)]
+        moe: cli::MoeFlags,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -347,6 +351,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ngl: placement.ngl,
                 gpu_memory: placement.gpu_memory,
                 kv: placement.cache.types(),
+                cpu_moe: placement.moe.blocks(),
+                experts: placement.moe.rules()?,
             })?
         }
         Command::Serve(a) => {
@@ -380,9 +386,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ctx,
             parallel,
             cache,
+            moe,
             json,
             measure,
         } => fit::run(fit::FitArgs {
+            cpu_moe: moe.blocks(),
+            experts: moe.rules()?,
             file: &file,
             budget: gpu_memory,
             n_ctx: ctx,
@@ -463,6 +472,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     depth,
                     ngl,
                     cache,
+                    moe,
                     threads,
                     npl,
                     json,
@@ -477,6 +487,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 depth,
                 ngl,
                 kv: cache.types(),
+                cpu_moe: moe.blocks(),
+                experts: moe.rules()?,
                 npl,
                 json,
             })?
@@ -493,6 +505,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement.ngl,
             placement.gpu_memory,
             placement.cache.types(),
+            placement.moe.blocks(),
+            placement.moe.rules()?,
         )?,
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
     }
@@ -570,6 +584,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         ngl: a.placement.ngl,
         gpu_memory: a.placement.gpu_memory,
         kv: a.placement.cache.types(),
+        cpu_moe: a.placement.moe.blocks(),
+        experts: a.placement.moe.rules()?,
         shutdown_grace_s: a.shutdown_grace,
         no_mmap: a.no_mmap,
     })

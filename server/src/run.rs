@@ -33,6 +33,10 @@ pub struct RunArgs {
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
     pub kv: lamina_model::KvTypes,
+    /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
+    pub cpu_moe: usize,
+    /// `-ot` ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
 }
 
 /// What a generation produced, and how long each phase took.
@@ -66,6 +70,8 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         n_ctx,
         n_parallel: 1,
         kv: a.kv,
+        cpu_moe: a.cpu_moe,
+        experts: a.experts.clone(),
     };
     let (model, table) = lamina_model::placement::load_with_progress(
         &file,

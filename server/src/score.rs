@@ -56,6 +56,8 @@ pub fn score(
     ngl: Ngl,
     gpu_memory: Option<u64>,
     kv: lamina_model::KvTypes,
+    cpu_moe: usize,
+    experts: Vec<lamina_model::plan::ExpertRule>,
 ) -> anyhow::Result<()> {
     let mut input = String::new();
     std::io::stdin()
@@ -76,6 +78,8 @@ pub fn score(
         n_ctx,
         n_parallel: 1,
         kv,
+        cpu_moe,
+        experts,
     };
     let (m, _) = placement::load(&model, &args)?;
     let mut cache = m.new_cache(n_ctx)?;

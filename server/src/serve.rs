@@ -48,6 +48,10 @@ pub struct ServeArgs {
     pub ngl: lamina_model::placement::Ngl,
     pub gpu_memory: Option<u64>,
     pub kv: lamina_model::KvTypes,
+    /// `--n-cpu-moe` ([`lamina_model::plan::PlanParams::cpu_moe`]).
+    pub cpu_moe: usize,
+    /// `-ot` ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     pub shutdown_grace_s: u64,
     /// Read the model into memory rather than mapping it.
     pub no_mmap: bool,
@@ -129,6 +133,8 @@ async fn serve(
         ngl: a.ngl,
         gpu_memory: a.gpu_memory,
         kv: a.kv,
+        cpu_moe: a.cpu_moe,
+        experts: a.experts,
         load_mode: if a.no_mmap {
             LoadMode::Read
         } else {

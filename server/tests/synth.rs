@@ -266,9 +266,13 @@ fn iq_lattice_types_give_the_cpu_tokens_on_the_gpu() {
 
 /// `synth` writes mixtures of experts (3-D expert tensors, the routing
 /// keys): every reader accepts them, they run, and at `--ngl all` their
-/// expert blocks stay on the CPU with the table saying why.
+/// blocks are split, the routed experts on the CPU (the table says so)
+/// and the rest on the GPU, with the greedy tokens of `--ngl 0`.
+/// llama.cpp's `-cmoe` places as the default does, `-ncmoe N` puts the
+/// experts of blocks N.. on the GPU (the same tokens again); `fit` counts
+/// the offloaded blocks' experts on the CPU.
 #[test]
-fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
+fn a_synthetic_mixture_of_experts_splits_its_blocks_with_the_experts_on_the_cpu() {
     let dir = std::env::temp_dir().join(format!("lamina-synth-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let vocab = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -293,8 +297,8 @@ fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
             m.tensor("blk.0.ffn_gate_inp_shexp.weight").is_some(),
             shape == "qwen2moe-tiny"
         );
-        let run = |ngl: &str| {
-            let r = lamina(&[
+        let run = |ngl: &str, extra: &[&str]| {
+            let mut args = vec![
                 "run",
                 "-m",
                 out.to_str().unwrap(),
@@ -306,23 +310,91 @@ fn a_synthetic_mixture_of_experts_runs_with_its_experts_on_the_cpu() {
                 "0",
                 "--ngl",
                 ngl,
-            ]);
+            ];
+            args.extend_from_slice(extra);
+            let r = lamina(&args);
             assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
             (
                 String::from_utf8_lossy(&r.stdout).into_owned(),
                 String::from_utf8_lossy(&r.stderr).into_owned(),
             )
         };
-        let (cpu, _) = run("0");
-        let (gpu, table) = run("all");
+        let (cpu, _) = run("0", &[]);
+        let (gpu, table) = run("all", &[]);
         assert!(!cpu.trim().is_empty());
+        let experts = table
+            .lines()
+            .find(|l| l.contains("routed experts"))
+            .unwrap_or_else(|| panic!("{shape}: no experts line in {table}"));
         assert!(
-            table.contains("mixture of experts runs on the CPU"),
-            "{shape}: {table}"
+            experts.trim_start().starts_with("blk.0-3    CPU"),
+            "{shape}: {experts}"
         );
-        assert!(table.contains("offloaded 1/5 layers"), "{shape}: {table}");
-        // Only the head moved: the same greedy tokens.
+        assert!(table.contains("blk.0-3    GPU"), "{shape}: {table}");
+        assert!(table.contains("offloaded 5/5 layers"), "{shape}: {table}");
+        // Attention and router on the GPU, experts on the CPU: the same
+        // greedy tokens.
         assert_eq!(cpu, gpu, "{shape}");
+        let (flagged, log) = run("all", &["-cmoe"]);
+        assert_eq!(flagged, gpu, "{shape}: -cmoe places what no flag does");
+        assert!(log.contains("blk.0-3    CPU"), "{shape}: {log}");
+        let (two, log) = run("all", &["-ncmoe", "2"]);
+        assert_eq!(two, cpu, "{shape}: experts of blocks 2 and 3 on the GPU");
+        assert!(log.contains("blk.0-1    CPU"), "{shape}: {log}");
+        assert!(log.contains("blk.2-3    GPU"), "{shape}: {log}");
+        assert!(!log.contains("blk.2-3    CPU"), "{shape}: {log}");
+        // llama.cpp's -ot: block 1's experts in RAM, the rest on the GPU
+        // (the first match wins; CUDA0 means the GPU).
+        let (ot, log) = run("all", &["-ot", r"blk\.1\.ffn_up_exps=CPU,exps=CUDA0"]);
+        assert_eq!(ot, cpu, "{shape}: -ot");
+        assert!(log.contains("blk.1      CPU"), "{shape}: {log}");
+        assert!(log.contains("blk.0      GPU"), "{shape}: {log}");
+        assert!(log.contains("blk.2-3    GPU"), "{shape}: {log}");
+        // Only experts are placed by name: another tensor is refused, named.
+        let r = lamina(&[
+            "run",
+            "-m",
+            out.to_str().unwrap(),
+            "-p",
+            "Hello",
+            "-n",
+            "1",
+            "--ngl",
+            "all",
+            "-ot",
+            "attn_q=CPU",
+        ]);
+        assert!(!r.status.success());
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(err.contains("places only routed experts"), "{err}");
+        let r = lamina(&["fit", "-m", out.to_str().unwrap(), "-c", "256", "--json"]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        let rows = v["rows"].as_array().unwrap();
+        let experts = |i: usize| rows[i]["cpu_expert_bytes"].as_u64().unwrap();
+        let all_experts: u64 = m
+            .tensors()
+            .filter(|t| t.info.name.contains("_exps."))
+            .map(|t| t.info.n_bytes)
+            .sum();
+        assert!(all_experts > 0);
+        assert_eq!(experts(0), 0, "{shape}: nothing offloaded");
+        assert_eq!(experts(1), 0, "{shape}: the head alone");
+        assert_eq!(experts(5), all_experts, "{shape}: every block split");
+        let r = lamina(&[
+            "fit",
+            "-m",
+            out.to_str().unwrap(),
+            "-c",
+            "256",
+            "--json",
+            "-ncmoe",
+            "1",
+        ]);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        let row = &v["rows"].as_array().unwrap()[5];
+        assert_eq!(row["cpu_expert_bytes"].as_u64().unwrap(), all_experts / 4);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }

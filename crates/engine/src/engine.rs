@@ -63,6 +63,11 @@ pub struct EngineConfig {
     pub gpu_memory: Option<u64>,
     /// The KV cache's element types (`-ctk` / `-ctv`).
     pub kv: lamina_model::KvTypes,
+    /// Offloaded blocks whose routed experts stay in host memory: the
+    /// first `cpu_moe` (`--n-cpu-moe`; `usize::MAX`, the default, all).
+    pub cpu_moe: usize,
+    /// `-ot` rules for the routed experts ([`lamina_model::plan::ExpertRule`]).
+    pub experts: Vec<lamina_model::plan::ExpertRule>,
     /// Map the file (the default) or read it into memory (`--no-mmap`), where
     /// changes to the file cannot reach the server.
     pub load_mode: LoadMode,
@@ -84,6 +89,8 @@ impl EngineConfig {
             ngl: Ngl::Auto,
             gpu_memory: None,
             kv: lamina_model::KvTypes::default(),
+            cpu_moe: usize::MAX,
+            experts: Vec::new(),
             load_mode: LoadMode::Mmap,
         }
     }
@@ -397,6 +404,8 @@ fn load_and_serve(
         n_ctx: n_ctx_slot.saturating_mul(cfg.n_parallel.max(1)),
         n_parallel: cfg.n_parallel.max(1),
         kv: cfg.kv,
+        cpu_moe: cfg.cpu_moe,
+        experts: cfg.experts.clone(),
     };
     let (model, table) =
         placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;

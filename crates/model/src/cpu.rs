@@ -258,28 +258,33 @@ fn experts(
     n: usize,
     out: &mut [f32],
 ) -> Result<(), ModelError> {
-    let (nx, k) = (m.n_expert, m.n_used);
-    let mut logits = vec![0.0f32; n * nx];
+    let mut logits = vec![0.0f32; n * m.n_expert];
     ex.router.matmul(h, n, &mut logits)?;
-    let mut chosen = vec![(0usize, 0.0f32); n * k];
-    let mut order: Vec<usize> = Vec::with_capacity(nx);
-    for (row, sel) in logits.chunks_mut(nx).zip(chosen.chunks_mut(k)) {
-        ops::softmax(row);
-        order.clear();
-        order.extend(0..nx);
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        for (s, &i) in sel.iter_mut().zip(&order) {
-            *s = (i, row[i]);
-        }
-        if m.norm_weights {
-            // llama.cpp clamps the sum to f16's smallest normal.
-            let sum = sel.iter().map(|s| s.1).sum::<f32>().max(6.103_515_6e-5);
-            sel.iter_mut().for_each(|s| s.1 /= sum);
-        }
-        if m.weights_scale != 0.0 && m.weights_scale != 1.0 {
-            sel.iter_mut().for_each(|s| s.1 *= m.weights_scale);
-        }
+    routed_experts(ex, m, e, h, n, &mut logits, out)?;
+    if let Some((gate_inp, sg, su, sd)) = &ex.shared {
+        let mut sy = vec![0.0f32; n * e];
+        let (mut g, mut u) = (Vec::new(), Vec::new());
+        gated(sg, su, sd, h, n, &mut g, &mut u, &mut sy, Glu::Silu)?;
+        add_shared(gate_inp, e, h, &sy, out);
     }
+    Ok(())
+}
+
+/// The routed part of [`experts`] from the router's `logits` (`n_expert`
+/// per token, softmaxed in place): `out = Σ_slot w · expert(h)`. What a
+/// block split between the devices runs on the CPU, its router's logits
+/// computed on the GPU.
+pub(crate) fn routed_experts(
+    ex: &Experts<'_>,
+    m: &Moe,
+    e: usize,
+    h: &[f32],
+    n: usize,
+    logits: &mut [f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let (nx, k) = (m.n_expert, m.n_used);
+    let chosen = route(m, n, logits);
     // Each expert over the tokens that chose it; outputs by (token, slot).
     let mut ys = vec![0.0f32; n * k * e];
     let (mut xin, mut y, mut g, mut u) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -312,7 +317,46 @@ fn experts(
             ys[i * e..(i + 1) * e].copy_from_slice(&y[j * e..(j + 1) * e]);
         }
     }
-    for (t, o) in out[..n * e].chunks_mut(e).enumerate() {
+    weigh_experts(&chosen, k, e, &ys, &mut out[..n * e]);
+    Ok(())
+}
+
+/// Routing from the router's `logits` (`n_expert` per token, softmaxed in
+/// place): each token's `n_used` (expert, weight) pairs in slot order.
+pub(crate) fn route(m: &Moe, n: usize, logits: &mut [f32]) -> Vec<(usize, f32)> {
+    let (nx, k) = (m.n_expert, m.n_used);
+    let mut chosen = vec![(0usize, 0.0f32); n * k];
+    let mut order: Vec<usize> = Vec::with_capacity(nx);
+    for (row, sel) in logits[..n * nx].chunks_mut(nx).zip(chosen.chunks_mut(k)) {
+        ops::softmax(row);
+        order.clear();
+        order.extend(0..nx);
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        for (s, &i) in sel.iter_mut().zip(&order) {
+            *s = (i, row[i]);
+        }
+        if m.norm_weights {
+            // llama.cpp clamps the sum to f16's smallest normal.
+            let sum = sel.iter().map(|s| s.1).sum::<f32>().max(6.103_515_6e-5);
+            sel.iter_mut().for_each(|s| s.1 /= sum);
+        }
+        if m.weights_scale != 0.0 && m.weights_scale != 1.0 {
+            sel.iter_mut().for_each(|s| s.1 *= m.weights_scale);
+        }
+    }
+    chosen
+}
+
+/// `out = Σ_slot w · y` per token, in slot order, product then add: the
+/// experts' outputs `ys` by (token, slot), `k` slots a token.
+pub(crate) fn weigh_experts(
+    chosen: &[(usize, f32)],
+    k: usize,
+    e: usize,
+    ys: &[f32],
+    out: &mut [f32],
+) {
+    for (t, o) in out.chunks_mut(e).enumerate() {
         for s in 0..k {
             let w = chosen[t * k + s].1;
             let y = &ys[(t * k + s) * e..][..e];
@@ -323,16 +367,16 @@ fn experts(
             }
         }
     }
-    if let Some((gate_inp, sg, su, sd)) = &ex.shared {
-        let mut sy = vec![0.0f32; n * e];
-        gated(sg, su, sd, h, n, &mut g, &mut u, &mut sy, Glu::Silu)?;
-        for (t, (o, y)) in out[..n * e].chunks_mut(e).zip(sy.chunks(e)).enumerate() {
-            let z = lamina_quant::dot_f32(&h[t * e..(t + 1) * e], gate_inp);
-            let gate = 1.0 / (1.0 + (-z).exp());
-            o.iter_mut().zip(y).for_each(|(o, y)| *o += y * gate);
-        }
+}
+
+/// `out += sigmoid(h · gate_inp) · sy` per token: the qwen2moe shared
+/// expert's output `sy` under its gate, added after the routed experts.
+pub(crate) fn add_shared(gate_inp: &[f32], e: usize, h: &[f32], sy: &[f32], out: &mut [f32]) {
+    for (t, (o, y)) in out.chunks_mut(e).zip(sy.chunks(e)).enumerate() {
+        let z = lamina_quant::dot_f32(&h[t * e..(t + 1) * e], gate_inp);
+        let gate = 1.0 / (1.0 + (-z).exp());
+        o.iter_mut().zip(y).for_each(|(o, y)| *o += y * gate);
     }
-    Ok(())
 }
 
 /// Rows of a multi-sequence batch that belong to one sequence.

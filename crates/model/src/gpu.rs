@@ -7,6 +7,22 @@
 //! is recorded into one command buffer, submitted once, with one readback (the
 //! logits). Each layer's KV cache lives on the device of its layer.
 //!
+//! A mixture-of-experts block on the GPU records its attention, norms,
+//! router logits and shared expert (qwen2moe) like any block's, then the
+//! submission ends and the normed feed-forward input, the router's logits
+//! and the shared expert's output come back in one readback; the CPU
+//! routes (the CPU path's own code, so a token's result is still its own).
+//! A split block (llama.cpp's `--cpu-moe`, the default) runs the chosen
+//! experts on the CPU over the mapped blocks ([`crate::cpu`]'s
+//! `routed_experts`): the activations cross once each way. A block whose
+//! experts are on the GPU (`--n-cpu-moe`) sends every (token, slot)'s input
+//! up packed in expert order, runs each chosen expert's products over its
+//! run of columns, and reads the outputs back to weigh them in slot order:
+//! a second round trip, where a kernel that reads the expert ids from a
+//! buffer (routing on the GPU) would need none. Either way the CPU adds
+//! the gated shared output, and the sum goes up for the residual add that
+//! opens the next submission.
+//!
 //! The GPU layers' caches of sequences created together
 //! ([`HybridModel::new_caches`], as the server does for its slots) share one
 //! buffer per layer, a slot of rows each, so a step that carries several of
@@ -65,11 +81,24 @@ impl Stacked {
         n: usize,
         fuse: Option<Fuse<'_>>,
     ) -> Result<(), lamina_gpu::GpuError> {
-        let mut at = 0;
+        self.record_from(b, x, y, 0, n, fuse)
+    }
+
+    /// [`Stacked::record`] for columns `first..first + n` of `x` and `y`.
+    fn record_from(
+        &self,
+        b: &mut Batch<'_>,
+        x: &Tensor,
+        y: &Tensor,
+        first: usize,
+        n: usize,
+        fuse: Option<Fuse<'_>>,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let mut at = first * self.rows;
         for w in &self.parts {
             let cols = Columns {
                 n,
-                x_offset: 0,
+                x_offset: first * w.cols(),
                 x_stride: w.cols(),
                 y_offset: at,
                 y_stride: self.rows,
@@ -96,10 +125,40 @@ struct GpuLayer {
     k_norm: Option<Tensor>,
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// Gate and up stacked: `[gate (n_ff), up (n_ff)]` per token.
-    gate_up: Stacked,
-    down: Weight,
+    ffn: GpuFfn,
     post_ffn_norm: Option<Tensor>,
+}
+
+/// A GPU block's feed-forward part.
+enum GpuFfn {
+    Dense {
+        /// Gate and up stacked: `[gate (n_ff), up (n_ff)]` per token.
+        gate_up: Stacked,
+        down: Weight,
+    },
+    /// A mixture of experts, its tokens routed on the CPU: the router,
+    /// the shared expert's gate/up and down (qwen2moe), and each routed
+    /// expert's gate/up and down where they are on the GPU (`--n-cpu-moe`;
+    /// empty where they run on the CPU, a split block).
+    Split {
+        router: Weight,
+        shared: Option<(Stacked, Weight)>,
+        experts: Vec<(Stacked, Weight)>,
+    },
+}
+
+impl GpuLayer {
+    /// A mixture of experts: the step's submission ends after its router.
+    fn is_moe(&self) -> bool {
+        matches!(self.ffn, GpuFfn::Split { .. })
+    }
+
+    fn gpu_experts(&self) -> &[(Stacked, Weight)] {
+        match &self.ffn {
+            GpuFfn::Split { experts, .. } => experts,
+            GpuFfn::Dense { .. } => &[],
+        }
+    }
 }
 
 struct GpuHead {
@@ -209,6 +268,12 @@ impl HybridCache {
     }
 }
 
+/// Values per token a split block reads back (see `Scratch::moe_io`).
+fn moe_io_width(c: &Config, m: &crate::config::Moe) -> usize {
+    let shared = if m.n_ff_shared.is_some() { c.n_embd } else { 0 };
+    c.n_embd + m.n_expert + shared
+}
+
 fn upload_matrix(gpu: &Gpu, m: &Matrix<'_>) -> Result<Weight, ModelError> {
     gpu.upload_weight(m.ty, m.rows, m.cols, m.data)
         .map_err(|e| ModelError::Gpu(format!("{}: {e}", m.name)))
@@ -226,13 +291,35 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
     ModelError::Gpu(e.to_string())
 }
 
-fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
-    // Placement keeps expert blocks on the CPU (plan.rs): no GPU kernel
-    // routes tokens to experts yet.
-    let Ffn::Dense { gate, up, down } = &l.ffn else {
-        return Err(ModelError::Placement(
-            "mixture-of-experts blocks run on the CPU; the plan placed one on the GPU".into(),
-        ));
+/// Uploads block `l`; a mixture's routed experts only with `experts` (else
+/// they stay in the map, see the module header).
+fn upload_layer(gpu: &Gpu, l: &Layer<'_>, experts: bool) -> Result<GpuLayer, ModelError> {
+    let ffn = match &l.ffn {
+        Ffn::Dense { gate, up, down } => GpuFfn::Dense {
+            gate_up: Stacked::upload(gpu, &[gate, up])?,
+            down: upload_matrix(gpu, down)?,
+        },
+        Ffn::Moe(ex) => GpuFfn::Split {
+            router: upload_matrix(gpu, &ex.router)?,
+            shared: match &ex.shared {
+                Some((_, g, u, d)) => {
+                    Some((Stacked::upload(gpu, &[g, u])?, upload_matrix(gpu, d)?))
+                }
+                None => None,
+            },
+            experts: if experts {
+                (0..ex.gate.len())
+                    .map(|x| {
+                        Ok((
+                            Stacked::upload(gpu, &[&ex.gate[x], &ex.up[x]])?,
+                            upload_matrix(gpu, &ex.down[x])?,
+                        ))
+                    })
+                    .collect::<Result<_, ModelError>>()?
+            } else {
+                Vec::new()
+            },
+        },
     };
     let bqkv = match (&l.bq, &l.bk, &l.bv) {
         (Some(q), Some(k), Some(v)) => Some(upload_vec(gpu, &[&q[..], k, v].concat())?),
@@ -247,8 +334,7 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>) -> Result<GpuLayer, ModelError> {
         k_norm: upload_opt(gpu, &l.k_norm)?,
         post_attn_norm: upload_opt(gpu, &l.post_attn_norm)?,
         ffn_norm: upload_vec(gpu, &l.ffn_norm)?,
-        gate_up: Stacked::upload(gpu, &[gate, up])?,
-        down: upload_matrix(gpu, down)?,
+        ffn,
         post_ffn_norm: upload_opt(gpu, &l.post_ffn_norm)?,
     })
 }
@@ -290,6 +376,22 @@ struct Scratch {
     /// The stacked gate/up product and the gated activation.
     gu: Tensor,
     a: Tensor,
+    /// What a split block hands the CPU, read back at once: the normed
+    /// feed-forward input (`n · n_embd`), the router's logits
+    /// (`n · n_expert`) and the shared expert's output (`n · n_embd`,
+    /// qwen2moe); and the shared expert's stacked gate/up product and
+    /// activation (one value each where there is no mixture or no shared
+    /// expert).
+    moe_io: Tensor,
+    sgu: Tensor,
+    sa: Tensor,
+    /// Routed experts on the GPU: every (token, slot)'s input packed in
+    /// expert order, its gate/up product, activation and output (one value
+    /// each where no block has its experts on the GPU).
+    xin: Tensor,
+    egu: Tensor,
+    ea: Tensor,
+    ys: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
 }
@@ -342,8 +444,8 @@ impl<'a> HybridModel<'a> {
                 .iter()
                 .zip(&plan.slots[first_gpu..])
             {
-                layers.push(upload_layer(g, l)?);
-                done += slot.weight_bytes;
+                layers.push(upload_layer(g, l, !slot.is_split())?);
+                done += slot.gpu_bytes();
                 progress(done, total);
             }
             head = Some(GpuHead {
@@ -741,6 +843,13 @@ impl<'a> HybridModel<'a> {
         let c = &self.cpu.config;
         let t = |len: usize| g.tensor(len).map_err(gpu_err);
         let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
+        let fs = c.moe.and_then(|m| m.n_ff_shared).unwrap_or(0);
+        // (token, slot) pairs of the routed experts on the GPU, if any.
+        let gpu_experts = self.layers.iter().any(|l| !l.gpu_experts().is_empty());
+        let (slots, fe) = match c.moe {
+            Some(m) if gpu_experts => (n * m.n_used, m.n_ff_exp),
+            _ => (0, 0),
+        };
         Ok(Scratch {
             n,
             seqs,
@@ -767,6 +876,13 @@ impl<'a> HybridModel<'a> {
             o: t(n * e)?,
             gu: t(n * 2 * ff)?,
             a: t(n * ff)?,
+            moe_io: t((n * c.moe.map_or(0, |m| moe_io_width(c, &m))).max(1))?,
+            sgu: t((n * 2 * fs).max(1))?,
+            sa: t((n * fs).max(1))?,
+            xin: t((slots * e).max(1))?,
+            egu: t((slots * 2 * fe).max(1))?,
+            ea: t((slots * fe).max(1))?,
+            ys: t((slots * e).max(1))?,
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
@@ -890,7 +1006,8 @@ impl<'a> HybridModel<'a> {
                 normed = true;
             }
         }
-        let before = b.len();
+        let mut before = b.len();
+        let mut dispatched = 0;
         for (i, l) in self.layers.iter().enumerate() {
             let il = self.first_gpu + i;
             let next_norm = self.layers.get(i + 1).map_or(&head.norm, |l| &l.attn_norm);
@@ -899,11 +1016,25 @@ impl<'a> HybridModel<'a> {
                     &mut b, il, i, l, next_norm, s, cur, &s.x2, n, segments, normed,
                 )
                 .map_err(gpu_err)?;
+            if l.is_moe() {
+                // The routed experts on the CPU between two submissions;
+                // their sum comes back in `o` for the residual add.
+                dispatched += b.len() - before;
+                std::mem::replace(&mut b, g.batch())
+                    .submit()
+                    .map_err(gpu_err)?;
+                self.run_split_experts(g, il, l, s, n)?;
+                before = 0;
+                let post = l.post_ffn_norm.as_ref();
+                let eps = Block::new(c, il).eps;
+                b.add_rms_norm(&s.x2, &s.o, post, next_norm, cur, &s.h, e, eps)
+                    .map_err(gpu_err)?;
+                normed = true;
+            }
         }
-        self.block_dispatches.fetch_add(
-            (b.len() - before) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        dispatched += b.len() - before;
+        self.block_dispatches
+            .fetch_add(dispatched as u64, std::sync::atomic::Ordering::Relaxed);
         if !normed {
             b.rms_norm(cur, &head.norm, &s.h, e, c.rms_eps)
                 .map_err(gpu_err)?;
@@ -1114,6 +1245,12 @@ impl<'a> HybridModel<'a> {
                 blk.attn_scale,
             )?;
         }
+        if l.is_moe() {
+            // Ends with the hidden state in `spare`: the step submits, runs
+            // the routed experts and adds them (see gpu_step).
+            self.record_split(b, il, l, s, cur, spare, n)?;
+            return Ok(false);
+        }
         self.record_ffn(b, il, l, next_norm, s, cur, spare, n, folded)
     }
 
@@ -1162,9 +1299,12 @@ impl<'a> HybridModel<'a> {
             && b.gpu().norm_prologue()
             && l.post_attn_norm.is_none()
             && l.post_ffn_norm.is_none();
-        match &l.gate_up.parts[..] {
-            [w] if folds && b.glu_fuses(w, n) => Some(w),
-            _ => None,
+        match &l.ffn {
+            GpuFfn::Dense { gate_up, .. } => match &gate_up.parts[..] {
+                [w] if folds && b.glu_fuses(w, n) => Some(w),
+                _ => None,
+            },
+            GpuFfn::Split { .. } => None,
         }
     }
 
@@ -1260,6 +1400,15 @@ impl<'a> HybridModel<'a> {
             Activation::SwiGlu => Gate::Silu,
             Activation::GeGlu => Gate::GeluTanh,
         };
+        let (gate_up, down) = match &l.ffn {
+            GpuFfn::Dense { gate_up, down } => (gate_up, down),
+            GpuFfn::Split { .. } => {
+                return Err(lamina_gpu::GpuError::Shape {
+                    op: "record_ffn",
+                    message: "a split block's feed-forward is recorded by record_split".into(),
+                })
+            }
+        };
         if let Some(w) = folded {
             let add = Fuse {
                 add: true,
@@ -1267,23 +1416,199 @@ impl<'a> HybridModel<'a> {
             };
             b.matmul_fused(&l.wo, &s.attn, cur, Columns::packed(n, &l.wo), add)?;
             b.matmul_glu_normed(w, cur, &s.gu, &s.a, n, gate, (&l.ffn_norm, blk.eps))?;
-            b.matmul_fused(&l.down, &s.a, cur, Columns::packed(n, &l.down), add)?;
+            b.matmul_fused(down, &s.a, cur, Columns::packed(n, down), add)?;
             return Ok(false);
         }
-        b.matmul(&l.wo, &s.attn, &s.o, n)?;
-        let post = l.post_attn_norm.as_ref();
-        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, e, blk.eps)?;
-        match &l.gate_up.parts[..] {
+        self.record_attn_out(b, il, l, s, cur, spare, n)?;
+        match &gate_up.parts[..] {
             // One weight: the activation in the mat-vec's epilogue.
             [w] => b.matmul_glu(w, &s.h, &s.gu, &s.a, n, gate)?,
             _ => {
-                l.gate_up.record(b, &s.h, &s.gu, n, None)?;
+                gate_up.record(b, &s.h, &s.gu, n, None)?;
                 b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
             }
         }
-        b.matmul(&l.down, &s.a, &s.o, n)?;
+        b.matmul(down, &s.a, &s.o, n)?;
         let post = l.post_ffn_norm.as_ref();
         b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, blk.eps)?;
         Ok(true)
+    }
+
+    /// The attention output product and its residual add: `spare` gets
+    /// the hidden state, `s.h` its feed-forward norm.
+    #[allow(clippy::too_many_arguments)]
+    fn record_attn_out(
+        &self,
+        b: &mut Batch<'_>,
+        il: usize,
+        l: &GpuLayer,
+        s: &Scratch,
+        cur: &Tensor,
+        spare: &Tensor,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let c = &self.cpu.config;
+        let eps = Block::new(c, il).eps;
+        b.matmul(&l.wo, &s.attn, &s.o, n)?;
+        let post = l.post_attn_norm.as_ref();
+        b.add_rms_norm(cur, &s.o, post, &l.ffn_norm, spare, &s.h, c.n_embd, eps)
+    }
+
+    /// A split block's GPU part of its feed-forward, after its attention:
+    /// `spare` gets the hidden state, `s.h` the normed input, and
+    /// `s.moe_io` that input, the router's logits and the shared expert's
+    /// output (qwen2moe, before its gate) side by side.
+    #[allow(clippy::too_many_arguments)]
+    fn record_split(
+        &self,
+        b: &mut Batch<'_>,
+        il: usize,
+        l: &GpuLayer,
+        s: &Scratch,
+        cur: &Tensor,
+        spare: &Tensor,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let GpuFfn::Split { router, shared, .. } = &l.ffn else {
+            return Ok(());
+        };
+        self.record_attn_out(b, il, l, s, cur, spare, n)?;
+        let e = self.cpu.config.n_embd;
+        let nx = router.rows();
+        b.copy(&s.h, 0, &s.moe_io, 0, n * e)?;
+        let at = |y_offset, w: &Weight| Columns {
+            n,
+            x_offset: 0,
+            x_stride: w.cols(),
+            y_offset,
+            y_stride: w.rows(),
+        };
+        b.matmul_strided(
+            MatmulKernel::Auto,
+            router,
+            &s.h,
+            &s.moe_io,
+            at(n * e, router),
+        )?;
+        if let Some((gate_up, down)) = shared {
+            match &gate_up.parts[..] {
+                [w] => b.matmul_glu(w, &s.h, &s.sgu, &s.sa, n, Gate::Silu)?,
+                _ => {
+                    gate_up.record(b, &s.h, &s.sgu, n, None)?;
+                    b.glu_stacked_n(&s.sgu, &s.sa, down.cols(), n, Gate::Silu)?;
+                }
+            }
+            let y = at(n * (e + nx), down);
+            b.matmul_strided(MatmulKernel::Auto, down, &s.sa, &s.moe_io, y)?;
+        }
+        Ok(())
+    }
+
+    /// The CPU part of split block `il` over the `n` tokens of a step whose
+    /// submission [`Self::record_split`] ended: reads back the normed
+    /// input, the router's logits and the shared expert's output, runs the
+    /// routed experts and writes the block's feed-forward output to `s.o`.
+    fn run_split_experts(
+        &self,
+        g: &Gpu,
+        il: usize,
+        l: &GpuLayer,
+        s: &Scratch,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let c = &self.cpu.config;
+        let e = c.n_embd;
+        let (Ffn::Moe(ex), Some(m)) = (&self.cpu.weights.layers[il].ffn, c.moe) else {
+            return Err(ModelError::Placement(format!(
+                "blk.{il} was split but has no experts"
+            )));
+        };
+        // One readback: the input, the logits, the shared output.
+        let mut io = g
+            .read_f32_range(&s.moe_io, 0, n * moe_io_width(c, &m))
+            .map_err(gpu_err)?;
+        let (h, rest) = io.split_at_mut(n * e);
+        let (logits, sy) = rest.split_at_mut(n * m.n_expert);
+        let mut out = vec![0.0f32; n * e];
+        match l.gpu_experts() {
+            [] => crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?,
+            gx => self.gpu_routed_experts(g, gx, &m, s, h, n, logits, &mut out)?,
+        }
+        if let Some((gate_inp, ..)) = &ex.shared {
+            crate::cpu::add_shared(gate_inp, e, h, sy, &mut out);
+        }
+        g.write_f32(&s.o, &out).map_err(gpu_err)
+    }
+
+    /// The routed experts of a block that has them on the GPU, for the
+    /// normed input `h` of `n` tokens routed on the CPU from `logits`:
+    /// every (token, slot)'s input goes up packed in expert order, so each
+    /// chosen expert's tokens are one run of columns of its gate/up and
+    /// down products; the outputs come back and are weighed in slot order
+    /// on the CPU, as [`crate::cpu`]'s `routed_experts` weighs its own.
+    #[allow(clippy::too_many_arguments)]
+    fn gpu_routed_experts(
+        &self,
+        g: &Gpu,
+        gx: &[(Stacked, Weight)],
+        m: &crate::config::Moe,
+        s: &Scratch,
+        h: &[f32],
+        n: usize,
+        logits: &mut [f32],
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
+        let (e, k, fe) = (self.cpu.config.n_embd, m.n_used, m.n_ff_exp);
+        let chosen = crate::cpu::route(m, n, logits);
+        // A stable sort: within an expert, the tokens in order.
+        let mut order: Vec<usize> = (0..n * k).collect();
+        order.sort_by_key(|&i| chosen[i].0);
+        let mut xin = Vec::with_capacity(n * k * e);
+        for &i in &order {
+            let t = i / k;
+            xin.extend_from_slice(&h[t * e..(t + 1) * e]);
+        }
+        g.write_f32(&s.xin, &xin).map_err(gpu_err)?;
+        let runs: Vec<(usize, usize, usize)> = order
+            .chunk_by(|&a, &b| chosen[a].0 == chosen[b].0)
+            .scan(0, |first, run| {
+                let at = *first;
+                *first += run.len();
+                Some((chosen[run[0]].0, at, run.len()))
+            })
+            .collect();
+        let expert = |x: usize| {
+            gx.get(x)
+                .ok_or_else(|| ModelError::Gpu(format!("expert {x} of {} routed", gx.len())))
+        };
+        let mut b = g.batch();
+        for &(x, first, len) in &runs {
+            expert(x)?
+                .0
+                .record_from(&mut b, &s.xin, &s.egu, first, len, None)
+                .map_err(gpu_err)?;
+        }
+        b.glu_stacked_n(&s.egu, &s.ea, fe, n * k, Gate::Silu)
+            .map_err(gpu_err)?;
+        for &(x, first, len) in &runs {
+            let cols = Columns {
+                n: len,
+                x_offset: first * fe,
+                x_stride: fe,
+                y_offset: first * e,
+                y_stride: e,
+            };
+            b.matmul_strided(MatmulKernel::Auto, &expert(x)?.1, &s.ea, &s.ys, cols)
+                .map_err(gpu_err)?;
+        }
+        b.submit().map_err(gpu_err)?;
+        let packed = g.read_f32_range(&s.ys, 0, n * k * e).map_err(gpu_err)?;
+        // Back to (token, slot) order.
+        let mut ys = vec![0.0f32; n * k * e];
+        for (j, &i) in order.iter().enumerate() {
+            ys[i * e..(i + 1) * e].copy_from_slice(&packed[j * e..(j + 1) * e]);
+        }
+        crate::cpu::weigh_experts(&chosen, k, e, &ys, out);
+        Ok(())
     }
 }

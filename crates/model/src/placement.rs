@@ -67,6 +67,11 @@ pub struct LoadArgs {
     pub n_parallel: usize,
     /// The KV cache's element types (`-ctk` / `-ctv`).
     pub kv: KvTypes,
+    /// Offloaded blocks whose routed experts stay in host memory: the
+    /// first `cpu_moe` ([`PlanParams::cpu_moe`]; `usize::MAX` for all).
+    pub cpu_moe: usize,
+    /// `-ot` rules for the routed experts, over `cpu_moe` ([`plan::ExpertRule`]).
+    pub experts: Vec<plan::ExpertRule>,
 }
 
 /// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
@@ -102,19 +107,21 @@ pub fn choose_plan(
     let params = PlanParams {
         n_ctx: a.n_ctx,
         n_parallel: a.n_parallel,
+        cpu_moe: a.cpu_moe,
         ..PlanParams::default()
     };
     let all = cfg.n_layer + 1;
+    let layout = plan::layout_with(model, cfg, &a.experts)?;
     if !have_gpu {
-        return Ok(plan::plan(model, cfg, 0, &params));
+        return Ok(layout.plan(cfg, 0, &params));
     }
     let p = match a.ngl {
         Ngl::Auto => {
             let free = gpu.and_then(|g| g.free_memory);
-            plan::fit(model, cfg, auto_budget(a.gpu_memory, free).0, &params)
+            layout.fit(cfg, auto_budget(a.gpu_memory, free).0, &params)
         }
-        Ngl::All => plan::plan(model, cfg, all, &params),
-        Ngl::Layers(n) => plan::plan(model, cfg, n, &params),
+        Ngl::All => layout.plan(cfg, all, &params),
+        Ngl::Layers(n) => layout.plan(cfg, n, &params),
     };
     if let (Some(budget), Ngl::All | Ngl::Layers(_)) = (a.gpu_memory, a.ngl) {
         let usable = budget.saturating_sub(plan::margin(budget));
@@ -158,13 +165,23 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
     while i < p.slots.len() {
         let s = &p.slots[i];
         let mut j = i;
-        let (mut w, mut kv) = (0u64, 0u64);
+        let (mut w, mut x, mut kv) = (0u64, 0u64, 0u64);
         while j < p.slots.len()
             && p.slots[j].device == s.device
             && (p.slots[j].name == "output") == (s.name == "output")
+            && p.slots[j].is_split() == s.is_split()
         {
-            w += p.slots[j].weight_bytes;
-            kv = kv.saturating_add(p.slots[j].kv_bytes);
+            // A block on the GPU counts there without its routed experts,
+            // which get a line of their own on the CPU.
+            let sj = &p.slots[j];
+            match sj.device {
+                Device::Gpu => {
+                    w += sj.gpu_bytes();
+                    x += sj.expert_bytes;
+                }
+                Device::Cpu => w += sj.weight_bytes,
+            }
+            kv = kv.saturating_add(sj.kv_bytes);
             j += 1;
         }
         let name = if j - i == 1 {
@@ -182,6 +199,15 @@ pub fn plan_table(p: &Plan, device: &str) -> String {
             human_size(w),
             human_size(kv)
         );
+        if x > 0 {
+            let _ = writeln!(
+                out,
+                "  {name:<10} {:<6} {:>12} {:>12}  routed experts (ffn_*_exps) in system RAM",
+                "CPU",
+                human_size(x),
+                "-"
+            );
+        }
         i = j;
     }
     let _ = writeln!(
@@ -227,13 +253,6 @@ pub fn held_note(p: &Plan) -> Option<String> {
     } else {
         " and every slot before it"
     };
-    if p.held.iter().any(|h| h.tensor.contains("_exps.")) {
-        return Some(format!(
-            "  {name}{before} stayed on the CPU: its mixture of experts runs on the CPU \
-             (no GPU kernel routes tokens to experts yet) (-ngl asked {}, placed {})",
-            p.asked, p.ngl
-        ));
-    }
     Some(format!(
         "  {name}{before} stayed on the CPU: no GPU kernel for {} (-ngl asked {}, placed {})",
         tensors.join(", "),

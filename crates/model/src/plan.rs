@@ -9,10 +9,20 @@
 //! always stays on the CPU. A tied head (no `output.weight`) needs its own GPU
 //! copy of `token_embd`, so it is counted on the GPU while the map keeps the
 //! embedding rows for the lookup.
+//!
+//! A mixture-of-experts block on the GPU is split (llama.cpp's `--cpu-moe`):
+//! its routed experts (`ffn_{gate,up,down}_exps`) stay in host memory and
+//! run on the CPU over the mapped blocks, everything else of the block goes
+//! to the GPU. That is the default; [`PlanParams::cpu_moe`] (`--n-cpu-moe
+//! N`) keeps only the first N blocks' experts in host memory and puts the
+//! later offloaded blocks' experts on the GPU with the rest of their block.
+//! [`ExpertRule`]s (llama.cpp's `-ot PATTERN=CPU|GPU`) choose per block
+//! over both. [`Slot::expert_bytes`] counts what stays in host memory.
 
 use lamina_gguf::{GgmlType, Model};
 
 use crate::config::Config;
+use crate::error::ModelError;
 
 /// Where a slot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +40,10 @@ pub struct PlanParams {
     pub n_parallel: usize,
     /// Tokens of a prompt processed per step.
     pub n_batch: usize,
+    /// Blocks whose routed experts stay in host memory when the block is
+    /// offloaded: the first `cpu_moe` (`--n-cpu-moe`); `usize::MAX`, the
+    /// default, for all of them (`--cpu-moe`).
+    pub cpu_moe: usize,
 }
 
 impl Default for PlanParams {
@@ -38,6 +52,7 @@ impl Default for PlanParams {
             n_ctx: 4096,
             n_parallel: 1,
             n_batch: 512,
+            cpu_moe: usize::MAX,
         }
     }
 }
@@ -47,8 +62,29 @@ pub struct Slot {
     /// `blk.N` or `output`.
     pub name: String,
     pub device: Device,
+    /// All of the slot's weights, wherever they are.
     pub weight_bytes: u64,
+    /// The routed experts' share of `weight_bytes` that is in host memory:
+    /// all of a CPU slot's, and an offloaded block's unless
+    /// [`PlanParams::cpu_moe`] sent them to the GPU with it (0 for a dense
+    /// block).
+    pub expert_bytes: u64,
     pub kv_bytes: u64,
+}
+
+impl Slot {
+    /// The bytes of this slot's weights in GPU memory.
+    pub fn gpu_bytes(&self) -> u64 {
+        match self.device {
+            Device::Gpu => self.weight_bytes - self.expert_bytes,
+            Device::Cpu => 0,
+        }
+    }
+
+    /// A block on the GPU whose routed experts run on the CPU.
+    pub fn is_split(&self) -> bool {
+        self.device == Device::Gpu && self.expert_bytes > 0
+    }
 }
 
 /// A tensor that kept its slot, and every slot before it, off the GPU.
@@ -90,6 +126,62 @@ impl Plan {
     pub fn cpu_total(&self) -> u64 {
         self.cpu_weights.saturating_add(self.cpu_kv)
     }
+
+    /// The routed experts of the blocks on the GPU, in host memory (part
+    /// of `cpu_weights`).
+    pub fn split_expert_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .filter(|s| s.device == Device::Gpu)
+            .map(|s| s.expert_bytes)
+            .sum()
+    }
+}
+
+/// llama.cpp's `-ot/--override-tensor PATTERN=BUFFER` for the tensors
+/// Lamina places one by one: a block's routed experts
+/// (`ffn_{gate,up,down}_exps`), in host memory (`CPU`) or with their
+/// offloaded block on the GPU. The pattern is searched for in each tensor
+/// name, as llama.cpp does; the first rule that matches a tensor decides
+/// it, and a block's three expert tensors stay together (in host memory if
+/// any of them is sent there). A rule that matches any other tensor is an
+/// error: everything else follows `-ngl`.
+#[derive(Clone, Debug)]
+pub struct ExpertRule {
+    pub pattern: regex::Regex,
+    pub device: Device,
+}
+
+impl ExpertRule {
+    /// `PATTERN=CPU` or `PATTERN=GPU`; llama.cpp's GPU buffer names (CUDA0,
+    /// Vulkan0, Metal …) mean the GPU. Several rules are comma-separated
+    /// (`-ot "a=CPU,b=GPU"`), as llama.cpp reads them.
+    pub fn parse_list(s: &str) -> Result<Vec<Self>, String> {
+        s.split(',').map(Self::parse).collect()
+    }
+
+    fn parse(rule: &str) -> Result<Self, String> {
+        let (pat, buf) = rule
+            .rsplit_once('=')
+            .ok_or_else(|| format!("-ot {rule:?}: expected PATTERN=CPU or PATTERN=GPU"))?;
+        let b = buf.to_ascii_lowercase();
+        let device = if b == "cpu" {
+            Device::Cpu
+        } else if b == "gpu"
+            || ["cuda", "vulkan", "metal", "rocm", "hip", "sycl"]
+                .iter()
+                .any(|g| b.starts_with(g))
+        {
+            Device::Gpu
+        } else {
+            return Err(format!(
+                "-ot {rule:?}: {buf:?} is not CPU or a GPU (GPU, CUDA0, Vulkan0 …)"
+            ));
+        };
+        let pattern =
+            regex::Regex::new(pat).map_err(|e| format!("-ot {rule:?}: bad pattern: {e}"))?;
+        Ok(Self { pattern, device })
+    }
 }
 
 /// What placement needs of a file: each slot's weight bytes (`n_layer + 1`
@@ -98,6 +190,14 @@ impl Plan {
 #[derive(Clone, Debug, Default)]
 pub struct Layout {
     pub bytes: Vec<u64>,
+    /// Each slot's routed experts' bytes (part of `bytes`).
+    pub experts: Vec<u64>,
+    /// Slots whose routed experts have a type without a GPU kernel: they
+    /// stay in host memory whatever `cpu_moe` says.
+    pub experts_cpu_only: Vec<bool>,
+    /// Where [`ExpertRule`]s put each slot's routed experts (`None`: as
+    /// `cpu_moe` says).
+    pub experts_forced: Vec<Option<Device>>,
     pub embd: u64,
     pub tied: bool,
     pub no_kernel: Vec<Vec<Held>>,
@@ -120,6 +220,9 @@ impl Layout {
 pub fn layout(model: &Model, c: &Config) -> Layout {
     let mut l = Layout {
         bytes: vec![0u64; c.n_layer + 1],
+        experts: vec![0u64; c.n_layer + 1],
+        experts_cpu_only: vec![false; c.n_layer + 1],
+        experts_forced: vec![None; c.n_layer + 1],
         no_kernel: vec![Vec::new(); c.n_layer + 1],
         ..Layout::default()
     };
@@ -152,10 +255,14 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             _ => c.n_layer,
         };
         l.bytes[slot] += bytes;
-        // The experts of a mixture run on the CPU for now: their block is
-        // held there like a tensor without a GPU kernel.
-        let expert = name.contains("_exps.") || name.contains(".ffn_gate_inp.");
-        if expert || !lamina_gpu::has_kernel(t.info.ty) {
+        // The routed experts are counted apart: where their block goes,
+        // they may not (the router and the shared expert always do).
+        if name.contains("_exps.") {
+            l.experts[slot] += bytes;
+            if !lamina_gpu::has_kernel(t.info.ty) {
+                l.experts_cpu_only[slot] = true;
+            }
+        } else if !lamina_gpu::has_kernel(t.info.ty) {
             l.no_kernel[slot].push(Held {
                 tensor: name.clone(),
                 ty: t.info.ty,
@@ -174,6 +281,61 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
         }
     }
     l
+}
+
+/// [`layout`] with `rules` placing routed experts; an error names a rule
+/// that matches a tensor other than a routed expert.
+pub fn layout_with(model: &Model, c: &Config, rules: &[ExpertRule]) -> Result<Layout, ModelError> {
+    let mut l = layout(model, c);
+    if rules.is_empty() {
+        return Ok(l);
+    }
+    for t in model.tensors() {
+        let name = &t.info.name;
+        let Some(rule) = rules.iter().find(|r| r.pattern.is_match(name)) else {
+            continue;
+        };
+        let block = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&il| il < c.n_layer);
+        let (Some(il), true) = (block, name.contains("_exps.")) else {
+            return Err(ModelError::Placement(format!(
+                "-ot {}: Lamina places only routed experts (ffn_*_exps) by name; {name} follows -ngl",
+                rule.pattern
+            )));
+        };
+        let forced = &mut l.experts_forced[il];
+        if *forced != Some(Device::Cpu) {
+            *forced = Some(rule.device);
+        }
+    }
+    Ok(l)
+}
+
+impl Layout {
+    /// [`plan`] over this layout.
+    pub fn plan(&self, c: &Config, ngl: usize, p: &PlanParams) -> Plan {
+        plan_from_layout(self, c, ngl, p)
+    }
+
+    /// [`fit`] over this layout.
+    pub fn fit(&self, c: &Config, budget: u64, p: &PlanParams) -> Plan {
+        let usable = budget.saturating_sub(margin(budget));
+        (0..=c.n_layer + 1)
+            .rev()
+            .map(|n| plan_from_layout(self, c, n, p))
+            .find(|pl| pl.gpu_total() <= usable)
+            .unwrap_or_else(|| plan_from_layout(self, c, 0, p))
+    }
+
+    /// [`all_plans`] over this layout.
+    pub fn all_plans(&self, c: &Config, p: &PlanParams) -> Vec<Plan> {
+        (0..=c.n_layer + 1)
+            .map(|n| plan_from_layout(self, c, n, p))
+            .collect()
+    }
 }
 
 /// Bytes of each slot's weights (`n_layer + 1` entries), of the embedding,
@@ -244,9 +406,20 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
             w
         };
         let kv = if i < n_layer { kv_layer(i) } else { 0 };
+        // Routed experts in host memory: all of a CPU slot's, and an
+        // offloaded block's unless `cpu_moe` lets them go with it.
+        let experts = l.experts.get(i).copied().unwrap_or(0);
+        let in_ram = device == Device::Cpu
+            || l.experts_cpu_only.get(i).copied().unwrap_or(false)
+            || match l.experts_forced.get(i).copied().flatten() {
+                Some(d) => d == Device::Cpu,
+                None => i < p.cpu_moe,
+            };
+        let experts = if in_ram { experts } else { 0 };
         match device {
             Device::Gpu => {
-                plan.gpu_weights += w;
+                plan.gpu_weights += w - experts;
+                plan.cpu_weights += experts;
                 plan.gpu_kv = plan.gpu_kv.saturating_add(kv);
             }
             Device::Cpu => {
@@ -262,11 +435,19 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
             },
             device,
             weight_bytes: w,
+            expert_bytes: experts,
             kv_bytes: kv,
         });
     }
     if ngl > 0 {
-        plan.gpu_scratch = scratch_bytes(c, p, ngl > 1);
+        // Routed experts on the GPU: an offloaded block with experts none
+        // of which stayed in host memory.
+        let gpu_experts = plan.slots.iter().enumerate().any(|(i, s)| {
+            s.device == Device::Gpu
+                && s.expert_bytes == 0
+                && l.experts.get(i).is_some_and(|&x| x > 0)
+        });
+        plan.gpu_scratch = scratch_bytes(c, p, ngl > 1, gpu_experts);
     }
     plan
 }
@@ -275,14 +456,25 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
 /// block (residual, normed input, Q, K, V, attention output, gate, up), the
 /// attention partials of a batch over the whole context, and the logits of
 /// the parallel sequences. An estimate, deliberately generous.
-fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool) -> u64 {
+fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool, gpu_experts: bool) -> u64 {
     let f = 4u64;
     let b = p.n_batch as u64;
     let logits = (c.n_vocab as u64 * f).saturating_mul(p.n_parallel.max(1) as u64);
     if !blocks {
         return logits.saturating_add(b * c.n_embd as u64 * f);
     }
-    let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) as u64;
+    // A mixture's readback (input, router logits, shared output) and
+    // shared expert besides, and where experts may be on the GPU every
+    // (token, slot)'s input, gate/up, activation and output.
+    let moe = c.moe.map_or(0, |m| {
+        let gpu_experts = if gpu_experts {
+            m.n_used * (2 * c.n_embd + 3 * m.n_ff_exp)
+        } else {
+            0
+        };
+        2 * c.n_embd + m.n_expert + 3 * m.n_ff_shared.unwrap_or(0) + gpu_experts
+    });
+    let acts = (3 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + moe) as u64;
     // The attention partials: head_dim + 4 values per head and chunk.
     let scores = lamina_gpu::attention_scratch_len(1, c.n_head, c.head_dim, p.n_ctx) as u64;
     (b * f)
@@ -300,23 +492,14 @@ pub fn margin(budget: u64) -> u64 {
 /// Slots that cannot go to the GPU (no kernel for a tensor) are never
 /// counted as fitting.
 pub fn fit(model: &Model, c: &Config, budget: u64, p: &PlanParams) -> Plan {
-    let l = layout(model, c);
-    let usable = budget.saturating_sub(margin(budget));
-    (0..=c.n_layer + 1)
-        .rev()
-        .map(|n| plan_from_layout(&l, c, n, p))
-        .find(|pl| pl.gpu_total() <= usable)
-        .unwrap_or_else(|| plan_from_layout(&l, c, 0, p))
+    layout(model, c).fit(c, budget, p)
 }
 
 /// Every `-ngl` from 0 to all.
 /// Every `-ngl` from 0 to all (a plan past what the kernels allow repeats
 /// the largest one that they do, with `asked` saying what was asked).
 pub fn all_plans(model: &Model, c: &Config, p: &PlanParams) -> Vec<Plan> {
-    let l = layout(model, c);
-    (0..=c.n_layer + 1)
-        .map(|n| plan_from_layout(&l, c, n, p))
-        .collect()
+    layout(model, c).all_plans(c, p)
 }
 
 /// `1.50 GiB`, `12.00 MiB`, `512 B`.
@@ -396,6 +579,9 @@ mod tests {
     fn layout(bytes: &[u64], embd: u64, tied: bool) -> Layout {
         Layout {
             bytes: bytes.to_vec(),
+            experts: vec![0; bytes.len()],
+            experts_cpu_only: vec![false; bytes.len()],
+            experts_forced: vec![None; bytes.len()],
             embd,
             tied,
             no_kernel: vec![Vec::new(); bytes.len()],
@@ -447,6 +633,47 @@ mod tests {
     }
 
     #[test]
+    fn an_offloaded_blocks_routed_experts_stay_in_host_memory() {
+        let c = cfg(2);
+        let p = PlanParams::default();
+        let mut l = layout(&[100, 100, 50], 7, false);
+        l.experts = vec![60, 60, 0];
+        let all = plan_from_layout(&l, &c, 3, &p);
+        assert_eq!(all.ngl, 3);
+        assert_eq!(all.gpu_weights, 40 + 40 + 50);
+        assert_eq!(all.cpu_weights, 7 + 60 + 60);
+        assert_eq!(all.split_expert_bytes(), 120);
+        assert!(all.slots[0].is_split() && all.slots[1].is_split());
+        assert!(!all.slots[2].is_split());
+        assert_eq!(all.slots[0].gpu_bytes(), 40);
+        // A block on the CPU holds its experts as its other weights.
+        let two = plan_from_layout(&l, &c, 2, &p);
+        assert_eq!(two.gpu_weights, 40 + 50);
+        assert_eq!(two.cpu_weights, 7 + 100 + 60);
+        assert_eq!(two.split_expert_bytes(), 60);
+        assert!(!two.slots[0].is_split());
+        assert_eq!(two.slots[0].gpu_bytes(), 0);
+        // --n-cpu-moe 1: block 1's experts go to the GPU with their block.
+        let n1 = PlanParams { cpu_moe: 1, ..p };
+        let all = plan_from_layout(&l, &c, 3, &n1);
+        assert_eq!(all.gpu_weights, 40 + 100 + 50);
+        assert_eq!(all.cpu_weights, 7 + 60);
+        assert!(all.slots[0].is_split() && !all.slots[1].is_split());
+        assert_eq!(all.slots[1].gpu_bytes(), 100);
+        // -ot: block 0's experts on the GPU, block 1's in RAM, whatever
+        // cpu_moe says.
+        l.experts_forced = vec![Some(Device::Gpu), Some(Device::Cpu), None];
+        let ot = plan_from_layout(&l, &c, 3, &n1);
+        assert!(!ot.slots[0].is_split() && ot.slots[1].is_split());
+        l.experts_forced = vec![None; 3];
+        // Unless their type has no GPU kernel.
+        l.experts_cpu_only[1] = true;
+        let held = plan_from_layout(&l, &c, 3, &n1);
+        assert!(held.slots[1].is_split());
+        assert_eq!(held.cpu_weights, 7 + 60 + 60);
+    }
+
+    #[test]
     fn ngl_follows_llama_cpp_rule() {
         let c = cfg(4);
         let bytes = [10, 20, 30, 40, 500];
@@ -488,6 +715,23 @@ mod tests {
             .map(|n| plan_from_bytes(&bytes, 7, false, &c, n, &p).gpu_total())
             .collect();
         assert!(totals.windows(2).all(|w| w[0] < w[1]), "{totals:?}");
+    }
+
+    #[test]
+    fn override_rules_parse_as_llama_cpp_writes_them() {
+        let r = ExpertRule::parse_list(r"blk\.[0-9]\.ffn_.*_exps=CPU,exps=CUDA0").unwrap();
+        assert_eq!((r[0].device, r[1].device), (Device::Cpu, Device::Gpu));
+        assert!(r[0].pattern.is_match("blk.3.ffn_up_exps.weight"));
+        assert!(!r[0].pattern.is_match("blk.13.ffn_up_exps.weight"));
+        assert!(ExpertRule::parse_list("exps")
+            .unwrap_err()
+            .contains("PATTERN=CPU"));
+        assert!(ExpertRule::parse_list("exps=RAM")
+            .unwrap_err()
+            .contains("not CPU"));
+        assert!(ExpertRule::parse_list("(=CPU")
+            .unwrap_err()
+            .contains("bad pattern"));
     }
 
     #[test]

@@ -332,6 +332,12 @@ fn hybrid_logits(file: &Model, ngl: usize) -> Vec<f32> {
 }
 
 fn hybrid_logits_on(file: &Model, ngl: usize, gpu: Arc<Gpu>) -> Vec<f32> {
+    hybrid_logits_moe(file, ngl, gpu, usize::MAX)
+}
+
+/// [`hybrid_logits_on`] with the routed experts of blocks `cpu_moe..` on
+/// the GPU (`--n-cpu-moe`).
+fn hybrid_logits_moe(file: &Model, ngl: usize, gpu: Arc<Gpu>, cpu_moe: usize) -> Vec<f32> {
     let cpu = CpuModel::load(file).unwrap();
     let p = plan::plan(
         file,
@@ -339,6 +345,7 @@ fn hybrid_logits_on(file: &Model, ngl: usize, gpu: Arc<Gpu>) -> Vec<f32> {
         ngl,
         &PlanParams {
             n_ctx: 16,
+            cpu_moe,
             ..PlanParams::default()
         },
     );
@@ -441,11 +448,12 @@ fn qwen3_with_a_wide_head_runs_the_same_on_cpu_and_gpu() {
     });
 }
 
-/// Mixtures of experts: their blocks stay on the CPU whatever -ngl asks
-/// (no GPU expert kernel yet), the rest (the head) goes to the GPU, and
-/// the logits agree at every placement.
+/// Mixtures of experts: an offloaded block is split, its routed experts
+/// in host memory on the CPU and the rest (attention, norms, router,
+/// shared expert) on the GPU; the plan counts the experts' bytes on the
+/// CPU, and the logits agree with the CPU's at every placement.
 #[test]
-fn mixtures_of_experts_run_with_their_blocks_on_the_cpu() {
+fn mixtures_of_experts_split_their_blocks_between_the_devices() {
     for arch in ["qwen3moe", "qwen2moe"] {
         let file = open(&Spec::new(arch));
         let cpu = CpuModel::load(&file).unwrap();
@@ -454,13 +462,85 @@ fn mixtures_of_experts_run_with_their_blocks_on_the_cpu() {
         assert_eq!(m.norm_weights, arch == "qwen3moe");
         assert_eq!(m.n_ff_shared, (arch == "qwen2moe").then_some(FF_SHARED));
         let p = plan::plan(&file, &cpu.config, LAYERS + 1, &PlanParams::default());
-        assert_eq!(p.ngl, 1, "{arch}: only the head is offloaded");
+        assert_eq!(p.ngl, LAYERS + 1, "{arch}: every slot is offloaded");
+        assert!(p.held.is_empty(), "{:?}", p.held);
+        // Three Q8_0 matrices of FF_EXP × E per expert (34 bytes per 32
+        // weights), in every block.
+        let experts = (3 * EXPERTS * FF_EXP * E / 32 * 34) as u64;
+        for s in &p.slots[..LAYERS] {
+            assert!(s.is_split(), "{arch} {}", s.name);
+            assert_eq!(s.expert_bytes, experts, "{arch} {}", s.name);
+            assert_eq!(s.gpu_bytes(), s.weight_bytes - experts);
+        }
+        assert!(!p.slots[LAYERS].is_split());
+        let all_cpu = plan::plan(&file, &cpu.config, 0, &PlanParams::default());
+        assert_eq!(
+            p.cpu_weights,
+            all_cpu.cpu_weights - all_cpu.slots.iter().map(|s| s.weight_bytes).sum::<u64>()
+                + LAYERS as u64 * experts
+        );
+        assert_eq!(
+            p.gpu_weights,
+            p.slots.iter().map(|s| s.gpu_bytes()).sum::<u64>()
+        );
+        let table = lamina_model::placement::plan_table(&p, "test");
         assert!(
-            p.held.iter().any(|h| h.tensor.contains("_exps")),
-            "{:?}",
-            p.held
+            table.contains("routed experts"),
+            "the table names the experts on the CPU: {table}"
         );
         cpu_and_gpu_agree(Spec::new(arch));
+        // --n-cpu-moe 1 and 0: the later blocks' experts on the GPU.
+        let reference = cpu_logits(&cpu);
+        for cpu_moe in [1, 0] {
+            let params = PlanParams {
+                cpu_moe,
+                ..PlanParams::default()
+            };
+            let p = plan::plan(&file, &cpu.config, LAYERS + 1, &params);
+            let split: Vec<bool> = p.slots[..LAYERS].iter().map(|s| s.is_split()).collect();
+            assert_eq!(split, (0..LAYERS).map(|i| i < cpu_moe).collect::<Vec<_>>());
+            assert_eq!(p.split_expert_bytes(), cpu_moe as u64 * experts);
+            let got = hybrid_logits_moe(&file, LAYERS + 1, gpu(), cpu_moe);
+            let err = rel_err(&got, &reference);
+            assert!(err < CPU_GPU_REL, "{arch} --n-cpu-moe {cpu_moe}: {err}");
+        }
+    }
+}
+
+/// Greedy decoding at split placement picks the tokens of the CPU path.
+#[test]
+fn split_mixtures_decode_the_cpu_tokens() {
+    for arch in ["qwen3moe", "qwen2moe"] {
+        let file = open(&Spec::new(arch));
+        let greedy_moe = |ngl: usize, cpu_moe: usize| -> Vec<u32> {
+            let cpu = CpuModel::load(&file).unwrap();
+            let params = PlanParams {
+                n_ctx: 32,
+                cpu_moe,
+                ..PlanParams::default()
+            };
+            let p = plan::plan(&file, &cpu.config, ngl, &params);
+            let m = HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap();
+            let mut cache = m.new_cache(32).unwrap();
+            let mut logits = m.forward(&PROMPT, &mut cache, Logits::Last).unwrap();
+            let mut out = Vec::new();
+            for _ in 0..16 {
+                let t = (0..logits.len())
+                    .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+                    .unwrap() as u32;
+                out.push(t);
+                logits = m.forward(&[t], &mut cache, Logits::Last).unwrap();
+            }
+            out
+        };
+        let greedy = |ngl| greedy_moe(ngl, usize::MAX);
+        let cpu = greedy(0);
+        assert_eq!(greedy(LAYERS + 1), cpu, "{arch}: -ngl all");
+        assert_eq!(greedy(2), cpu, "{arch}: -ngl 2");
+        assert_eq!(greedy_moe(LAYERS + 1, 1), cpu, "{arch}: --n-cpu-moe 1");
+        assert_eq!(greedy_moe(LAYERS + 1, 0), cpu, "{arch}: --n-cpu-moe 0");
+        // Not a constant: the tokens depend on the model.
+        assert!(cpu.iter().any(|&t| t != cpu[0]), "{arch}: {cpu:?}");
     }
 }
 
@@ -660,15 +740,24 @@ fn a_multi_sequence_step_equals_separate_steps_bit_for_bit() {
 /// the bits it gets alone, fully offloaded and split with the CPU.
 #[test]
 fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
-    for arch in ["llama", "gemma3"] {
+    for arch in ["llama", "gemma3", "qwen3moe", "qwen2moe"] {
         let file = open(&Spec::new(arch));
         // Batched caches made together (one buffer per layer: one RoPE and
         // one attention dispatch for the step) or not (runs of sequences
         // that share buffers: here the middle one does not).
-        for (ngl, shared) in [(LAYERS + 1, true), (LAYERS + 1, false), (1, true)] {
+        // And for the mixtures, block 1's routed experts on the GPU
+        // (`--n-cpu-moe 1`: block 0 split, block 1's experts on the GPU).
+        let all = usize::MAX;
+        for (ngl, shared, cpu_moe) in [
+            (LAYERS + 1, true, all),
+            (LAYERS + 1, false, all),
+            (1, true, all),
+            (LAYERS + 1, true, 1),
+        ] {
             let cpu = CpuModel::load(&file).unwrap();
             let params = PlanParams {
                 n_ctx: 32,
+                cpu_moe,
                 ..PlanParams::default()
             };
             let p = plan::plan(&file, &cpu.config, ngl, &params);
@@ -708,7 +797,8 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
                 let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
                 assert!(
                     same,
-                    "{arch} -ngl {ngl}, shared {shared}: sequence {i} differs when batched"
+                    "{arch} -ngl {ngl}, shared {shared}, --n-cpu-moe {cpu_moe}: \
+                     sequence {i} differs when batched"
                 );
             }
             assert_eq!((a2.len(), b2.len(), c2.len()), (6, 5, 4));
