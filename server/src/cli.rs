@@ -329,7 +329,7 @@ pub struct LlamaServerArgs {
     #[arg(long, env = "LAMINA_TAGS")]
     pub tags: Option<String>,
     /// Origins allowed to call the server from a browser: `localhost` (the
-    /// default) allows only http(s)://localhost, 127.0.0.1 and [::1] on any
+    /// default) allows only http(s)://localhost, 127.0.0.1 and `[::1]` on any
     /// port; `*` allows any origin; otherwise a comma-separated list.
     #[arg(long, env = "LAMINA_CORS_ORIGINS", default_value = "localhost")]
     pub cors_origins: String,

@@ -46,7 +46,7 @@ impl Window {
 pub struct RopeSpec {
     pub base: f32,
     pub n_rot: usize,
-    /// NeoX pairs (x[i], x[i + d/2]) rather than adjacent ones.
+    /// NeoX pairs (`x[i]`, `x[i + d/2]`) rather than adjacent ones.
     pub neox: bool,
     /// Every angle times this (linear RoPE scaling; 1 without).
     pub scale: f32,

@@ -129,7 +129,7 @@ pub struct Config {
     /// Dimensions of each head that RoPE rotates (the rest pass through).
     pub rope_dim: usize,
     pub rope_base: f32,
-    /// NeoX pairs (x[i], x[i + d/2]) rather than adjacent pairs (x[2i], x[2i+1]).
+    /// NeoX pairs (`x[i]`, `x[i + d/2]`) rather than adjacent pairs (`x[2i]`, `x[2i+1]`).
     pub rope_neox: bool,
     /// Linear RoPE scaling of the full-attention layers (1 / the file's
     /// `rope.scaling.factor`): every angle times this. Sliding-window

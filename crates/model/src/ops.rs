@@ -11,7 +11,7 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// Rotates the first `rope_dim` values of one head for position `pos`.
-/// Adjacent pairs (x[2i], x[2i+1]) in normal mode, (x[i], x[i+d/2]) in NeoX
+/// Adjacent pairs (`x[2i]`, `x[2i+1]`) in normal mode, (`x[i]`, `x[i+d/2]`) in NeoX
 /// mode. Angles are computed in f64: θᵢ = pos · base^(−2i/d).
 pub fn rope(x: &mut [f32], pos: usize, base: f32, rope_dim: usize, neox: bool) {
     let mut angles = Vec::new();

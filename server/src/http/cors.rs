@@ -5,7 +5,7 @@
 //! with credentials) echoes whatever `Origin` a request carries, so any
 //! web page a user visits can drive a server on their machine; Lamina's
 //! default is `localhost`: an origin is echoed only when its host is
-//! localhost, 127.0.0.1 or [::1] (llama-server's own rule when it enables
+//! localhost, 127.0.0.1 or `[::1]` (llama-server's own rule when it enables
 //! tools), and never otherwise. `*` restores llama-server's default; a
 //! comma-separated list echoes exactly those origins.
 //!
