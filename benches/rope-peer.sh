@@ -7,7 +7,9 @@
 # weights move those log-probabilities only a little with the angles, so
 # the script also runs the file with the factors dropped (--llama3-rope 0
 # gives the same weights without rope_freqs.weight) to show the size of
-# the effect being matched.
+# the effect being matched. Then the same for a phi3 with LongRoPE
+# (`lamina synth --long-rope`: long and short factor sets, a trained
+# context of 512) at -c 256 (the short set) and -c 1024 (the long one).
 #
 #   benches/rope-peer.sh
 #   NGLS="0" benches/rope-peer.sh     # where there is no GPU adapter
@@ -76,18 +78,37 @@ serve lamina-nofactors "$LAMINA" serve -m "$WORK/rope-0.gguf" --port "$PORT" \
   -ctk f32 -ctv f32 -c 1024 -np 1 --ngl 0
 runs+=(lamina-nofactors)
 
-python3 - "$WORK" "${runs[@]}" <<'EOF'
+[ -f "$WORK/phi3-longrope.gguf" ] || "$LAMINA" synth --shape phi3-tiny --type F32 --long-rope \
+  --vocab-from "$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" -o "$WORK/phi3-longrope.gguf" >/dev/null
+for c in 256 1024; do
+  LD_LIBRARY_PATH="$BIN" serve "llama-server-phi3-$c" "$BIN/llama-server" \
+    -m "$WORK/phi3-longrope.gguf" --port "$PORT" -t "$(nproc)" -ctk f32 -ctv f32 -c "$c" -np 1
+  for ngl in $NGLS; do
+    serve "lamina-phi3-$c-$ngl" "$LAMINA" serve -m "$WORK/phi3-longrope.gguf" --port "$PORT" \
+      -ctk f32 -ctv f32 -c "$c" -np 1 --ngl "$ngl"
+  done
+done
+
+python3 - "$WORK" "$NGLS" "${runs[@]}" <<'EOF'
 import sys
-work, runs = sys.argv[1], sys.argv[2:]
+work, ngls, runs = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 def read(name):
     return [(l.rsplit(" ", 1)[0], float(l.rsplit(" ", 1)[1])) for l in open(f"{work}/{name}.top8")]
-peer = read("llama-server")
-print("| run | same top-8 tokens in order | largest log-prob difference from llama-server |")
-print("| --- | --- | --- |")
-for r in runs:
-    mine = read(r)
+def row(label, mine, peer):
     same = [a[0] for a in mine] == [b[0] for b in peer]
     diff = max(abs(a[1] - b[1]) for a, b in zip(mine, peer))
-    label = "lamina, factors dropped (--ngl 0)" if r == "lamina-nofactors" else f"lamina --ngl {r[7:]}"
     print(f"| {label} | {'yes' if same else 'no'} | {diff:.2e} |")
+print("| run | same top-8 tokens in order | largest log-prob difference from llama-server |")
+print("| --- | --- | --- |")
+peer = read("llama-server")
+for r in runs:
+    label = "llama, factors dropped, --ngl 0" if r == "lamina-nofactors" else f"llama, --ngl {r[7:]}"
+    row(label, read(r), peer)
+for c in (256, 1024):
+    peer = read(f"llama-server-phi3-{c}")
+    for ngl in ngls:
+        row(f"phi3 LongRoPE, -c {c}, --ngl {ngl}", read(f"lamina-phi3-{c}-{ngl}"), peer)
+    other = 1280 - c
+    row(f"phi3 LongRoPE: llama-server's own -c {other} against -c {c}",
+        read(f"llama-server-phi3-{other}"), peer)
 EOF

@@ -56,7 +56,7 @@ fn main(
     var y = vec2<f32>(qk[src + ab.x], qk[src + ab.y]);
     if (2u * i < p.n_rot) {
         let pos = tab[2u * (p.tab_first + t) + 1u];
-        y = rope_rotate(y.x, y.y, pos, i, p.n_rot, p.freq_base, rope_factor(p.ff_at, i), p.freq_scale);
+        y = rope_rotate(y.x, y.y, pos, i, p.n_rot, p.freq_base, rope_factor(p.ff_at, i), p.freq_scale, p.mscale);
     }
     if (is_q) {
         q[dst + ab.x] = y.x;

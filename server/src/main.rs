@@ -163,6 +163,11 @@ enum Command {
         /// shape's own (32 for 1b, 8 for 8b, none for the others)
         #[arg(long)]
         llama3_rope: Option<f32>,
+        /// phi3 shapes: LongRoPE factors (long and short sets, a trained
+        /// context of 512 of the file's 8192, the attention factor Phi-3's
+        /// converter derives from them), as the 128k-context files carry
+        #[arg(long)]
+        long_rope: bool,
     },
     /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
     Bench {
@@ -369,6 +374,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vocab_only,
             tensor_type,
             llama3_rope,
+            long_rope,
         } => synth::run(synth::SynthArgs {
             shape: &shape,
             ty: &ty,
@@ -379,6 +385,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             tensor_types: &tensor_type,
             vocab_only,
             llama3_rope,
+            long_rope,
         })?,
         Command::Fit {
             file,

@@ -273,7 +273,12 @@ pub struct SynthArgs<'a> {
     /// Llama 3.x RoPE scaling factor (`rope_freqs.weight`); `None`: the
     /// shape's own, 0: none.
     pub llama3_rope: Option<f32>,
+    /// phi3: LongRoPE's long and short factor sets.
+    pub long_rope: bool,
 }
+
+/// The trained context a `--long-rope` file declares (of its 8192).
+const LONG_ROPE_ORIG_CTX: u32 = 512;
 
 /// Llama 3.x's RoPE frequency divisors for `factor`, as llama.cpp's
 /// converter computes them (low and high frequency factors 1 and 4 over
@@ -413,6 +418,33 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    // LongRoPE's sets: short ones near 1, long ones growing to 40 (the
+    // shape of Phi-3's own), and the converter's attention factor
+    // sqrt(1 + ln(scale) / ln(original context)).
+    let long_rope = if a.long_rope {
+        if arch != "phi3" {
+            bail!("--long-rope: for a phi3 shape");
+        }
+        let pairs = hd / 2;
+        let at = |top: f32| -> Vec<f32> {
+            (0..pairs)
+                .map(|i| 1.0 + (top - 1.0) * (i as f32 / pairs as f32).powi(2))
+                .collect()
+        };
+        tensors.push(("rope_factors_long.weight".into(), vec![pairs], f32v));
+        tensors.push(("rope_factors_short.weight".into(), vec![pairs], f32v));
+        let scale = 8192.0f64 / f64::from(LONG_ROPE_ORIG_CTX);
+        let attn = (1.0 + scale.ln() / f64::from(LONG_ROPE_ORIG_CTX).ln()).sqrt() as f32;
+        w = w
+            .kv(
+                format!("{arch}.rope.scaling.original_context_length"),
+                Value::U32(LONG_ROPE_ORIG_CTX),
+            )
+            .kv(format!("{arch}.rope.scaling.attn_factor"), Value::F32(attn));
+        Some((at(40.0), at(1.2)))
+    } else {
+        None
+    };
     for il in 0..shape.layers {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         tensors.push((n("attn_norm"), vec![e], f32v));
@@ -493,6 +525,17 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         if tensors[i].0 == "rope_freqs.weight" {
             for f in rope_factors.iter().flatten() {
                 buf.extend_from_slice(&f.to_le_bytes());
+            }
+        } else if tensors[i].0.starts_with("rope_factors_") {
+            if let Some((long, short)) = &long_rope {
+                let set = if tensors[i].0.contains("long") {
+                    long
+                } else {
+                    short
+                };
+                for f in set {
+                    buf.extend_from_slice(&f.to_le_bytes());
+                }
             }
         } else if tensors[i].0.ends_with(".bias") {
             // Biases small, around 0.

@@ -24,7 +24,7 @@ struct MatParams {
     freq_base: f32,
     ff_at: u32,       // token table word of the RoPE pair factors (0xffffffff: none)
     freq_scale: f32,  // every RoPE angle times this
-    _pad3: u32,
+    mscale: f32,      // every RoPE cosine and sine times this
     _pad4: u32,
     _pad5: u32,
 }
@@ -119,7 +119,7 @@ struct RopeKvParams {
     q_base: u32,      // element offset of token 0 in q
     ff_at: u32,       // token table word of the RoPE pair factors (0xffffffff: none)
     freq_scale: f32,  // every RoPE angle times this
-    _pad0: u32,
+    mscale: f32,      // every RoPE cosine and sine times this
     _pad1: u32,
     _pad2: u32,
 }

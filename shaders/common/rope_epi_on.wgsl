@@ -49,6 +49,7 @@ fn rope_store(pi: u32, c: u32, v0: f32, v1: f32) {
             p.freq_base,
             rope_factor(p.ff_at, i),
             p.freq_scale,
+            p.mscale,
         );
     }
     if (h < p.n_head) {

@@ -23,8 +23,9 @@ fn rope_factor(ff_at: u32, i: u32) -> f32 {
 }
 
 // (x0, x1) rotated for pair i at position pos: by scale * (pos * base^(-2i /
-// n_rot) / ff), ggml's order for linear scaling and per-pair factors (a
-// scale and a factor of 1 change no bit).
+// n_rot) / ff), ggml's order for linear scaling and per-pair factors, with
+// the cosine and sine times mscale (LongRoPE's attention factor); a scale,
+// a factor and an mscale of 1 change no bit.
 fn rope_rotate(
     x0: f32,
     x1: f32,
@@ -34,12 +35,13 @@ fn rope_rotate(
     freq_base: f32,
     ff: f32,
     scale: f32,
+    mscale: f32,
 ) -> vec2<f32> {
     let inv_freq = exp2(-2.0 * f32(i) / f32(n_rot) * log2(freq_base));
     var theta = scale * (f32(pos) * inv_freq / ff);
     // Keep the argument in [-pi, pi], where WGSL bounds the error of cos/sin.
     theta = theta - TAU * round(theta / TAU);
-    let c = cos(theta);
-    let s = sin(theta);
+    let c = cos(theta) * mscale;
+    let s = sin(theta) * mscale;
     return vec2<f32>(x0 * c - x1 * s, x0 * s + x1 * c);
 }

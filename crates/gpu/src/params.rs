@@ -34,7 +34,8 @@ pub(crate) struct MatParams {
     pub freq_base: f32,
     pub ff_at: u32,
     pub freq_scale: f32,
-    pub _pad3: [u32; 3],
+    pub mscale: f32,
+    pub _pad3: [u32; 2],
 }
 
 /// `RowsParams`: row lookup from one weight chunk holding rows
@@ -161,7 +162,8 @@ pub(crate) struct RopeKvParams {
     pub q_base: u32,
     pub ff_at: u32,
     pub freq_scale: f32,
-    pub _pad: [u32; 3],
+    pub mscale: f32,
+    pub _pad: [u32; 2],
 }
 
 /// Sizes naga must report for the WGSL structs of the same names.

@@ -52,6 +52,21 @@ pub struct RopeSpec {
     pub scale: f32,
     /// Pair i's angle divided by factor i (the file's `rope_freqs`).
     pub factors: Option<crate::config::RopeFactors>,
+    /// LongRoPE's divisors, chosen by the caches' context.
+    pub long: Option<crate::config::LongRope>,
+    /// Every cosine and sine times this (LongRoPE's attention factor).
+    pub mscale: f32,
+}
+
+impl RopeSpec {
+    /// The per-pair divisors for caches of `n_ctx` positions a sequence
+    /// (see [`crate::config::Config::rope_factors_for`]).
+    pub fn factors_for(&self, n_ctx: usize) -> Option<crate::config::RopeFactors> {
+        self.factors.or_else(|| {
+            self.long
+                .map(|l| if n_ctx > l.orig_ctx { l.long } else { l.short })
+        })
+    }
 }
 
 /// The architecture-dependent parts of layer `il`'s computation.
@@ -80,6 +95,8 @@ impl Block {
                 neox: c.rope_neox,
                 scale: c.rope_scale_for(il),
                 factors: c.rope_factors,
+                long: c.long_rope,
+                mscale: c.rope_mscale,
             },
             window,
             attn_scale: c.attn_scale,
@@ -122,6 +139,8 @@ mod tests {
             rope_neox: true,
             rope_scale: 0.125,
             rope_factors: None,
+            long_rope: None,
+            rope_mscale: 1.0,
             sliding_window: Some(512),
             rope_base_swa: 1e4,
             embed_scale: Some(8.0),

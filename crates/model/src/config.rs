@@ -101,6 +101,17 @@ pub struct RopeFactors {
     v: [f32; MAX_ROPE_PAIRS],
 }
 
+/// Phi-3's LongRoPE: two sets of per-pair divisors, the long ones for a
+/// context past the one the model was trained at (`orig_ctx`), as
+/// llama.cpp's `get_rope_factors` chooses them by the context of a
+/// sequence.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LongRope {
+    pub long: RopeFactors,
+    pub short: RopeFactors,
+    pub orig_ctx: usize,
+}
+
 impl RopeFactors {
     /// One factor per rotated pair; `None` beyond [`MAX_ROPE_PAIRS`].
     pub fn new(f: &[f32]) -> Option<Self> {
@@ -137,6 +148,11 @@ pub struct Config {
     pub rope_scale: f32,
     /// The file's per-pair frequency divisors, for every layer.
     pub rope_factors: Option<RopeFactors>,
+    /// Phi-3's LongRoPE divisors (with `rope_factors` absent).
+    pub long_rope: Option<LongRope>,
+    /// Every cosine and sine times this (`rope.scaling.attn_factor`:
+    /// LongRoPE's attention scale; 1 without).
+    pub rope_mscale: f32,
     /// Sliding window width, for the layers [`Config::is_swa`] says use one.
     pub sliding_window: Option<usize>,
     /// RoPE base of sliding-window layers (Gemma 3 hard-codes 10000).
@@ -278,15 +294,41 @@ impl Config {
         }
         let gemma = arch == Arch::Gemma3;
         let default_base = if gemma { 1_000_000.0 } else { 10_000.0 };
-        // Phi-3's 128k variants rotate with per-dimension LongRoPE factors;
-        // ignoring them would give wrong answers, so they are refused.
-        let long_rope = ["rope_factors_long.weight", "blk.0.rope_factors_long.weight"]
-            .iter()
-            .any(|t| model.tensor(t).is_some());
-        if long_rope {
+        // Phi-3's 128k variants rotate with per-pair LongRoPE factors (one
+        // set for each of all layers); a file with per-layer copies only
+        // is refused rather than run without them.
+        if model.tensor("blk.0.rope_factors_long.weight").is_some()
+            && model.tensor("rope_factors_long.weight").is_none()
+        {
             return Err(ModelError::UnsupportedArch(format!(
-                "{arch_name} with LongRoPE factors (the 128k-context variants)"
+                "{arch_name} with per-layer LongRoPE factors"
             )));
+        }
+        let long_rope = match (
+            model.tensor("rope_factors_long.weight"),
+            model.tensor("rope_factors_short.weight"),
+        ) {
+            (None, None) => None,
+            (Some(l), Some(s)) => Some(LongRope {
+                long: rope_factors(&l, rope_dim)?,
+                short: rope_factors(&s, rope_dim)?,
+                orig_ctx: k
+                    .usize_opt("rope.scaling.original_context_length")?
+                    .unwrap_or(k.usize_opt("context_length")?.unwrap_or(2048)),
+            }),
+            _ => {
+                return Err(ModelError::BadKey {
+                    key: "rope_factors_long.weight".into(),
+                    reason: "LongRoPE needs both the long and the short factors".into(),
+                })
+            }
+        };
+        let rope_mscale = k.f32_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        if !(rope_mscale.is_finite() && rope_mscale > 0.0) {
+            return Err(ModelError::BadKey {
+                key: format!("{arch_name}.rope.scaling.attn_factor"),
+                reason: format!("{rope_mscale} is not a positive scale"),
+            });
         }
         let rope_scale = rope_scaling(&k, arch_name)?;
         let rope_factors = match model.tensor("rope_freqs.weight") {
@@ -349,6 +391,8 @@ impl Config {
             rope_neox: arch != Arch::Llama,
             rope_scale,
             rope_factors,
+            long_rope,
+            rope_mscale,
             sliding_window: if gemma {
                 Some(k.usize_opt("attention.sliding_window")?.unwrap_or(512))
             } else {
@@ -384,6 +428,16 @@ impl Config {
         } else {
             self.rope_base
         }
+    }
+
+    /// The per-pair RoPE divisors for caches of `n_ctx` positions a
+    /// sequence: the file's `rope_freqs`, or LongRoPE's long set past the
+    /// trained context and its short set within it.
+    pub fn rope_factors_for(&self, n_ctx: usize) -> Option<RopeFactors> {
+        self.rope_factors.or_else(|| {
+            self.long_rope
+                .map(|l| if n_ctx > l.orig_ctx { l.long } else { l.short })
+        })
     }
 
     /// The linear RoPE scale of layer `il` (sliding-window layers: 1).
@@ -430,8 +484,8 @@ fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<f32, ModelError> {
     };
     match ty.as_str() {
         "none" => Ok(1.0),
-        "linear" if factor.is_finite() && factor > 0.0 => Ok(1.0 / factor),
-        "linear" => Err(ModelError::BadKey {
+        "linear" | "longrope" if factor.is_finite() && factor > 0.0 => Ok(1.0 / factor),
+        "linear" | "longrope" => Err(ModelError::BadKey {
             key: format!("{arch_name}.rope.scaling.factor"),
             reason: format!("{factor} is not a positive scale"),
         }),
@@ -442,10 +496,11 @@ fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<f32, ModelError> {
     }
 }
 
-/// `rope_freqs.weight`: one positive f32 divisor per rotated pair.
+/// `rope_freqs.weight` or a LongRoPE set: one positive f32 divisor per
+/// rotated pair.
 fn rope_factors(t: &lamina_gguf::Tensor<'_>, rope_dim: usize) -> Result<RopeFactors, ModelError> {
     let bad = |reason: String| ModelError::BadKey {
-        key: "rope_freqs.weight".into(),
+        key: t.info.name.clone(),
         reason,
     };
     if t.info.ty != lamina_gguf::GgmlType::F32 || t.info.dims != [rope_dim as u64 / 2] {

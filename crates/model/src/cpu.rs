@@ -700,12 +700,14 @@ impl<'a> CpuModel<'a> {
         let rope = blk.rope;
         let mut angles = Vec::with_capacity(rope.n_rot / 2);
         for (t, (qrow, krow)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
+            let factors = rope.factors_for(caches[row_seg[t]].n_ctx);
             ops::rope_angles(
                 row_pos[t],
                 rope.base,
                 rope.n_rot,
                 rope.scale,
-                rope.factors.as_ref().map(|f| f.get()),
+                factors.as_ref().map(|f| f.get()),
+                rope.mscale,
                 &mut angles,
             );
             for (row, norm) in [(qrow, &l.q_norm), (krow, &l.k_norm)] {

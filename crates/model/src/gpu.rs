@@ -971,7 +971,18 @@ impl<'a> HybridModel<'a> {
                 }
             }
         }
-        let factors = self.cpu.config.rope_factors;
+        // The step's RoPE divisors: the file's rope_freqs, or LongRoPE's
+        // set for its caches' context (one set a step: the slots of a
+        // model share their context).
+        let factors = c.rope_factors_for(segments[0].cache.arena.n_ctx);
+        if segments
+            .iter()
+            .any(|seg| c.rope_factors_for(seg.cache.arena.n_ctx) != factors)
+        {
+            return Err(ModelError::Gpu(
+                "sequences of one step whose contexts take different LongRoPE factors".into(),
+            ));
+        }
         let table_words = |rows: &[TokenRow]| -> Vec<u32> {
             let mut flat: Vec<u32> = rows.iter().flat_map(|r| [r.row, r.pos]).collect();
             if let Some(f) = &factors {
@@ -1157,6 +1168,7 @@ impl<'a> HybridModel<'a> {
             freq_base: blk.rope.base,
             neox: blk.rope.neox,
             freq_scale: blk.rope.scale,
+            mscale: blk.rope.mscale,
             factors_at: Self::rope_factors_at(c, s.n)?,
         };
         let window = blk.window.kernel_width();
@@ -1258,14 +1270,16 @@ impl<'a> HybridModel<'a> {
     /// factors (`rope_freqs`), which the RoPE kernels read from the table
     /// they already bind.
     fn rope_factor_words(c: &Config) -> usize {
-        c.rope_factors.map_or(0, |f| f.get().len())
+        c.rope_factors
+            .or(c.long_rope.map(|l| l.long))
+            .map_or(0, |f| f.get().len())
     }
 
     /// Where a table of `n` entries holds the RoPE pair factors, if the
     /// file has them: right after its `2n` words of entries.
     fn rope_factors_at(c: &Config, n: usize) -> Result<Option<u32>, lamina_gpu::GpuError> {
-        c.rope_factors
-            .map(|_| {
+        (c.rope_factors.is_some() || c.long_rope.is_some())
+            .then(|| {
                 u32::try_from(2 * n).map_err(|_| lamina_gpu::GpuError::Shape {
                     op: "rope",
                     message: format!("a token table of {n} entries"),

@@ -15,13 +15,14 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
 /// mode. Angles are computed in f64: θᵢ = pos · base^(−2i/d).
 pub fn rope(x: &mut [f32], pos: usize, base: f32, rope_dim: usize, neox: bool) {
     let mut angles = Vec::new();
-    rope_angles(pos, base, rope_dim, 1.0, None, &mut angles);
+    rope_angles(pos, base, rope_dim, 1.0, None, 1.0, &mut angles);
     rope_with(x, &angles, neox);
 }
 
 /// The (sin θᵢ, cos θᵢ) of [`rope`] for position `pos`, into `out` (cleared),
 /// with ggml's scalings: θᵢ = scale · (pos · base^(−2i/d) / factorᵢ) (linear
-/// scaling and per-pair frequency factors; 1 and none leave θ as it was).
+/// scaling and per-pair frequency factors; 1 and none leave θ as it was),
+/// and both times `mscale` (LongRoPE's attention factor; 1: as they are).
 /// Every head of a token turns by the same angles: computed once per token
 /// (f64 `powf` and `sin_cos` per pair and head were a twentieth of a
 /// prompt's time), with the same operations, so the same bits.
@@ -31,15 +32,18 @@ pub fn rope_angles(
     rope_dim: usize,
     scale: f32,
     factors: Option<&[f32]>,
+    mscale: f32,
     out: &mut Vec<(f64, f64)>,
 ) {
+    let m = f64::from(mscale);
     out.clear();
     out.extend((0..rope_dim / 2).map(|i| {
         let mut theta = pos as f64 * f64::from(base).powf(-2.0 * i as f64 / rope_dim as f64);
         if let Some(f) = factors.and_then(|f| f.get(i)) {
             theta /= f64::from(*f);
         }
-        (theta * f64::from(scale)).sin_cos()
+        let (s, c) = (theta * f64::from(scale)).sin_cos();
+        (s * m, c * m)
     }));
 }
 

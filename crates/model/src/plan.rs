@@ -565,6 +565,8 @@ mod tests {
             rope_base_swa: 1e4,
             rope_scale: 1.0,
             rope_factors: None,
+            long_rope: None,
+            rope_mscale: 1.0,
             embed_scale: None,
             qk_norm: false,
             post_norms: false,

@@ -78,7 +78,8 @@ struct Spec {
     gate_q8: bool,
     /// phi3: Q, K and V as three tensors instead of one fused `attn_qkv`.
     unfused_qkv: bool,
-    /// phi3: LongRoPE factors, as the 128k-context files carry.
+    /// phi3: LongRoPE factors, as the 128k-context files carry (long and
+    /// short sets, a trained context of 8 and an attention factor).
     long_rope: bool,
     /// `rope_freqs.weight` (Llama 3.x): pair i's divisor 1 + s·i, for s.
     rope_freqs: Option<f32>,
@@ -137,6 +138,13 @@ fn build(spec: &Spec) -> Vec<u8> {
     ];
     let moe = a.ends_with("moe");
     let mut keys = keys;
+    if spec.long_rope {
+        keys.push((
+            format!("{a}.rope.scaling.original_context_length"),
+            Value::U32(8),
+        ));
+        keys.push((format!("{a}.rope.scaling.attn_factor"), Value::F32(1.19)));
+    }
     if let Some((ty, factor)) = spec.rope_scaling {
         keys.push((format!("{a}.rope.scaling.type"), Value::String(ty.into())));
         keys.push((format!("{a}.rope.scaling.factor"), Value::F32(factor)));
@@ -286,7 +294,13 @@ fn build(spec: &Spec) -> Vec<u8> {
         w = add(w, &n("ffn_down.weight"), &[FF, E], false, &mut rng);
     }
     if spec.long_rope {
-        w = add(w, "rope_factors_long.weight", &[hd / 2], false, &mut rng);
+        for (name, step) in [
+            ("rope_factors_long.weight", 0.9),
+            ("rope_factors_short.weight", 0.05),
+        ] {
+            let f: Vec<f32> = (0..hd / 2).map(|i| 1.0 + step * i as f32).collect();
+            w = w.tensor(name, &[(hd / 2) as u64], GgmlType::F32, f32_bytes(&f));
+        }
     }
     if let Some(s) = spec.rope_freqs {
         let pairs = hd / 2 + usize::from(spec.bad_shape == Some("rope_freqs.weight"));
@@ -585,11 +599,36 @@ fn phi3_fused_matrices_run_the_same_on_cpu_and_gpu() {
     );
     let plain = cpu_logits(&CpuModel::load(&open(&Spec::new("llama"))).unwrap());
     assert!(rel_err(&fused, &plain) > 1e-3);
-    let e = load_err(Spec {
+}
+
+/// Phi-3's LongRoPE: the long divisors for caches past the trained context
+/// (8 here), the short ones within it, the cosines and sines times the
+/// attention factor; CPU and GPU agree (at 16 positions: the long set).
+#[test]
+fn phi3_long_rope_turns_by_the_set_its_context_chooses() {
+    let spec = Spec {
         long_rope: true,
         ..Spec::new("phi3")
-    });
-    assert!(e.contains("phi3 with LongRoPE factors"), "{e}");
+    };
+    let file = open(&spec);
+    let m = CpuModel::load(&file).unwrap();
+    let run = |n_ctx| {
+        let mut cache = KvCache::new(&m.config, n_ctx).unwrap();
+        m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap()
+    };
+    let (short, long) = (run(8), run(16));
+    let plain_file = open(&Spec::new("phi3"));
+    let plain = {
+        let m = CpuModel::load(&plain_file).unwrap();
+        let mut cache = KvCache::new(&m.config, 16).unwrap();
+        m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap()
+    };
+    assert!(rel_err(&short, &long) > 1e-3, "the context picks the set");
+    assert!(
+        rel_err(&short, &plain) > 1e-3,
+        "the short set and the factor count"
+    );
+    cpu_and_gpu_agree(spec);
 }
 
 #[test]

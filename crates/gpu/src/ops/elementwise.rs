@@ -90,6 +90,9 @@ pub struct Rope {
     pub neox: bool,
     /// Every angle times this (linear RoPE scaling; 1 without).
     pub freq_scale: f32,
+    /// Every cosine and sine times this (LongRoPE's attention factor; 1
+    /// without).
+    pub mscale: f32,
     /// Where the token table holds the `n_rot / 2` per-pair frequency
     /// divisors (f32 bits, one word each) after its entries; `None`: all 1.
     /// Only the kernels that read the table ([`Batch::rope_kv_rows`] and
@@ -331,10 +334,10 @@ impl Batch<'_> {
             ));
         }
         Self::distinct(OP, y, &[x])?;
-        if rope.factors_at.is_some() || rope.freq_scale != 1.0 {
+        if rope.factors_at.is_some() || rope.freq_scale != 1.0 || rope.mscale != 1.0 {
             return Err(shape(
                 OP,
-                "the table-less RoPE kernel takes neither frequency factors nor a scale".into(),
+                "the table-less RoPE kernel takes no frequency factors or scales".into(),
             ));
         }
         let params = RopeParams {

@@ -486,7 +486,8 @@ impl Batch<'_> {
             q_base: to_u32(OP, "first query", first * qd)?,
             ff_at: rope.ff_at(),
             freq_scale: rope.freq_scale,
-            _pad: [0; 3],
+            mscale: rope.mscale,
+            _pad: [0; 2],
         };
         let pairs = to_u32(OP, "pairs", n * stride / 2)?;
         let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));

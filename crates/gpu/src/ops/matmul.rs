@@ -786,6 +786,7 @@ impl Batch<'_> {
                         freq_base: r.rope.freq_base,
                         ff_at: r.rope.ff_at(),
                         freq_scale: r.rope.freq_scale,
+                        mscale: r.rope.mscale,
                         ..params
                     },
                     None => params,

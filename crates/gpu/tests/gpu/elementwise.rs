@@ -102,6 +102,7 @@ fn rope_matches_reference_in_both_orderings() {
                 freq_base: 10000.0,
                 neox,
                 freq_scale: 1.0,
+                mscale: 1.0,
                 factors_at: None,
             };
             let got = run(gpu, x.len(), |b, y| b.rope(&xt, y, &rope).unwrap());

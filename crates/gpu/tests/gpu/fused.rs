@@ -194,6 +194,7 @@ fn qkv_epilogue_equals_norms_rope_and_copies() {
             freq_base: 10000.0,
             neox,
             freq_scale: 1.0,
+            mscale: 1.0,
             factors_at: None,
         };
         // Unfused: norms over whole tensors, RoPE of the sequence's tokens,
@@ -554,6 +555,7 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
             freq_base: 10000.0,
             neox,
             freq_scale: if scaled { 0.25 } else { 1.0 },
+            mscale: if scaled { 1.19 } else { 1.0 },
             factors_at: scaled.then_some(ff_at),
         };
         let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
@@ -590,7 +592,8 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
                 .unwrap();
             b.submit().unwrap();
             // The queries against an f64 rotation of the product by
-            // scale · (pos · base^(-2i/n_rot) / factor_i).
+            // scale · (pos · base^(-2i/n_rot) / factor_i), cosine and sine
+            // times mscale.
             let (prod, qs) = (gpu.read_f32(&qkv).unwrap(), gpu.read_f32(&q1).unwrap());
             for (t, e) in host.iter().enumerate().skip(first).take(n) {
                 let pos = f64::from(e.pos);
@@ -609,6 +612,8 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
                                 theta = theta / f64::from(ff) * 0.25;
                             }
                             let (s, c) = theta.sin_cos();
+                            let m = f64::from(rope.mscale);
+                            let (s, c) = (s * m, c * m);
                             (x0 * c - x1 * s, x0 * s + x1 * c)
                         } else {
                             (x0, x1)
