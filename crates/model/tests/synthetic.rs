@@ -372,6 +372,19 @@ fn hybrid_logits_moe(file: &Model, ngl: usize, gpu: Arc<Gpu>, cpu_moe: usize) ->
     out
 }
 
+/// The model planned for 32 positions at `-ngl ngl`, the experts of the
+/// first `cpu_moe` offloaded blocks in RAM (`--n-cpu-moe`).
+fn hybrid_32(file: &Model, ngl: usize, cpu_moe: usize, gpu: Option<Arc<Gpu>>) -> HybridModel<'_> {
+    let cpu = CpuModel::load(file).unwrap();
+    let params = PlanParams {
+        n_ctx: 32,
+        cpu_moe,
+        ..PlanParams::default()
+    };
+    let p = plan::plan(file, &cpu.config, ngl, &params);
+    HybridModel::new(cpu, p, gpu).unwrap()
+}
+
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
     let den: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
@@ -527,14 +540,7 @@ fn split_mixtures_decode_the_cpu_tokens() {
     for arch in ["qwen3moe", "qwen2moe"] {
         let file = open(&Spec::new(arch));
         let greedy_moe = |ngl: usize, cpu_moe: usize| -> Vec<u32> {
-            let cpu = CpuModel::load(&file).unwrap();
-            let params = PlanParams {
-                n_ctx: 32,
-                cpu_moe,
-                ..PlanParams::default()
-            };
-            let p = plan::plan(&file, &cpu.config, ngl, &params);
-            let m = HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap();
+            let m = hybrid_32(&file, ngl, cpu_moe, (ngl > 0).then(gpu));
             let mut cache = m.new_cache(32).unwrap();
             let mut logits = m.forward(&PROMPT, &mut cache, Logits::Last).unwrap();
             let mut out = Vec::new();
@@ -793,14 +799,7 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
             (1, true, all),
             (LAYERS + 1, true, 1),
         ] {
-            let cpu = CpuModel::load(&file).unwrap();
-            let params = PlanParams {
-                n_ctx: 32,
-                cpu_moe,
-                ..PlanParams::default()
-            };
-            let p = plan::plan(&file, &cpu.config, ngl, &params);
-            let m = HybridModel::new(cpu, p, Some(gpu())).unwrap();
+            let m = hybrid_32(&file, ngl, cpu_moe, Some(gpu()));
             let new = || m.new_cache(32).unwrap();
             let (mut a1, mut b1, mut c1) = (new(), new(), new());
             let (mut a2, mut b2, mut c2) = if shared {
