@@ -2,12 +2,14 @@
 """Compares two runs of benches/server-suite.sh: Lamina's and llama-server's.
 
     benches/server-suite-compare.py            # the cache's junit.xml and junit-llama-server.xml
-    benches/server-suite-compare.py A.xml B.xml
+    benches/server-suite-compare.py LAMINA.xml PEER.xml [PEER2.xml ...]
 
-Reads the JUnit XML each run writes (Lamina's first, the peer's second) and
-prints each server's counts, then the tests llama-server passes and Lamina
-does not (failed, errored or skipped there), grouped by test file, and the
-count of the reverse. Exits 0 either way: the list is the result.
+Reads the JUnit XML each run writes (Lamina's first, then the peer's: more
+than one when the peer ran the suite in parts) and prints each server's
+counts, then the tests llama-server passes and Lamina does not (failed,
+errored or skipped there), grouped by test file, and the reverse. A test
+only one of the two ran is counted apart, in neither list. Exits 0 either
+way: the list is the result.
 """
 
 import os
@@ -55,20 +57,25 @@ def main():
     if args and args[0] in ("-h", "--help"):
         print(__doc__.strip())
         return
-    if len(args) not in (0, 2):
-        sys.exit("usage: server-suite-compare.py [LAMINA_JUNIT PEER_JUNIT]")
-    lamina_path, peer_path = args or [
+    if len(args) == 1:
+        sys.exit("usage: server-suite-compare.py [LAMINA_JUNIT PEER_JUNIT...]")
+    paths = args or [
         os.path.join(CACHE, "junit.xml"),
         os.path.join(CACHE, "junit-llama-server.xml"),
     ]
-    for p in (lamina_path, peer_path):
+    for p in paths:
         if not os.path.exists(p):
             sys.exit(f"{p} is missing: run benches/server-suite.sh (and PEER=llama-server) first")
-    lamina, peer = outcomes(lamina_path), outcomes(peer_path)
+    lamina, peer = outcomes(paths[0]), {}
+    for p in paths[1:]:
+        peer.update(outcomes(p))
     print(f"lamina:       {counts(lamina)}")
     print(f"llama-server: {counts(peer)}")
-    only_peer = sorted(t for t, r in peer.items() if r == "passed" and lamina.get(t) != "passed")
-    only_lamina = sorted(t for t, r in lamina.items() if r == "passed" and peer.get(t) != "passed")
+    both = lamina.keys() & peer.keys()
+    if len(both) < len(lamina.keys() | peer.keys()):
+        print(f"run on one server only: {len(lamina.keys() - both)} on lamina, {len(peer.keys() - both)} on llama-server")
+    only_peer = sorted(t for t in both if peer[t] == "passed" and lamina[t] != "passed")
+    only_lamina = sorted(t for t in both if lamina[t] == "passed" and peer[t] != "passed")
     print(f"\npass on llama-server, not on lamina: {len(only_peer)}")
     by_file = defaultdict(list)
     for t in only_peer:
@@ -76,10 +83,10 @@ def main():
     for f in sorted(by_file):
         print(f"\n{f} ({len(by_file[f])})")
         for t in by_file[f]:
-            print(f"  {lamina.get(t, 'absent'):8} {t.split('::', 1)[1]}")
+            print(f"  {lamina[t]:8} {t.split('::', 1)[1]}")
     print(f"\npass on lamina, not on llama-server: {len(only_lamina)}")
     for t in only_lamina:
-        print(f"  {peer.get(t, 'absent'):8} {t}")
+        print(f"  {peer[t]:8} {t}")
 
 
 if __name__ == "__main__":
