@@ -15,6 +15,11 @@ missing model, which fails at load once parsing passed), drops each refused flag
 with a line on stderr, and then becomes `lamina serve` (exec, so the
 suite's SIGTERM reaches the server). The tests of that feature then fail
 on what the server answers, which is what they measure.
+
+With PEER_BIN set (benches/server-suite.sh's PEER=llama-server), the shim
+starts that binary instead, llama.cpp's own llama-server: the same model
+mapping to the same local file, and every other flag passed as it came,
+none dropped, so the two servers run the same suite on the same model.
 """
 
 import os
@@ -22,7 +27,8 @@ import re
 import subprocess
 import sys
 
-LAMINA = os.environ["LAMINA_BIN"]
+PEER = os.environ.get("PEER_BIN")
+LAMINA = os.environ.get("LAMINA_BIN", "")
 MODEL = os.environ["LAMINA_SUITE_MODEL"]
 
 # llama-server flags that name where the model comes from.
@@ -88,6 +94,8 @@ def refused(args):
 
 def main():
     args = without_model(sys.argv[1:])
+    if PEER:
+        os.execv(PEER, [PEER, "-m", MODEL, *args])
     for _ in range(64):
         flag = refused(args)
         if flag is None:

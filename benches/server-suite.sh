@@ -12,6 +12,17 @@
 #   benches/server-suite.sh unit/test_completion.py -k n_probs
 #   LAMINA_BIN=target/debug/lamina benches/server-suite.sh
 #   SLOW_TESTS=1 benches/server-suite.sh          # the slow ones too
+#   PEER=llama-server benches/server-suite.sh     # llama.cpp's llama-server instead
+#   benches/server-suite-compare.py               # what one passes and the other not
+#
+# PEER=llama-server runs the same suite, through the same shim and on the
+# same model file, against llama.cpp's own llama-server built from the same
+# sdist (LLAMA_SERVER_BIN, by default the CPU build benches/peer.sh makes,
+# to which this adds the llama-server target when it is missing): only the
+# model mapping applies, no flag is dropped. Each server's report, failure
+# list and JUnit XML go to their own files in the cache (report.txt,
+# failures.txt, junit.xml for Lamina; report-llama-server.txt, ... for the
+# peer), which benches/server-suite-compare.py compares.
 #
 # Needs Python 3 with venv and pip, and network for pip (the sdist and the
 # suite's requirements, once: both are cached). Not part of scripts/test.sh:
@@ -66,27 +77,61 @@ if [ ! -x "$venv/bin/pytest" ]; then
   "$venv/bin/python" -m pip install -q -r "$tests/requirements.txt"
 fi
 
-LAMINA_BIN=${LAMINA_BIN:-$ROOT/target/release/lamina}
-if [ ! -x "$LAMINA_BIN" ]; then
-  log "building $LAMINA_BIN"
-  cargo build --release -p lamina
-fi
-LAMINA_BIN=$(realpath "$LAMINA_BIN")
+PEER=${PEER:-}
+case "$PEER" in
+"")
+  suffix=
+  LAMINA_BIN=${LAMINA_BIN:-$ROOT/target/release/lamina}
+  if [ ! -x "$LAMINA_BIN" ]; then
+    log "building $LAMINA_BIN"
+    cargo build --release -p lamina
+  fi
+  LAMINA_BIN=$(realpath "$LAMINA_BIN")
+  server=$LAMINA_BIN
+  export LAMINA_BIN
+  unset PEER_BIN
+  ;;
+llama-server)
+  suffix=-llama-server
+  # benches/peer.sh's CPU build of the same sdist: its source and build tree.
+  peer_cache=${LLAMA_CPP_CACHE:-$HOME/.cache/lamina/llama.cpp-$VERSION}
+  LLAMA_SERVER_BIN=${LLAMA_SERVER_BIN:-$peer_cache/build-cpu/bin/llama-server}
+  if [ ! -x "$LLAMA_SERVER_BIN" ]; then
+    [ -f "$peer_cache/src/CMakeLists.txt" ] && [ -d "$peer_cache/build-cpu" ] ||
+      { log "no $LLAMA_SERVER_BIN: run SKIP_GPU=1 benches/peer.sh once (it builds llama.cpp), or set LLAMA_SERVER_BIN"; exit 1; }
+    log "building llama-server in $peer_cache/build-cpu"
+    cmake -S "$peer_cache/src" -B "$peer_cache/build-cpu" -DLLAMA_BUILD_SERVER=ON \
+      -DLLAMA_BUILD_TOOLS=ON >"$peer_cache/build-server.log" 2>&1
+    cmake --build "$peer_cache/build-cpu" --target llama-server -j "${JOBS:-$(nproc)}" \
+      >>"$peer_cache/build-server.log" 2>&1 ||
+      { tail -30 "$peer_cache/build-server.log"; exit 1; }
+  fi
+  server=$(realpath "$LLAMA_SERVER_BIN")
+  export PEER_BIN=$server
+  ;;
+*)
+  log "PEER=$PEER: only PEER=llama-server is known"
+  exit 1
+  ;;
+esac
 
-report="$CACHE/report.txt"
-log "running the suite against $LAMINA_BIN (log: $report)"
+report="$CACHE/report$suffix.txt"
+failures="$CACHE/failures$suffix.txt"
+junit="$CACHE/junit$suffix.xml"
+log "running the suite against $server (log: $report)"
 cd "$tests"
 marks=()
 [ "${SLOW_TESTS:-0}" = 1 ] || marks=(-m "not slow")
 set +e
 LLAMA_SERVER_BIN_PATH="$ROOT/benches/llama-server-shim.py" \
-  LAMINA_BIN="$LAMINA_BIN" LAMINA_SUITE_MODEL="$(realpath "$MODEL")" PORT="$PORT" \
-  "$venv/bin/pytest" -q -rfE -p no:cacheprovider "${marks[@]}" "${@:-unit}" >"$report" 2>&1
+  LAMINA_SUITE_MODEL="$(realpath "$MODEL")" PORT="$PORT" \
+  "$venv/bin/pytest" -q -rfE -p no:cacheprovider --junitxml="$junit" \
+  "${marks[@]}" "${@:-unit}" >"$report" 2>&1
 set -e
-grep -E '^(FAILED|ERROR) ' "$report" >"$CACHE/failures.txt" || true
+grep -E '^(FAILED|ERROR) ' "$report" >"$failures" || true
 summary=$(tail -n 1 "$report")
 echo "$summary"
 passed=$(grep -oE '[0-9]+ passed' <<<"$summary" | cut -d' ' -f1)
 failed=$(grep -oE '[0-9]+ failed' <<<"$summary" | cut -d' ' -f1)
 errors=$(grep -oE '[0-9]+ errors?' <<<"$summary" | cut -d' ' -f1)
-echo "passed ${passed:-0}, failed ${failed:-0}, errors ${errors:-0} (failures listed in $CACHE/failures.txt)"
+echo "passed ${passed:-0}, failed ${failed:-0}, errors ${errors:-0} (failures listed in $failures)"
