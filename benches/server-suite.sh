@@ -97,8 +97,10 @@ llama-server)
   peer_cache=${LLAMA_CPP_CACHE:-$HOME/.cache/lamina/llama.cpp-$VERSION}
   LLAMA_SERVER_BIN=${LLAMA_SERVER_BIN:-$peer_cache/build-cpu/bin/llama-server}
   if [ ! -x "$LLAMA_SERVER_BIN" ]; then
-    [ -f "$peer_cache/src/CMakeLists.txt" ] && [ -d "$peer_cache/build-cpu" ] ||
-      { log "no $LLAMA_SERVER_BIN: run SKIP_GPU=1 benches/peer.sh once (it builds llama.cpp), or set LLAMA_SERVER_BIN"; exit 1; }
+    if [ ! -f "$peer_cache/src/CMakeLists.txt" ] || [ ! -d "$peer_cache/build-cpu" ]; then
+      log "no $LLAMA_SERVER_BIN: run SKIP_GPU=1 benches/peer.sh once (it builds llama.cpp), or set LLAMA_SERVER_BIN"
+      exit 1
+    fi
     log "building llama-server in $peer_cache/build-cpu"
     cmake -S "$peer_cache/src" -B "$peer_cache/build-cpu" -DLLAMA_BUILD_SERVER=ON \
       -DLLAMA_BUILD_TOOLS=ON >"$peer_cache/build-server.log" 2>&1
