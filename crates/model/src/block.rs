@@ -61,11 +61,10 @@ pub struct RopeSpec {
 impl RopeSpec {
     /// The per-pair divisors for caches of `n_ctx` positions a sequence
     /// (see [`crate::config::Config::rope_factors_for`]).
-    pub fn factors_for(&self, n_ctx: usize) -> Option<crate::config::RopeFactors> {
-        self.factors.or_else(|| {
-            self.long
-                .map(|l| if n_ctx > l.orig_ctx { l.long } else { l.short })
-        })
+    pub fn factors_for(&self, n_ctx: usize) -> Option<&crate::config::RopeFactors> {
+        self.factors
+            .as_ref()
+            .or_else(|| self.long.as_ref().map(|l| l.for_ctx(n_ctx)))
     }
 }
 

@@ -112,6 +112,18 @@ pub struct LongRope {
     pub orig_ctx: usize,
 }
 
+impl LongRope {
+    /// The set for caches of `n_ctx` positions a sequence: the long one
+    /// past the trained context, the short one within it.
+    pub fn for_ctx(&self, n_ctx: usize) -> &RopeFactors {
+        if n_ctx > self.orig_ctx {
+            &self.long
+        } else {
+            &self.short
+        }
+    }
+}
+
 impl RopeFactors {
     /// One factor per rotated pair; `None` beyond [`MAX_ROPE_PAIRS`].
     pub fn new(f: &[f32]) -> Option<Self> {
@@ -433,11 +445,10 @@ impl Config {
     /// The per-pair RoPE divisors for caches of `n_ctx` positions a
     /// sequence: the file's `rope_freqs`, or LongRoPE's long set past the
     /// trained context and its short set within it.
-    pub fn rope_factors_for(&self, n_ctx: usize) -> Option<RopeFactors> {
-        self.rope_factors.or_else(|| {
-            self.long_rope
-                .map(|l| if n_ctx > l.orig_ctx { l.long } else { l.short })
-        })
+    pub fn rope_factors_for(&self, n_ctx: usize) -> Option<&RopeFactors> {
+        self.rope_factors
+            .as_ref()
+            .or_else(|| self.long_rope.as_ref().map(|l| l.for_ctx(n_ctx)))
     }
 
     /// The linear RoPE scale of layer `il` (sliding-window layers: 1).

@@ -706,7 +706,7 @@ impl<'a> CpuModel<'a> {
                 rope.base,
                 rope.n_rot,
                 rope.scale,
-                factors.as_ref().map(|f| f.get()),
+                factors.map(|f| f.get()),
                 rope.mscale,
                 &mut angles,
             );

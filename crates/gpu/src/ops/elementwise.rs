@@ -245,8 +245,11 @@ fn heads_per_wg(
 /// The fewest attention workgroups a step should spread over on `gpu` (see
 /// [`ATTN_MIN_WGS`]).
 fn attention_min_wgs(gpu: &crate::Gpu) -> usize {
+    // Asked once: on Linux the answer reads the cgroup's CPU quota, and
+    // this runs for every attention dispatch.
+    static CPU_THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if gpu.adapter_info().device_type == "cpu" {
-        std::thread::available_parallelism().map_or(2, |n| n.get())
+        *CPU_THREADS.get_or_init(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
     } else {
         ATTN_MIN_WGS
     }
