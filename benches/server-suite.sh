@@ -13,6 +13,7 @@
 #   LAMINA_BIN=target/debug/lamina benches/server-suite.sh
 #   SLOW_TESTS=1 benches/server-suite.sh          # the slow ones too
 #   PEER=llama-server benches/server-suite.sh     # llama.cpp's llama-server instead
+#   PORT=18081 REPORT_TAG=b benches/server-suite.sh # beside another run
 #   benches/server-suite-compare.py               # what one passes and the other not
 #
 # PEER=llama-server runs the same suite, through the same shim and on the
@@ -117,6 +118,8 @@ llama-server)
   ;;
 esac
 
+# REPORT_TAG keeps the files of runs side by side apart (report-TAG.txt, ...).
+suffix=$suffix${REPORT_TAG:+-$REPORT_TAG}
 report="$CACHE/report$suffix.txt"
 failures="$CACHE/failures$suffix.txt"
 junit="$CACHE/junit$suffix.xml"
