@@ -393,7 +393,13 @@ impl Gpu {
         // loads and its tree as coroutine switches in every workgroup: on
         // lavapipe, SmolLM2 decoding fell from 20.3-20.6 to 18.7-19.5
         // tokens/s and a 128-token prompt from 72-78 to 62-64 with it, so
-        // there the norms stay separate kernels.
+        // there the norms stay separate kernels. A barrier-free prologue
+        // (each subgroup of 8 computing the canonical partials itself and
+        // joining them by subgroupBroadcast, the same bits) did no better:
+        // 20.6-22.0 against 21.2-22.5 tokens/s, because all eight
+        // subgroups of every workgroup repeat the K loads, which lavapipe
+        // gathers lane by lane (+140 us per gate/up dispatch, about what
+        // the separate norm dispatch costs).
         let norm_prologue = match (
             opts.norm_prologue,
             std::env::var("LAMINA_GPU_NORM_PROLOGUE"),
