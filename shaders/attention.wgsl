@@ -51,8 +51,6 @@ const GC: u32 = {{GC}}u;
 const HD: u32 = {{HD}}u;
 const HD4: u32 = HD / 4u;
 const C: u32 = {{C}}u;
-// Positions each invocation scores.
-const PPI: u32 = C / WG;
 // Position lanes of the value pass: the invocations that share a column.
 const R: u32 = {{R}}u;
 
@@ -119,11 +117,17 @@ fn main(
     }
     workgroupBarrier();
 
+    // The passes below visit only the rounds u of WG positions that hold
+    // some of j_lo ..= j_hi (workgroup-uniform bounds): the others would
+    // score and weigh nothing (a short context leaves most of a chunk's
+    // rounds empty).
+    let u_lo = (j_lo - c0) / WG;
+    let u_hi = (j_hi - c0) / WG;
     var m: array<f32, GC>;
     for (var g = 0u; g < GC; g++) {
         m[g] = -3.4028235e38;
     }
-    for (var u = 0u; u < PPI; u++) {
+    for (var u = u_lo; u <= u_hi; u++) {
         let jj = u * WG + li;
         let j = c0 + jj;
         if (j >= j_lo && j <= j_hi) {
@@ -152,7 +156,7 @@ fn main(
     workgroupBarrier();
 
     var l: array<f32, GC>;
-    for (var u = 0u; u < PPI; u++) {
+    for (var u = u_lo; u <= u_hi; u++) {
         let jj = u * WG + li;
         let j = c0 + jj;
         let valid = j >= j_lo && j <= j_hi;
