@@ -168,6 +168,11 @@ enum Command {
         /// converter derives from them), as the 128k-context files carry
         #[arg(long)]
         long_rope: bool,
+        /// YaRN RoPE scaling with this factor (rope.scaling.type yarn, an
+        /// original context of the file's 8192 over the factor), as
+        /// Qwen's long-context files declare it
+        #[arg(long)]
+        yarn: Option<f32>,
     },
     /// Measure kernels or a model: figures, with the machine's yardsticks beside them.
     Bench {
@@ -375,6 +380,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             tensor_type,
             llama3_rope,
             long_rope,
+            yarn,
         } => synth::run(synth::SynthArgs {
             shape: &shape,
             ty: &ty,
@@ -386,6 +392,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             vocab_only,
             llama3_rope,
             long_rope,
+            yarn,
         })?,
         Command::Fit {
             file,

@@ -275,6 +275,8 @@ pub struct SynthArgs<'a> {
     pub llama3_rope: Option<f32>,
     /// phi3: LongRoPE's long and short factor sets.
     pub long_rope: bool,
+    /// YaRN scaling with this factor.
+    pub yarn: Option<f32>,
 }
 
 /// The trained context a `--long-rope` file declares (of its 8192).
@@ -445,6 +447,21 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
     } else {
         None
     };
+    if let Some(f) = a.yarn {
+        if !(f.is_finite() && f > 1.0) || long_rope.is_some() || arch == "gemma3" {
+            bail!("--yarn {f}: a factor above 1, without --long-rope, for a shape without sliding windows");
+        }
+        w = w
+            .kv(
+                format!("{arch}.rope.scaling.type"),
+                Value::String("yarn".into()),
+            )
+            .kv(format!("{arch}.rope.scaling.factor"), Value::F32(f))
+            .kv(
+                format!("{arch}.rope.scaling.original_context_length"),
+                Value::U32((8192.0 / f) as u32),
+            );
+    }
     for il in 0..shape.layers {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         tensors.push((n("attn_norm"), vec![e], f32v));

@@ -158,12 +158,15 @@ pub struct Config {
     /// `rope.scaling.factor`): every angle times this. Sliding-window
     /// layers keep 1, as llama.cpp's `rope_freq_scale_train_swa`.
     pub rope_scale: f32,
-    /// The file's per-pair frequency divisors, for every layer.
+    /// Per-pair frequency divisors for every layer: the file's
+    /// `rope_freqs.weight`, with YaRN's blend folded in where the file
+    /// scales by YaRN.
     pub rope_factors: Option<RopeFactors>,
     /// Phi-3's LongRoPE divisors (with `rope_factors` absent).
     pub long_rope: Option<LongRope>,
     /// Every cosine and sine times this (`rope.scaling.attn_factor`:
-    /// LongRoPE's attention scale; 1 without).
+    /// LongRoPE's attention scale; with YaRN also its magnitude
+    /// correction; 1 without).
     pub rope_mscale: f32,
     /// Sliding window width, for the layers [`Config::is_swa`] says use one.
     pub sliding_window: Option<usize>,
@@ -335,17 +338,48 @@ impl Config {
                 })
             }
         };
-        let rope_mscale = k.f32_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
-        if !(rope_mscale.is_finite() && rope_mscale > 0.0) {
+        let attn_factor = k.f32_opt("rope.scaling.attn_factor")?.unwrap_or(1.0);
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
             return Err(ModelError::BadKey {
                 key: format!("{arch_name}.rope.scaling.attn_factor"),
-                reason: format!("{rope_mscale} is not a positive scale"),
+                reason: format!("{attn_factor} is not a positive scale"),
             });
         }
-        let rope_scale = rope_scaling(&k, arch_name)?;
-        let rope_factors = match model.tensor("rope_freqs.weight") {
+        let rope_base = k.f32_opt("rope.freq_base")?.unwrap_or(default_base);
+        let file_factors = match model.tensor("rope_freqs.weight") {
             None => None,
             Some(t) => Some(rope_factors(&t, rope_dim)?),
+        };
+        let (rope_scale, rope_factors, rope_mscale) = match rope_scaling(&k, arch_name)? {
+            Scaling::Linear(scale) => (scale, file_factors, attn_factor),
+            Scaling::Yarn { freq_scale } => {
+                // YaRN's blend is folded into per-pair divisors for every
+                // layer, which a sliding-window layer (unscaled in
+                // llama.cpp) or a second set of divisors would contradict.
+                if gemma || long_rope.is_some() {
+                    return Err(ModelError::UnsupportedArch(format!(
+                        "{arch_name} with YaRN RoPE scaling beside sliding-window layers or \
+                         LongRoPE factors"
+                    )));
+                }
+                let n_ctx_orig = k
+                    .usize_opt("rope.scaling.original_context_length")?
+                    .unwrap_or(k.usize_opt("context_length")?.unwrap_or(2048));
+                let yarn = Yarn {
+                    n_rot: rope_dim,
+                    n_ctx_orig,
+                    base: rope_base,
+                    freq_scale,
+                    attn_factor,
+                };
+                let (factors, mscale) =
+                    yarn.factors(file_factors.as_ref())
+                        .ok_or_else(|| ModelError::BadKey {
+                            key: format!("{arch_name}.rope.dimension_count"),
+                            reason: format!("{rope_dim} is more than {} pairs", MAX_ROPE_PAIRS),
+                        })?;
+                (1.0, Some(factors), mscale)
+            }
         };
         let moe = match arch {
             Arch::Qwen2Moe | Arch::Qwen3Moe => {
@@ -399,7 +433,7 @@ impl Config {
                 .f32_opt("attention.layer_norm_rms_epsilon")?
                 .unwrap_or(if gemma { 1e-6 } else { 1e-5 }),
             rope_dim,
-            rope_base: k.f32_opt("rope.freq_base")?.unwrap_or(default_base),
+            rope_base,
             rope_neox: arch != Arch::Llama,
             rope_scale,
             rope_factors,
@@ -469,12 +503,22 @@ impl Config {
     }
 }
 
-/// The angle scale of `{arch}.rope.scaling.*`, as llama.cpp reads it: the
-/// type defaults to linear, a factor f (or the older `rope.scale_linear`)
-/// scales every angle by 1 / f, and type `none` never scales. YaRN (which
-/// also blends frequencies) and LongRoPE are refused rather than run as
-/// plain linear scaling.
-fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<f32, ModelError> {
+/// How `{arch}.rope.scaling.*` turns the angles.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scaling {
+    /// Every angle times this (1: unscaled).
+    Linear(f32),
+    /// YaRN with this interpolation scale (1 / the factor).
+    Yarn { freq_scale: f32 },
+}
+
+/// `{arch}.rope.scaling.*` as llama.cpp reads it: the type defaults to
+/// linear, a factor f (or the older `rope.scale_linear`) scales every angle
+/// by 1 / f, type `none` never scales, `yarn` blends the interpolated and
+/// the original frequencies ([`Yarn`]). LongRoPE's factor is its divisors'
+/// business (the scale stays linear). Other types are refused rather than
+/// run as plain linear scaling.
+fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<Scaling, ModelError> {
     let ty = match k.model.get(&format!("{arch_name}.rope.scaling.type")) {
         None => "linear".to_string(),
         Some(v) => v
@@ -491,12 +535,17 @@ fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<f32, ModelError> {
     }
     .filter(|&f| f != 0.0);
     let Some(factor) = factor else {
-        return Ok(1.0);
+        return Ok(Scaling::Linear(1.0));
     };
     match ty.as_str() {
-        "none" => Ok(1.0),
-        "linear" | "longrope" if factor.is_finite() && factor > 0.0 => Ok(1.0 / factor),
-        "linear" | "longrope" => Err(ModelError::BadKey {
+        "none" => Ok(Scaling::Linear(1.0)),
+        "linear" | "longrope" if factor.is_finite() && factor > 0.0 => {
+            Ok(Scaling::Linear(1.0 / factor))
+        }
+        "yarn" if factor.is_finite() && factor > 0.0 => Ok(Scaling::Yarn {
+            freq_scale: 1.0 / factor,
+        }),
+        "linear" | "longrope" | "yarn" => Err(ModelError::BadKey {
             key: format!("{arch_name}.rope.scaling.factor"),
             reason: format!("{factor} is not a positive scale"),
         }),
@@ -504,6 +553,75 @@ fn rope_scaling(k: &Keys<'_>, arch_name: &str) -> Result<f32, ModelError> {
             "{arch_name} with RoPE scaling `{other}` (factor {factor}); linear scaling and \
              per-pair frequency factors are supported"
         ))),
+    }
+}
+
+/// YaRN ("Yet another RoPE extensioN"), as ggml's `rope_yarn` with
+/// llama.cpp's defaults for the architectures here (ext_factor 1, beta_fast
+/// 32, beta_slow 1; no per-architecture keys are read):
+///
+/// - pair i's angle θᵢ (position times base^(−2i/n_rot), over the file's
+///   divisor) becomes θᵢ · (s · (1 − mᵢ) + mᵢ), where s is the
+///   interpolation scale and mᵢ ramps from 1 (pairs below the correction
+///   dimension of beta_fast: fast pairs keep their frequency) to 0 (pairs
+///   above beta_slow's: slow ones are interpolated);
+/// - cosines and sines are multiplied by llama.cpp's yarn_attn_factor times
+///   ggml's magnitude correction 1 + 0.1 ln(1 / s), both in f32 as there.
+///
+/// The blend is linear in θᵢ, so it folds into per-pair divisors that the
+/// CPU and GPU kernels already apply: fᵢ / (s · (1 − mᵢ) + mᵢ). (ggml adds
+/// the two terms separately; the results differ by an f32 rounding.)
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Yarn {
+    n_rot: usize,
+    n_ctx_orig: usize,
+    base: f32,
+    freq_scale: f32,
+    /// `rope.scaling.attn_factor` (1 without).
+    attn_factor: f32,
+}
+
+impl Yarn {
+    const BETA_FAST: f32 = 32.0;
+    const BETA_SLOW: f32 = 1.0;
+
+    /// ggml's `ggml_rope_yarn_corr_dim`: the pair index whose wavelength
+    /// fits `n_rot` turns into the original context.
+    fn corr_dim(&self, n_rot: f32) -> f32 {
+        let d = self.n_rot as f32;
+        d * (self.n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln()
+            / (2.0 * self.base.ln())
+    }
+
+    /// The divisors (the file's, if any, blended) and the cos/sin scale;
+    /// `None` past [`MAX_ROPE_PAIRS`].
+    fn factors(&self, file: Option<&RopeFactors>) -> Option<(RopeFactors, f32)> {
+        let low = self.corr_dim(Self::BETA_FAST).floor().max(0.0);
+        let high = self
+            .corr_dim(Self::BETA_SLOW)
+            .ceil()
+            .min(self.n_rot as f32 - 1.0);
+        let s = self.freq_scale;
+        let f: Vec<f32> = (0..self.n_rot / 2)
+            .map(|i| {
+                let y = (i as f32 - low) / (high - low).max(0.001);
+                let mix = 1.0 - y.clamp(0.0, 1.0);
+                let base = file.and_then(|f| f.get().get(i)).copied().unwrap_or(1.0);
+                base / (s * (1.0 - mix) + mix)
+            })
+            .collect();
+        // llama.cpp's context parameters: get_mscale(factor) cancelled by
+        // 1 / (1 + 0.1 ln factor), times the file's attn_factor; then
+        // ggml's rope multiplies by 1 + 0.1 ln(1 / freq_scale).
+        let factor = 1.0 / s;
+        let get_mscale = if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * factor.ln() + 1.0
+        };
+        let attn = get_mscale * (1.0 / (1.0 + 0.1 * factor.ln())) * self.attn_factor;
+        let mscale = attn * (1.0 + 0.1 * (1.0 / s).ln());
+        Some((RopeFactors::new(&f)?, mscale))
     }
 }
 
@@ -531,4 +649,65 @@ fn rope_factors(t: &lamina_gguf::Tensor<'_>, rope_dim: usize) -> Result<RopeFact
         return Err(bad("every factor must be a positive finite number".into()));
     }
     RopeFactors::new(&v).ok_or_else(|| bad(format!("more than {MAX_ROPE_PAIRS} pairs")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's `rope_yarn` for pair `i` at angle `theta_extrap`, written out
+    /// as ggml writes it (ext_factor 1): the blend of the two terms, and
+    /// the magnitude correction on top of llama.cpp's yarn_attn_factor.
+    fn ggml_yarn(y: &Yarn, i: usize, theta_extrap: f32) -> (f32, f32) {
+        let corr = |beta: f32| {
+            y.n_rot as f32 * (y.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * y.base.ln())
+        };
+        let low = corr(32.0).floor().max(0.0);
+        let high = corr(1.0).ceil().min(y.n_rot as f32 - 1.0);
+        let ramp = 1.0 - ((i as f32 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+        let theta_interp = y.freq_scale * theta_extrap;
+        let theta = theta_interp * (1.0 - ramp) + theta_extrap * ramp;
+        let factor = 1.0 / y.freq_scale;
+        let attn = (0.1 * factor.ln() + 1.0) / (1.0 + 0.1 * factor.ln()) * y.attn_factor;
+        (theta, attn * (1.0 + 0.1 * (1.0 / y.freq_scale).ln()))
+    }
+
+    #[test]
+    fn yarn_divisors_turn_each_pair_as_ggml_blends_it() {
+        let y = Yarn {
+            n_rot: 64,
+            n_ctx_orig: 4096,
+            base: 10_000.0,
+            freq_scale: 0.25,
+            attn_factor: 1.0,
+        };
+        let file = RopeFactors::new(&[1.0; 32]).unwrap();
+        let (f, mscale) = y.factors(Some(&file)).unwrap();
+        let f = f.get();
+        assert_eq!(f.len(), 32);
+        // Fast pairs keep their frequency, slow ones are interpolated by
+        // the whole factor, and the pairs between blend monotonically.
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[31], 4.0);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+        assert!(f.iter().any(|&v| v > 1.0 && v < 4.0), "{f:?}");
+        for pos in [1.0f32, 37.0, 1000.0] {
+            for (i, &fi) in f.iter().enumerate() {
+                let theta_extrap = pos * 10_000f32.powf(-2.0 * i as f32 / 64.0);
+                let (want, want_mscale) = ggml_yarn(&y, i, theta_extrap);
+                let got = theta_extrap / fi;
+                assert!(
+                    (got - want).abs() <= 4.0 * f32::EPSILON * want.abs(),
+                    "pair {i} at {pos}: {got} against ggml's {want}"
+                );
+                assert_eq!(mscale, want_mscale);
+            }
+        }
+        assert!((mscale - (1.0 + 0.1 * 4f32.ln())).abs() < 1e-5, "{mscale}");
+        // The file's own divisors are kept under the blend.
+        let twice = RopeFactors::new(&[2.0; 32]).unwrap();
+        let (g, _) = y.factors(Some(&twice)).unwrap();
+        assert!(g.get().iter().zip(f).all(|(a, b)| *a == 2.0 * b));
+    }
 }

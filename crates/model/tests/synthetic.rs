@@ -886,8 +886,24 @@ fn rope_frequency_factors_and_linear_scaling_turn_the_angles() {
         );
         cpu_and_gpu_agree(spec);
     }
-    let e = load_err(with(None, Some(("yarn", 4.0))));
-    assert!(e.contains("RoPE scaling `yarn`"), "{e}");
+    // YaRN: the angles move, CPU and GPU agree; beside Gemma 3's sliding
+    // windows (unscaled layers in llama.cpp) it is refused.
+    let yarn = with(None, Some(("yarn", 4.0)));
+    let got = logits(&yarn);
+    let diff = got
+        .iter()
+        .zip(&plain)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(diff > 1e-3, "yarn: logits moved {diff}");
+    cpu_and_gpu_agree(yarn);
+    let e = load_err(Spec {
+        rope_scaling: Some(("yarn", 4.0)),
+        ..Spec::new("gemma3")
+    });
+    assert!(e.contains("YaRN"), "{e}");
+    let e = load_err(with(None, Some(("rope-ish", 4.0))));
+    assert!(e.contains("RoPE scaling `rope-ish`"), "{e}");
     let bad = Spec {
         bad_shape: Some("rope_freqs.weight"),
         ..with(Some(0.5), None)
