@@ -11,6 +11,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use lamina_chat::{Piece, Prompt, RenderOptions, ToolCall};
@@ -20,6 +21,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::params::{self, Api, Body, Ending, Sampling};
 use super::reasoning::{self, reasoning_of, Reader, Thinking};
+use super::resume;
 use super::shutdown::{self, CutSignal};
 use super::stream;
 use super::structured;
@@ -52,8 +54,10 @@ impl Meta {
 
 pub async fn chat(
     State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let conv = resume::conversation_id(&headers)?;
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
     let mut s = params::sampling(
@@ -75,7 +79,8 @@ pub async fn chat(
             Reader::new(&info, &c.thinking, &c.text, calls)
         })
         .collect();
-    run(&st, &info, c.tokens, s, "messages", Api::Chat, readers).await
+    let at = (&*st, &info, conv);
+    run(at, c.tokens, s, "messages", Api::Chat, readers).await
 }
 
 /// `POST /v1/chat/completions/input_tokens`: how many tokens the chat
@@ -216,8 +221,10 @@ pub fn render_ending(
 
 pub async fn completion(
     State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let conv = resume::conversation_id(&headers)?;
     let info = st.ready()?;
     let b = Body::parse(&body?)?;
     let s = params::sampling(
@@ -251,7 +258,8 @@ pub async fn completion(
         }
     };
     let readers = (0..s.n).map(|_| None).collect();
-    run(&st, &info, prompt, s, "prompt", Api::Completion, readers).await
+    let at = (&*st, &info, conv);
+    run(at, prompt, s, "prompt", Api::Completion, readers).await
 }
 
 /// Token ids from a JSON array, each checked against the vocabulary.
@@ -356,9 +364,11 @@ pub fn submit_all(
         .collect()
 }
 
+/// Generates for one request: `at` is the server, the model and the
+/// request's conversation id (`X-Conversation-Id`: a stream is then
+/// resumable, [`resume`]).
 async fn run(
-    st: &AppState,
-    info: &Arc<ModelInfo>,
+    (st, info, conv): (&AppState, &Arc<ModelInfo>, Option<String>),
     prompt: Vec<u32>,
     mut s: Sampling,
     prompt_param: &'static str,
@@ -373,9 +383,12 @@ async fn run(
     let rxs = submit_all(st, jobs)?;
     let meta = Meta::new(st.model_id(info), api);
     if s.stream {
-        return Ok(
-            stream::sse(rxs, meta, s.include_usage, st.cutoff.clone(), readers).into_response(),
-        );
+        let sse =
+            stream::sse(rxs, meta, s.include_usage, st.cutoff.clone(), readers).into_response();
+        return Ok(match conv {
+            Some(id) => resume::tee(st, &id, sse),
+            None => sse,
+        });
     }
     let done = futures_util::future::try_join_all(
         rxs.into_iter()

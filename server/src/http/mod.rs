@@ -29,6 +29,7 @@ mod params;
 mod prepare;
 pub mod reasoning;
 mod responses;
+mod resume;
 pub mod shutdown;
 mod stream;
 mod structured;
@@ -155,6 +156,8 @@ pub struct AppState {
     /// Fires when the shutdown grace runs out and open requests must end.
     pub cutoff: shutdown::CutSignal,
     pub options: Options,
+    /// Streams kept under their `X-Conversation-Id` ([`resume`]).
+    pub streams: resume::Sessions,
 }
 
 impl AppState {
@@ -169,6 +172,7 @@ impl AppState {
             prepare: prepare::Prepare::new(prepare::default_slots(), DEFAULT_PREPARE_WAIT),
             cutoff: shutdown::CutSignal::never(),
             options: Options::default(),
+            streams: resume::Sessions::default(),
         }
     }
 
@@ -312,7 +316,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/props", get(misc::props))
         .route("/metrics", get(misc::metrics))
         .route("/slots", get(misc::slots))
-        .route("/slots/{id}", post(misc::slot_action));
+        .route("/slots/{id}", post(misc::slot_action))
+        .route("/v1/stream", get(resume::get).delete(resume::delete))
+        .route("/v1/streams/lookup", post(resume::lookup));
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));

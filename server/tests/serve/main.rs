@@ -17,6 +17,7 @@ mod native;
 mod ollama;
 mod openai;
 mod reasoning;
+mod resume;
 mod structured;
 mod templates;
 mod tool_calls;
