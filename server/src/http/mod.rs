@@ -29,6 +29,7 @@ mod params;
 mod prepare;
 pub mod reasoning;
 mod responses;
+mod server_tools;
 pub mod shutdown;
 mod stream;
 mod structured;
@@ -102,6 +103,9 @@ pub struct Options {
     /// `--verbose`: completion responses carry `__verbose` unless a
     /// request says `verbose: false`, as in llama-server.
     pub verbose: bool,
+    /// `--tools`: the tools `/tools` lists and runs (`None`: 403, the
+    /// feature is off).
+    pub tools: Option<Arc<lamina_tools::Tools>>,
 }
 
 impl Default for Options {
@@ -122,6 +126,7 @@ impl Default for Options {
             pooling: None,
             embd_normalize: 2,
             verbose: false,
+            tools: None,
         }
     }
 }
@@ -312,7 +317,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/props", get(misc::props))
         .route("/metrics", get(misc::metrics))
         .route("/slots", get(misc::slots))
-        .route("/slots/{id}", post(misc::slot_action));
+        .route("/slots/{id}", post(misc::slot_action))
+        .route("/tools", get(server_tools::list).post(server_tools::call));
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));
