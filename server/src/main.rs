@@ -567,6 +567,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,
             verbose: a.llama.verbose,
+            // Built in serve::run: a `--tools-runtime` container starts there.
+            tools: None,
             reasoning,
             reasoning_format,
             cors: http::Cors {
@@ -576,6 +578,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
                 credentials: !a.llama.no_cors_credentials,
             },
         },
+        tools: http::list(a.llama.tools.as_deref()),
+        tools_runtime: a.llama.tools_runtime.clone().filter(|r| !r.is_empty()),
         file: a.file,
         host: a.host,
         port: a.port,

@@ -59,12 +59,21 @@ pub struct ServeArgs {
     pub n_batch: Option<usize>,
     /// `--step-budget-ms`; `None`: prompts are not paced.
     pub step_budget: Option<Duration>,
+    /// `--tools`, split at commas (empty: `/tools` is off).
+    pub tools: Vec<String>,
+    /// `--tools-runtime`: where the tools run.
+    pub tools_runtime: Option<String>,
     /// What the HTTP layer takes from the command line.
     pub http: http::Options,
 }
 
-pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
     init_tracing(a.http.verbose);
+    let tools = tools(&a.tools, a.tools_runtime.as_deref())?;
+    // Stops the container `--tools-runtime docker:<image>` started, however
+    // serving ends.
+    let _stop_tools = StopTools(tools.clone());
+    a.http.tools = tools;
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => Some(
@@ -92,6 +101,39 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(serve(a, api_key, chat_template))
+}
+
+/// The tools `--tools` enables, run where `--tools-runtime` says; `None`
+/// when it names none.
+fn tools(
+    names: &[String],
+    runtime: Option<&str>,
+) -> anyhow::Result<Option<Arc<lamina_tools::Tools>>> {
+    if names.is_empty() {
+        if runtime.is_some() {
+            tracing::warn!("--tools-runtime without --tools: no tools to run");
+        }
+        return Ok(None);
+    }
+    let tools = lamina_tools::Tools::new(names, runtime).context("--tools")?;
+    let enabled: Vec<String> = tools.entries().into_iter().map(|e| e.name).collect();
+    tracing::warn!(
+        "built-in tools enabled ({}): POST /tools reads and writes files and runs shell \
+         commands as this user{}; do not expose this server to untrusted clients",
+        enabled.join(", "),
+        runtime.map_or(String::new(), |r| format!(" (runtime {r})"))
+    );
+    Ok(Some(Arc::new(tools)))
+}
+
+struct StopTools(Option<Arc<lamina_tools::Tools>>);
+
+impl Drop for StopTools {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.shutdown();
+        }
+    }
 }
 
 async fn serve(

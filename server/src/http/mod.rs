@@ -30,6 +30,7 @@ mod prepare;
 pub mod reasoning;
 mod responses;
 mod resume;
+mod server_tools;
 pub mod shutdown;
 mod stream;
 mod structured;
@@ -103,6 +104,9 @@ pub struct Options {
     /// `--verbose`: completion responses carry `__verbose` unless a
     /// request says `verbose: false`, as in llama-server.
     pub verbose: bool,
+    /// `--tools`: the tools `/tools` lists and runs (`None`: 403, the
+    /// feature is off).
+    pub tools: Option<Arc<lamina_tools::Tools>>,
 }
 
 impl Default for Options {
@@ -123,6 +127,7 @@ impl Default for Options {
             pooling: None,
             embd_normalize: 2,
             verbose: false,
+            tools: None,
         }
     }
 }
@@ -318,7 +323,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/slots", get(misc::slots))
         .route("/slots/{id}", post(misc::slot_action))
         .route("/v1/stream", get(resume::get).delete(resume::delete))
-        .route("/v1/streams/lookup", post(resume::lookup));
+        .route("/v1/streams/lookup", post(resume::lookup))
+        .route("/tools", get(server_tools::list).post(server_tools::call));
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));
