@@ -99,9 +99,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "TLS is not implemented; put a proxy in front",
     ),
     ("--tools", "built-in server tools are not implemented"),
-    ("--mcp-servers-config", "MCP servers are not implemented"),
-    ("--mcp-servers-json", "MCP servers are not implemented"),
-    ("--ui-mcp-proxy", "Lamina has no web UI"),
     ("--webui", "Lamina has no web UI"),
     ("--ui", "Lamina has no web UI"),
     (

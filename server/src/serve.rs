@@ -61,6 +61,8 @@ pub struct ServeArgs {
     pub step_budget: Option<Duration>,
     /// What the HTTP layer takes from the command line.
     pub http: http::Options,
+    /// `--mcp-servers-json`/`--mcp-servers-config`: served at /tools.
+    pub mcp_servers: Vec<lamina_mcp::ServerConfig>,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -147,6 +149,12 @@ async fn serve(
     let keyed = api_key.is_some();
     let read_timeout = Duration::from_secs(a.read_timeout_s.max(1));
     let (cutoff, cut_signal) = http::shutdown::channel();
+    // The MCP servers' tools are discovered while the model loads; a
+    // listing asked for before that ends waits for it.
+    let mcp = (!a.mcp_servers.is_empty()).then(|| Arc::new(http::mcp::Mcp::new(a.mcp_servers)));
+    let mut warm_up = mcp
+        .clone()
+        .map(|mcp| tokio::spawn(async move { mcp.warm_up().await }));
     let state = AppState::new(engine.clone(), api_key, a.body_limit)
         .with_read_timeout(read_timeout)
         .with_prepare(
@@ -155,6 +163,10 @@ async fn serve(
         )
         .with_cutoff(cut_signal)
         .with_options(a.http);
+    let state = match &mcp {
+        Some(mcp) => state.with_mcp(mcp.clone()),
+        None => state,
+    };
     let app = http::app(Arc::new(state));
     let mut signals = Signals::new().context("installing the signal handlers")?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -188,6 +200,9 @@ async fn serve(
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
+    if let Some(warm_up) = warm_up.take() {
+        let _ = warm_up.await;
+    }
     if !keyed && locals.iter().any(|l| !l.ip().is_loopback()) {
         tracing::warn!("listening beyond this machine without an API key (--api-key)");
     }
@@ -213,6 +228,10 @@ async fn serve(
         grace.as_secs()
     );
     let _ = stop.send(true);
+    // Calls to MCP tools end now (with an error) rather than hold the exit.
+    if let Some(mcp) = &mcp {
+        mcp.shutdown().await;
+    }
     tokio::select! {
         done = &mut server => {
             done.context("the HTTP server task failed")?.context("the HTTP server task failed")?;

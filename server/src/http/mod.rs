@@ -17,10 +17,12 @@
 
 mod anthropic;
 mod cors;
+mod cors_proxy;
 mod embed;
 mod error;
 mod generate;
 mod listen;
+pub mod mcp;
 mod misc;
 mod native;
 mod ollama;
@@ -102,6 +104,8 @@ pub struct Options {
     /// `--verbose`: completion responses carry `__verbose` unless a
     /// request says `verbose: false`, as in llama-server.
     pub verbose: bool,
+    /// `--ui-mcp-proxy`: serve /cors-proxy (else 403).
+    pub cors_proxy: bool,
 }
 
 impl Default for Options {
@@ -122,6 +126,7 @@ impl Default for Options {
             pooling: None,
             embd_normalize: 2,
             verbose: false,
+            cors_proxy: false,
         }
     }
 }
@@ -155,6 +160,8 @@ pub struct AppState {
     /// Fires when the shutdown grace runs out and open requests must end.
     pub cutoff: shutdown::CutSignal,
     pub options: Options,
+    /// The MCP servers behind /tools; `None`: none configured (403).
+    pub mcp: Option<Arc<mcp::Mcp>>,
 }
 
 impl AppState {
@@ -169,7 +176,13 @@ impl AppState {
             prepare: prepare::Prepare::new(prepare::default_slots(), DEFAULT_PREPARE_WAIT),
             cutoff: shutdown::CutSignal::never(),
             options: Options::default(),
+            mcp: None,
         }
+    }
+
+    pub fn with_mcp(mut self, mcp: Arc<mcp::Mcp>) -> Self {
+        self.mcp = Some(mcp);
+        self
     }
 
     pub fn with_options(mut self, options: Options) -> Self {
@@ -312,7 +325,12 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/props", get(misc::props))
         .route("/metrics", get(misc::metrics))
         .route("/slots", get(misc::slots))
-        .route("/slots/{id}", post(misc::slot_action));
+        .route("/slots/{id}", post(misc::slot_action))
+        .route("/tools", get(mcp::list).post(mcp::call))
+        .route(
+            "/cors-proxy",
+            get(cors_proxy::proxy).post(cors_proxy::proxy),
+        );
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));
