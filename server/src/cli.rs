@@ -385,6 +385,25 @@ pub struct LlamaServerArgs {
     /// Accepted, changes nothing: Lamina never downloads a model.
     #[arg(long)]
     pub offline: bool,
+    /// Built-in tools for agents, served at GET/POST /tools: a comma list of
+    /// read_file, file_glob_search, grep_search, exec_shell_command,
+    /// write_file, edit_file, get_info, or `all`. SECURITY: these read and
+    /// write files and run shell commands on this host as this user, for
+    /// any client that can reach the server: never enable them where
+    /// untrusted clients can connect. Off by default (/tools answers 403).
+    #[arg(long, env = "LAMINA_TOOLS", value_name = "TOOL1,TOOL2,...")]
+    pub tools: Option<String>,
+    /// Where the built-in tools run instead of this host:
+    /// `docker:<image>`/`podman:<image>` (a container started with the
+    /// server and removed when it stops), `docker-container:<id>`/
+    /// `podman-container:<id>` (a running one), `ssh:<target>` (a POSIX
+    /// host, key-based auth and a trusted host key required).
+    #[arg(
+        long = "tools-runtime",
+        env = "LAMINA_TOOLS_RUNTIME",
+        value_name = "OPTION"
+    )]
+    pub tools_runtime: Option<String>,
     /// Do not serve the chat page at `/`.
     #[arg(long = "no-webui", alias = "no-ui")]
     pub no_webui: bool,

@@ -98,7 +98,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--ssl-cert-file",
         "TLS is not implemented; put a proxy in front",
     ),
-    ("--tools", "built-in server tools are not implemented"),
     ("--webui", "Lamina has no web UI"),
     ("--ui", "Lamina has no web UI"),
     (

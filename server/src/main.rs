@@ -561,6 +561,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             embd_normalize: a.llama.embd_normalize,
             verbose: a.llama.verbose,
             cors_proxy: a.llama.ui_mcp_proxy && !a.llama.no_ui_mcp_proxy,
+            // Built in serve::run: a `--tools-runtime` container starts there.
+            tools: None,
             reasoning,
             reasoning_format,
             cors: http::Cors {
@@ -570,6 +572,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
                 credentials: !a.llama.no_cors_credentials,
             },
         },
+        tools: http::list(a.llama.tools.as_deref()),
+        tools_runtime: a.llama.tools_runtime.clone().filter(|r| !r.is_empty()),
         file: a.file,
         host: a.host,
         port: a.port,

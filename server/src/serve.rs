@@ -59,6 +59,10 @@ pub struct ServeArgs {
     pub n_batch: Option<usize>,
     /// `--step-budget-ms`; `None`: prompts are not paced.
     pub step_budget: Option<Duration>,
+    /// `--tools`, split at commas (empty: `/tools` is off).
+    pub tools: Vec<String>,
+    /// `--tools-runtime`: where the tools run.
+    pub tools_runtime: Option<String>,
     /// What the HTTP layer takes from the command line.
     pub http: http::Options,
     /// `--mcp-servers-json`/`--mcp-servers-config`: served at /tools.
@@ -67,6 +71,11 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     init_tracing(a.http.verbose);
+    let tools = tools(
+        &a.tools,
+        a.tools_runtime.as_deref(),
+        !a.mcp_servers.is_empty(),
+    )?;
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => Some(
@@ -93,11 +102,48 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         .thread_name("lamina-http")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(a, api_key, chat_template))
+    rt.block_on(serve(a, tools, api_key, chat_template))
+}
+
+/// The tools `--tools` enables, run where `--tools-runtime` says; `None`
+/// when it names none and there are no MCP servers (`mcp`) to add to them.
+fn tools(
+    names: &[String],
+    runtime: Option<&str>,
+    mcp: bool,
+) -> anyhow::Result<Option<lamina_tools::Tools>> {
+    if names.is_empty() {
+        if runtime.is_some() {
+            tracing::warn!("--tools-runtime without --tools: no tools to run");
+        }
+        return Ok(mcp
+            .then(|| lamina_tools::Tools::new(&[], None))
+            .transpose()?);
+    }
+    let tools = lamina_tools::Tools::new(names, runtime).context("--tools")?;
+    let enabled: Vec<String> = tools.entries().into_iter().map(|e| e.name).collect();
+    tracing::warn!(
+        "built-in tools enabled ({}): POST /tools reads and writes files and runs shell \
+         commands as this user{}; do not expose this server to untrusted clients",
+        enabled.join(", "),
+        runtime.map_or(String::new(), |r| format!(" (runtime {r})"))
+    );
+    Ok(Some(tools))
+}
+
+struct StopTools(Option<Arc<lamina_tools::Tools>>);
+
+impl Drop for StopTools {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.shutdown();
+        }
+    }
 }
 
 async fn serve(
-    a: ServeArgs,
+    mut a: ServeArgs,
+    tools: Option<lamina_tools::Tools>,
     api_key: Option<String>,
     chat_template: Option<String>,
 ) -> anyhow::Result<()> {
@@ -155,6 +201,19 @@ async fn serve(
     let mut warm_up = mcp
         .clone()
         .map(|mcp| tokio::spawn(async move { mcp.warm_up().await }));
+    let tools = tools.map(|t| {
+        Arc::new(match &mcp {
+            Some(mcp) => t.with_source(Box::new(http::mcp::McpSource::new(
+                mcp.clone(),
+                tokio::runtime::Handle::current(),
+            ))),
+            None => t,
+        })
+    });
+    // Stops the container `--tools-runtime docker:<image>` started, however
+    // serving ends.
+    let _stop_tools = StopTools(tools.clone());
+    a.http.tools = tools;
     let state = AppState::new(engine.clone(), api_key, a.body_limit)
         .with_read_timeout(read_timeout)
         .with_prepare(

@@ -31,6 +31,7 @@ mod params;
 mod prepare;
 pub mod reasoning;
 mod responses;
+mod server_tools;
 pub mod shutdown;
 mod stream;
 mod structured;
@@ -106,6 +107,9 @@ pub struct Options {
     pub verbose: bool,
     /// `--ui-mcp-proxy`: serve /cors-proxy (else 403).
     pub cors_proxy: bool,
+    /// `--tools`: the tools `/tools` lists and runs (`None`: 403, the
+    /// feature is off).
+    pub tools: Option<Arc<lamina_tools::Tools>>,
 }
 
 impl Default for Options {
@@ -127,6 +131,7 @@ impl Default for Options {
             embd_normalize: 2,
             verbose: false,
             cors_proxy: false,
+            tools: None,
         }
     }
 }
@@ -160,7 +165,8 @@ pub struct AppState {
     /// Fires when the shutdown grace runs out and open requests must end.
     pub cutoff: shutdown::CutSignal,
     pub options: Options,
-    /// The MCP servers behind /tools; `None`: none configured (403).
+    /// The MCP servers among the tools (`Options::tools` lists and calls
+    /// them); `None`: none configured.
     pub mcp: Option<Arc<mcp::Mcp>>,
 }
 
@@ -326,7 +332,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/metrics", get(misc::metrics))
         .route("/slots", get(misc::slots))
         .route("/slots/{id}", post(misc::slot_action))
-        .route("/tools", get(mcp::list).post(mcp::call))
+        .route("/tools", get(server_tools::list).post(server_tools::call))
         .route(
             "/cors-proxy",
             get(cors_proxy::proxy).post(cors_proxy::proxy),

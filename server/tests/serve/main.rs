@@ -21,6 +21,7 @@ mod reasoning;
 mod structured;
 mod templates;
 mod tool_calls;
+mod tools_builtin;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

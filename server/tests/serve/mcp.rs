@@ -38,7 +38,8 @@ fn mcp_tools_are_listed_and_called_beside_a_server_that_fails_to_start() {
         "fx": {"command": "python3", "args": [fixture()]},
         "bad": {"command": "lamina-no-such-mcp-command"},
     }));
-    let server = Server::start(&["--mcp-servers-json", &cfg], &[]);
+    // Beside a built-in tool: both sources are listed.
+    let server = Server::start(&["--mcp-servers-json", &cfg, "--tools", "read_file"], &[]);
 
     let r = client::get(server.port, "/tools");
     assert_eq!(r.status, 200, "{}", r.body);
@@ -53,6 +54,7 @@ fn mcp_tools_are_listed_and_called_beside_a_server_that_fails_to_start() {
         names.contains(&"fx_echo") && names.contains(&"fx_add"),
         "{names:?}"
     );
+    assert!(names.contains(&"read_file"), "{names:?}");
     assert!(!names.iter().any(|n| n.starts_with("bad_")), "{names:?}");
     let echo = tools
         .as_array()
