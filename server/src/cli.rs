@@ -394,8 +394,8 @@ pub struct LlamaServerArgs {
     #[arg(long, env = "LAMINA_TOOLS", value_name = "TOOL1,TOOL2,...")]
     pub tools: Option<String>,
     /// Where the built-in tools run instead of this host:
-    /// `docker:<image>`/`podman:<image>` (a container started with the
-    /// server and removed when it stops), `docker-container:<id>`/
+    /// `docker:<image>` or `podman:<image>` (a container started with the
+    /// server and removed when it stops), `docker-container:<id>` or
     /// `podman-container:<id>` (a running one), `ssh:<target>` (a POSIX
     /// host, key-based auth and a trusted host key required).
     #[arg(

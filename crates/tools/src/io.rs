@@ -8,6 +8,8 @@
 //! is quoted as one word for the remote shell.
 
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::process::{self, Exec, Spawn};
@@ -69,6 +71,8 @@ pub(crate) struct Listing {
 pub(crate) struct Target {
     isolate: Option<Isolate>,
     cwd: Option<String>,
+    /// Set when the caller went away: [`Target::run`] stops its command.
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Target {
@@ -77,7 +81,13 @@ impl Target {
         Ok(Target {
             isolate: spec.map(runtime::attach).transpose()?,
             cwd: cwd.filter(|c| !c.is_empty()).map(str::to_owned),
+            cancel: None,
         })
+    }
+
+    pub fn with_cancel(mut self, cancel: Option<Arc<AtomicBool>>) -> Self {
+        self.cancel = cancel;
+        self
     }
 
     pub fn is_isolate(&self) -> bool {
@@ -273,7 +283,7 @@ impl Target {
         on_chunk: Option<&mut dyn FnMut(&str) -> bool>,
     ) -> Exec {
         match &self.isolate {
-            None => process::run(
+            None => process::run_cancellable(
                 &Spawn {
                     args,
                     cwd: self.cwd.as_deref(),
@@ -283,6 +293,7 @@ impl Target {
                     combine_stderr: true,
                 },
                 on_chunk,
+                self.cancel.clone(),
             ),
             Some(iso) => {
                 // Killing our `exec`/ssh client does not kill what runs in
@@ -302,7 +313,7 @@ impl Target {
                     None => inner,
                 };
                 let args = iso.argv(&inner, true);
-                process::run(
+                process::run_cancellable(
                     &Spawn {
                         args: &args,
                         cwd: None,
@@ -312,6 +323,7 @@ impl Target {
                         combine_stderr: true,
                     },
                     on_chunk,
+                    self.cancel.clone(),
                 )
             }
         }

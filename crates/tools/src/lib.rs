@@ -47,6 +47,9 @@ mod params;
 mod process;
 mod runtime;
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 pub use builtin::Builtin;
@@ -67,6 +70,9 @@ pub struct CallContext {
     pub runtime: Option<String>,
     /// `x-resp-type: base64`: `read_file` answers the whole file as base64.
     pub base64: bool,
+    /// Set by the caller when its client went away: a running command is
+    /// then killed, even one that prints nothing.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// One tool as `GET /tools` lists it.
@@ -296,6 +302,6 @@ impl Tools {
             Some(s) => Some(s.to_owned()),
             None => self.runtime.as_ref().map(Runtime::spec).transpose()?,
         };
-        Ok(io::Target::new(spec.as_deref(), ctx.cwd.as_deref())?)
+        Ok(io::Target::new(spec.as_deref(), ctx.cwd.as_deref())?.with_cancel(ctx.cancel.clone()))
     }
 }

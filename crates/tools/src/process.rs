@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+/// How often a cancellable command looks at its flag.
+const CANCEL_POLL: Duration = Duration::from_millis(100);
+
 /// What a command did.
 #[derive(Debug, Clone)]
 pub(crate) struct Exec {
@@ -66,7 +69,17 @@ pub(crate) struct Spawn<'a> {
 
 /// Runs `s`; `on_chunk` gets the output as it is read (whole UTF-8
 /// characters) and stops the command by answering `false`.
-pub(crate) fn run(s: &Spawn<'_>, mut on_chunk: Option<&mut dyn FnMut(&str) -> bool>) -> Exec {
+pub(crate) fn run(s: &Spawn<'_>, on_chunk: Option<&mut dyn FnMut(&str) -> bool>) -> Exec {
+    run_cancellable(s, on_chunk, None)
+}
+
+/// [`run`], also stopped (within [`CANCEL_POLL`]) once `cancel` is set:
+/// a client that went away while the command prints nothing.
+pub(crate) fn run_cancellable(
+    s: &Spawn<'_>,
+    mut on_chunk: Option<&mut dyn FnMut(&str) -> bool>,
+    cancel: Option<Arc<AtomicBool>>,
+) -> Exec {
     let Some((prog, rest)) = s.args.split_first() else {
         return Exec::failed("failed to spawn process");
     };
@@ -124,10 +137,27 @@ pub(crate) fn run(s: &Spawn<'_>, mut on_chunk: Option<&mut dyn FnMut(&str) -> bo
     let watchdog = {
         let timed_out = timed_out.clone();
         let timeout = s.timeout;
-        std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(timeout) {
-                timed_out.store(true, Ordering::SeqCst);
-                kill_group(pid);
+        let deadline = std::time::Instant::now() + timeout;
+        std::thread::spawn(move || loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let wait = if cancel.is_some() {
+                left.min(CANCEL_POLL)
+            } else {
+                left
+            };
+            match done_rx.recv_timeout(wait) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if left <= wait {
+                        timed_out.store(true, Ordering::SeqCst);
+                        kill_group(pid);
+                        return;
+                    }
+                    if cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst)) {
+                        kill_group(pid);
+                        return;
+                    }
+                }
+                _ => return,
             }
         })
     };

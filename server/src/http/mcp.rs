@@ -8,6 +8,7 @@
 //! The servers' processes live in `lamina-mcp`; this file only adapts it to
 //! `lamina-tools`' [`ToolSource`] and to the server's start and shutdown.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +17,9 @@ use lamina_tools::{CallContext, ToolEntry, ToolError, ToolSource};
 use serde_json::{json, Value};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
+
+/// How often a call checks whether its client hung up.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
 
 /// The configured MCP servers and whether their tools are known yet.
 pub struct Mcp {
@@ -89,11 +93,37 @@ impl ToolSource for McpSource {
             .collect()
     }
 
-    fn call(&self, name: &str, params: Value, _: &CallContext) -> Option<Result<Value, ToolError>> {
+    fn call(
+        &self,
+        name: &str,
+        params: Value,
+        ctx: &CallContext,
+    ) -> Option<Result<Value, ToolError>> {
         let tool = self.mcp.servers.find(name)?;
-        let answer = self
-            .rt
-            .block_on(self.mcp.servers.call_tool(&tool.server, &tool.name, params));
+        let call = self.mcp.servers.call_tool(&tool.server, &tool.name, params);
+        // A client that hung up gets no answer: stop waiting for it (the
+        // MCP server's late reply is dropped by its id).
+        let gone = async {
+            loop {
+                if ctx
+                    .cancel
+                    .as_ref()
+                    .is_some_and(|c| c.load(Ordering::SeqCst))
+                {
+                    return;
+                }
+                tokio::time::sleep(CANCEL_POLL).await;
+            }
+        };
+        let answer = self.rt.block_on(async {
+            tokio::select! {
+                answer = call => Some(answer),
+                () = gone => None,
+            }
+        });
+        let Some(answer) = answer else {
+            return Some(Ok(json!({ "error": "the client went away" })));
+        };
         Some(Ok(match answer {
             Ok(out) if out.is_error => {
                 let message = if out.text.is_empty() {

@@ -20,6 +20,7 @@
 //! failed). The tool runs on a blocking thread; a client that hangs up
 //! stops it (its process group is killed).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -98,15 +99,31 @@ pub async fn call(
         Some(_) => return Err(ApiError::invalid("params", "params must be an object")),
     };
     let stream = b.bool("stream")?.unwrap_or(false);
-    let ctx = context(&headers);
+    let mut ctx = context(&headers);
+    let gone = CancelOnDrop::default();
+    ctx.cancel = Some(gone.0.clone());
 
     if stream {
-        return call_stream(tools, name, params, ctx);
+        return call_stream(tools, name, params, ctx, gone);
     }
+    // Dropped with this future when the client hangs up mid-call.
+    let _gone = gone;
     let answer = tokio::task::spawn_blocking(move || tools.call(&name, params, &ctx))
         .await
         .map_err(|e| ApiError::internal(format!("the tool call failed: {e}")))??;
     Ok(Json(answer).into_response())
+}
+
+/// Sets its flag when dropped: the request (or its response body) is gone,
+/// so the command it runs is stopped (set after a finished call too, where
+/// nothing is left to stop).
+#[derive(Default)]
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// The call's headers (a model's `cwd` or `runtime` parameter is never
@@ -123,6 +140,7 @@ fn context(h: &HeaderMap) -> CallContext {
         cwd: get("x-tool-cwd"),
         runtime: get("x-tool-runtime"),
         base64: get("x-resp-type").as_deref() == Some("base64"),
+        cancel: None,
     }
 }
 
@@ -131,6 +149,7 @@ fn call_stream(
     name: String,
     params: Value,
     ctx: CallContext,
+    gone: CancelOnDrop,
 ) -> Result<Response, ApiError> {
     tools.prepare_stream(&name, &params, &ctx)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Value>(STREAM_BUFFER);
@@ -144,10 +163,11 @@ fn call_stream(
         };
         let _ = tx.blocking_send(done);
     });
-    let events = futures_util::stream::unfold(rx, |mut rx| async move {
+    // The guard lives as long as the body: a client that hangs up drops it.
+    let events = futures_util::stream::unfold((rx, gone), |(mut rx, gone)| async move {
         let v = rx.recv().await?;
         let frame = Bytes::from(format!("data: {v}\n\n"));
-        Some((Ok::<_, std::convert::Infallible>(frame), rx))
+        Some((Ok::<_, std::convert::Infallible>(frame), (rx, gone)))
     });
     Ok((
         [

@@ -559,3 +559,83 @@ fn runtime_headers_never_become_options() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(!touched.exists());
 }
+
+#[test]
+fn a_client_that_hangs_up_stops_the_command() {
+    use std::io::BufRead as _;
+    let s = tools_server();
+    let body = json!({
+        "tool": "exec_shell_command",
+        "params": {"command": "echo pid=$$; while true; do echo x; sleep 0.1; done", "timeout": 60},
+        "stream": true,
+    });
+    let stream = client::open(s.port, "POST", "/tools", Some(&body), &[]);
+    let mut r = std::io::BufReader::new(stream);
+    let mut line = String::new();
+    let pid = loop {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "stream ended");
+        if let Some(at) = line.find("pid=") {
+            let digits: String = line[at + 4..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            break digits.parse::<u32>().unwrap();
+        }
+    };
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    assert!(proc_dir.exists());
+    drop(r);
+    // The next chunk finds the client gone and the command's group is
+    // killed, long before its 60 s.
+    let end = Instant::now() + Duration::from_secs(10);
+    while proc_dir.exists() {
+        assert!(Instant::now() < end, "the command outlived its client");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The server goes on serving.
+    let v = ok(
+        &s,
+        "exec_shell_command",
+        json!({"command": "echo still"}),
+        &[],
+    );
+    assert_eq!(text(&v), "still\n\n[exit code: 0]");
+}
+
+#[test]
+fn a_client_that_hangs_up_stops_a_silent_command() {
+    let s = tools_server();
+    let dir = TempDir::new("silent");
+    let pid_file = dir.path().join("pid");
+    let command = format!("echo $$ > {}; sleep 30", pid_file.display());
+    for stream in [true, false] {
+        let _ = std::fs::remove_file(&pid_file);
+        let body = json!({
+            "tool": "exec_shell_command",
+            "params": {"command": command, "timeout": 60},
+            "stream": stream,
+        });
+        let conn = client::open(s.port, "POST", "/tools", Some(&body), &[]);
+        let end = Instant::now() + Duration::from_secs(10);
+        let pid = loop {
+            if let Some(p) = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+            {
+                break p;
+            }
+            assert!(Instant::now() < end, "the command did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        drop(conn);
+        while proc_dir.exists() {
+            assert!(
+                Instant::now() < end,
+                "stream={stream}: the command outlived its client"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
