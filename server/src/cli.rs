@@ -407,6 +407,31 @@ pub struct LlamaServerArgs {
     /// Do not serve the chat page at `/`.
     #[arg(long = "no-webui", alias = "no-ui")]
     pub no_webui: bool,
+    /// MCP servers to spawn, as JSON: `{"mcpServers": {NAME: {"command",
+    /// "args", "env", "cwd", "timeout_ms"}}}`. Their tools are listed by
+    /// GET /tools as NAME_TOOL and called by POST /tools.
+    #[arg(long = "mcp-servers-json", value_name = "JSON")]
+    pub mcp_servers_json: Option<String>,
+    /// The same MCP server config, read from a file (both may be given;
+    /// a name in both keeps the file's).
+    #[arg(long = "mcp-servers-config", value_name = "FILE")]
+    pub mcp_servers_config: Option<std::path::PathBuf>,
+    /// Serve /cors-proxy?url=…, which forwards a GET or POST to a remote
+    /// (http://) MCP server for the web UI. Off by default: it makes the
+    /// server fetch URLs on a client's behalf.
+    #[arg(
+        long = "ui-mcp-proxy",
+        alias = "webui-mcp-proxy",
+        overrides_with = "no_ui_mcp_proxy"
+    )]
+    pub ui_mcp_proxy: bool,
+    /// Keep /cors-proxy off (the default).
+    #[arg(
+        long = "no-ui-mcp-proxy",
+        alias = "no-webui-mcp-proxy",
+        overrides_with = "ui_mcp_proxy"
+    )]
+    pub no_ui_mcp_proxy: bool,
     /// Answer GET /slots with 501 (it shows the slots by default, as in
     /// llama-server).
     #[arg(long = "no-slots", conflicts_with = "slots")]

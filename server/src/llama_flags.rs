@@ -98,9 +98,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--ssl-cert-file",
         "TLS is not implemented; put a proxy in front",
     ),
-    ("--mcp-servers-config", "MCP servers are not implemented"),
-    ("--mcp-servers-json", "MCP servers are not implemented"),
-    ("--ui-mcp-proxy", "Lamina has no web UI"),
     ("--webui", "Lamina has no web UI"),
     ("--ui", "Lamina has no web UI"),
     (

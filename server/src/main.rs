@@ -567,6 +567,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,
             verbose: a.llama.verbose,
+            cors_proxy: a.llama.ui_mcp_proxy && !a.llama.no_ui_mcp_proxy,
             // Built in serve::run: a `--tools-runtime` container starts there.
             tools: None,
             reasoning,
@@ -606,7 +607,27 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         experts: a.placement.moe.rules()?,
         shutdown_grace_s: a.shutdown_grace,
         no_mmap: a.no_mmap,
+        mcp_servers: mcp_servers(
+            a.llama.mcp_servers_config.as_deref(),
+            a.llama.mcp_servers_json.as_deref(),
+        )?,
     })
+}
+
+/// `--mcp-servers-config` and `--mcp-servers-json`, read before anything
+/// starts so a bad config stops the server with the reason.
+fn mcp_servers(
+    file: Option<&std::path::Path>,
+    json: Option<&str>,
+) -> anyhow::Result<Vec<lamina_mcp::ServerConfig>> {
+    let mut sources = Vec::new();
+    if let Some(file) = file {
+        sources.push(lamina_mcp::config::read(file).context("--mcp-servers-config")?);
+    }
+    if let Some(json) = json {
+        sources.push(lamina_mcp::config::parse(json).context("--mcp-servers-json")?);
+    }
+    Ok(lamina_mcp::config::merge(sources))
 }
 
 fn main() -> ExitCode {

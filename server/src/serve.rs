@@ -65,15 +65,17 @@ pub struct ServeArgs {
     pub tools_runtime: Option<String>,
     /// What the HTTP layer takes from the command line.
     pub http: http::Options,
+    /// `--mcp-servers-json`/`--mcp-servers-config`: served at /tools.
+    pub mcp_servers: Vec<lamina_mcp::ServerConfig>,
 }
 
-pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     init_tracing(a.http.verbose);
-    let tools = tools(&a.tools, a.tools_runtime.as_deref())?;
-    // Stops the container `--tools-runtime docker:<image>` started, however
-    // serving ends.
-    let _stop_tools = StopTools(tools.clone());
-    a.http.tools = tools;
+    let tools = tools(
+        &a.tools,
+        a.tools_runtime.as_deref(),
+        !a.mcp_servers.is_empty(),
+    )?;
     let api_key = match (&a.api_key, &a.api_key_file) {
         (Some(k), _) => Some(k.clone()),
         (None, Some(f)) => Some(
@@ -100,20 +102,23 @@ pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
         .thread_name("lamina-http")
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(serve(a, api_key, chat_template))
+    rt.block_on(serve(a, tools, api_key, chat_template))
 }
 
 /// The tools `--tools` enables, run where `--tools-runtime` says; `None`
-/// when it names none.
+/// when it names none and there are no MCP servers (`mcp`) to add to them.
 fn tools(
     names: &[String],
     runtime: Option<&str>,
-) -> anyhow::Result<Option<Arc<lamina_tools::Tools>>> {
+    mcp: bool,
+) -> anyhow::Result<Option<lamina_tools::Tools>> {
     if names.is_empty() {
         if runtime.is_some() {
             tracing::warn!("--tools-runtime without --tools: no tools to run");
         }
-        return Ok(None);
+        return Ok(mcp
+            .then(|| lamina_tools::Tools::new(&[], None))
+            .transpose()?);
     }
     let tools = lamina_tools::Tools::new(names, runtime).context("--tools")?;
     let enabled: Vec<String> = tools.entries().into_iter().map(|e| e.name).collect();
@@ -123,7 +128,7 @@ fn tools(
         enabled.join(", "),
         runtime.map_or(String::new(), |r| format!(" (runtime {r})"))
     );
-    Ok(Some(Arc::new(tools)))
+    Ok(Some(tools))
 }
 
 struct StopTools(Option<Arc<lamina_tools::Tools>>);
@@ -137,7 +142,8 @@ impl Drop for StopTools {
 }
 
 async fn serve(
-    a: ServeArgs,
+    mut a: ServeArgs,
+    tools: Option<lamina_tools::Tools>,
     api_key: Option<String>,
     chat_template: Option<String>,
 ) -> anyhow::Result<()> {
@@ -189,6 +195,25 @@ async fn serve(
     let keyed = api_key.is_some();
     let read_timeout = Duration::from_secs(a.read_timeout_s.max(1));
     let (cutoff, cut_signal) = http::shutdown::channel();
+    // The MCP servers' tools are discovered while the model loads; a
+    // listing asked for before that ends waits for it.
+    let mcp = (!a.mcp_servers.is_empty()).then(|| Arc::new(http::mcp::Mcp::new(a.mcp_servers)));
+    let mut warm_up = mcp
+        .clone()
+        .map(|mcp| tokio::spawn(async move { mcp.warm_up().await }));
+    let tools = tools.map(|t| {
+        Arc::new(match &mcp {
+            Some(mcp) => t.with_source(Box::new(http::mcp::McpSource::new(
+                mcp.clone(),
+                tokio::runtime::Handle::current(),
+            ))),
+            None => t,
+        })
+    });
+    // Stops the container `--tools-runtime docker:<image>` started, however
+    // serving ends.
+    let _stop_tools = StopTools(tools.clone());
+    a.http.tools = tools;
     let state = AppState::new(engine.clone(), api_key, a.body_limit)
         .with_read_timeout(read_timeout)
         .with_prepare(
@@ -197,6 +222,10 @@ async fn serve(
         )
         .with_cutoff(cut_signal)
         .with_options(a.http);
+    let state = match &mcp {
+        Some(mcp) => state.with_mcp(mcp.clone()),
+        None => state,
+    };
     let app = http::app(Arc::new(state));
     let mut signals = Signals::new().context("installing the signal handlers")?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -230,6 +259,9 @@ async fn serve(
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     }
+    if let Some(warm_up) = warm_up.take() {
+        let _ = warm_up.await;
+    }
     if !keyed && locals.iter().any(|l| !l.ip().is_loopback()) {
         tracing::warn!("listening beyond this machine without an API key (--api-key)");
     }
@@ -255,6 +287,10 @@ async fn serve(
         grace.as_secs()
     );
     let _ = stop.send(true);
+    // Calls to MCP tools end now (with an error) rather than hold the exit.
+    if let Some(mcp) = &mcp {
+        mcp.shutdown().await;
+    }
     tokio::select! {
         done = &mut server => {
             done.context("the HTTP server task failed")?.context("the HTTP server task failed")?;

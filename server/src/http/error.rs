@@ -63,6 +63,31 @@ impl ApiError {
         }
     }
 
+    /// 403: a route this server was started without (llama-server answers
+    /// its opt-in routes, /tools and /cors-proxy, this way).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            kind: "permission_error",
+            message: message.into(),
+            param: None,
+            code: Some("forbidden"),
+            context: None,
+        }
+    }
+
+    /// 502: a server this one forwarded to failed or could not be reached.
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_GATEWAY,
+            kind: "server_error",
+            message: message.into(),
+            param: None,
+            code: Some("bad_gateway"),
+            context: None,
+        }
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,

@@ -17,10 +17,12 @@
 
 mod anthropic;
 mod cors;
+mod cors_proxy;
 mod embed;
 mod error;
 mod generate;
 mod listen;
+pub mod mcp;
 mod misc;
 mod native;
 mod ollama;
@@ -104,6 +106,8 @@ pub struct Options {
     /// `--verbose`: completion responses carry `__verbose` unless a
     /// request says `verbose: false`, as in llama-server.
     pub verbose: bool,
+    /// `--ui-mcp-proxy`: serve /cors-proxy (else 403).
+    pub cors_proxy: bool,
     /// `--tools`: the tools `/tools` lists and runs (`None`: 403, the
     /// feature is off).
     pub tools: Option<Arc<lamina_tools::Tools>>,
@@ -127,6 +131,7 @@ impl Default for Options {
             pooling: None,
             embd_normalize: 2,
             verbose: false,
+            cors_proxy: false,
             tools: None,
         }
     }
@@ -163,6 +168,9 @@ pub struct AppState {
     pub options: Options,
     /// Streams kept under their `X-Conversation-Id` ([`resume`]).
     pub streams: resume::Sessions,
+    /// The MCP servers among the tools (`Options::tools` lists and calls
+    /// them); `None`: none configured.
+    pub mcp: Option<Arc<mcp::Mcp>>,
 }
 
 impl AppState {
@@ -178,7 +186,13 @@ impl AppState {
             cutoff: shutdown::CutSignal::never(),
             options: Options::default(),
             streams: resume::Sessions::default(),
+            mcp: None,
         }
+    }
+
+    pub fn with_mcp(mut self, mcp: Arc<mcp::Mcp>) -> Self {
+        self.mcp = Some(mcp);
+        self
     }
 
     pub fn with_options(mut self, options: Options) -> Self {
@@ -324,7 +338,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/slots/{id}", post(misc::slot_action))
         .route("/v1/stream", get(resume::get).delete(resume::delete))
         .route("/v1/streams/lookup", post(resume::lookup))
-        .route("/tools", get(server_tools::list).post(server_tools::call));
+        .route("/tools", get(server_tools::list).post(server_tools::call))
+        .route(
+            "/cors-proxy",
+            get(cors_proxy::proxy).post(cors_proxy::proxy),
+        );
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));

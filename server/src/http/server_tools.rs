@@ -72,6 +72,9 @@ fn tools(st: &AppState) -> Result<Arc<Tools>, ApiError> {
 
 pub async fn list(State(st): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let tools = tools(&st)?;
+    if let Some(mcp) = &st.mcp {
+        mcp.warmed().await;
+    }
     let entries: Vec<Value> = tools.entries().iter().map(|e| e.to_json()).collect();
     Ok(Json(Value::Array(entries)))
 }
@@ -82,6 +85,9 @@ pub async fn call(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tools = tools(&st)?;
+    if let Some(mcp) = &st.mcp {
+        mcp.warmed().await;
+    }
     let b = JsonBody::parse(&body?)?;
     let name = b
         .str("tool")?

@@ -11,6 +11,7 @@ mod client;
 mod common;
 mod embeddings;
 mod hardening;
+mod mcp;
 mod memory;
 mod model_file;
 mod native;
