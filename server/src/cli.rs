@@ -417,6 +417,12 @@ pub struct LlamaServerArgs {
         allow_negative_numbers = true
     )]
     pub embd_normalize: i32,
+    /// Serve reranking (`/rerank`, `/v1/rerank`): each document scored with
+    /// the query from the last token's hidden state, through the file's
+    /// ranking head (`cls.output`) when it has one. A chat model without a
+    /// head gets llama-server's answer, which is not a relevance judgement.
+    #[arg(long = "reranking", alias = "rerank")]
+    pub reranking: bool,
     /// Whether a thinking-capable chat template (one that writes `<think>`)
     /// is asked to think (`enable_thinking`): on, off, or auto (as the
     /// template can). A request's `chat_template_kwargs.enable_thinking`

@@ -543,6 +543,28 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         .sampling
         .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
     let (reasoning, reasoning_format) = a.llama.reasoning()?;
+    let gcp = http::Gcp::from_env(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    // Vertex AI names the port in AIP_HTTP_PORT (8080 unless set), over
+    // --port, as llama-server takes it.
+    let port = match &gcp {
+        Some(_) => {
+            let aip = std::env::var("AIP_HTTP_PORT").unwrap_or_default();
+            let port = if aip.is_empty() {
+                8080
+            } else {
+                aip.parse::<u16>()
+                    .map_err(|e| anyhow::anyhow!("AIP_HTTP_PORT={aip}: {e}"))?
+            };
+            if port != a.port {
+                tracing::warn!(
+                    "Vertex AI mode: AIP_HTTP_PORT {port} replaces --port {}",
+                    a.port
+                );
+            }
+            port
+        }
+        None => a.port,
+    };
     Ok(serve::ServeArgs {
         n_batch: a.llama.prefill_chunk()?,
         step_budget: (a.step_budget_ms > 0)
@@ -559,6 +581,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             embedding: a.llama.embedding,
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,
+            reranking: a.llama.reranking,
+            gcp,
             verbose: a.llama.verbose,
             reasoning,
             reasoning_format,
@@ -571,7 +595,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         },
         file: a.file,
         host: a.host,
-        port: a.port,
+        port,
         n_ctx: a.ctx,
         parallel: a.parallel,
         api_key: a.api_key,

@@ -145,6 +145,7 @@ async fn serve(
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();
+    let reranking = a.http.reranking;
     let read_timeout = Duration::from_secs(a.read_timeout_s.max(1));
     let (cutoff, cut_signal) = http::shutdown::channel();
     let state = AppState::new(engine.clone(), api_key, a.body_limit)
@@ -183,7 +184,17 @@ async fn serve(
     loop {
         match engine.status() {
             // Broken only after it was ready: serve, and answer 503.
-            Status::Ready(_) | Status::Broken(_) => break,
+            Status::Ready(info) => {
+                if reranking && info.rank_head.is_none() {
+                    tracing::warn!(
+                        "--reranking: this model has no ranking head (cls.output); its scores \
+                         are the last token's first hidden component, as llama-server's, not a \
+                         judgement of relevance"
+                    );
+                }
+                break;
+            }
+            Status::Broken(_) => break,
             Status::Failed(e) => bail!("{e}"),
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }

@@ -10,6 +10,7 @@ mod client;
 #[path = "../common/mod.rs"]
 mod common;
 mod embeddings;
+mod gcp;
 mod hardening;
 mod memory;
 mod model_file;
@@ -17,6 +18,7 @@ mod native;
 mod ollama;
 mod openai;
 mod reasoning;
+mod rerank;
 mod structured;
 mod templates;
 mod tool_calls;
