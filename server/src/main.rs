@@ -618,6 +618,10 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         cpu_moe: a.placement.moe.blocks(),
         experts: a.placement.moe.rules()?,
         shutdown_grace_s: a.shutdown_grace,
+        // 0 is llama-server's "sleep at once"; -1 never.
+        sleep_idle: u64::try_from(a.llama.sleep_idle_seconds)
+            .ok()
+            .map(std::time::Duration::from_secs),
         no_mmap: a.no_mmap,
     })
 }

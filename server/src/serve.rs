@@ -32,6 +32,8 @@ pub struct ServeArgs {
     pub file: PathBuf,
     pub host: String,
     pub port: u16,
+    /// `--sleep-idle-seconds`: `None` never.
+    pub sleep_idle: Option<Duration>,
     pub n_ctx: Option<usize>,
     pub parallel: usize,
     pub api_key: Option<String>,
@@ -142,6 +144,7 @@ async fn serve(
         },
         n_batch: a.n_batch.unwrap_or(EngineConfig::new(&a.file).n_batch),
         step_budget: a.step_budget,
+        sleep_idle: a.sleep_idle,
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();

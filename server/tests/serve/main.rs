@@ -19,6 +19,7 @@ mod ollama;
 mod openai;
 mod reasoning;
 mod rerank;
+mod sleep;
 mod structured;
 mod templates;
 mod tool_calls;
