@@ -461,6 +461,18 @@ pub struct LlamaServerArgs {
         allow_negative_numbers = true
     )]
     pub embd_normalize: i32,
+    /// Serve reranking (`/rerank`, `/v1/rerank`): each document scored with
+    /// the query from the last token's hidden state, through the file's
+    /// ranking head (`cls.output`) when it has one. A chat model without a
+    /// head gets llama-server's answer, which is not a relevance judgement.
+    #[arg(long = "reranking", alias = "rerank")]
+    pub reranking: bool,
+    /// After this many seconds with no request for the model, release its
+    /// weights and KV caches (`/props` says `is_sleeping`); the next request
+    /// that needs it loads it again. -1 (the default): never.
+    #[arg(long = "sleep-idle-seconds", default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub sleep_idle_seconds: i64,
     /// Whether a thinking-capable chat template (one that writes `<think>`)
     /// is asked to think (`enable_thinking`): on, off, or auto (as the
     /// template can). A request's `chat_template_kwargs.enable_thinking`

@@ -43,8 +43,6 @@ const SINGLE_DASH: &[(&str, &str)] = &[
 
 /// llama-server flags Lamina does not implement, and what to know instead.
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
-    ("--reranking", "Lamina has no reranking endpoint"),
-    ("--rerank", "Lamina has no reranking endpoint"),
     (
         "--no-kv-offload",
         "the KV cache follows its layer's placement",
@@ -87,7 +85,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--threads-batch",
         "one -t sets the threads of prompt and generation",
     ),
-    ("--sleep-idle-seconds", "the model stays loaded"),
     ("--cache-ram", "the host prompt cache is not implemented"),
     ("--api-prefix", "routes are served at the root"),
     (
@@ -291,10 +288,10 @@ mod tests {
             line.contains("--no-kv-offload (-nkvo) is not implemented"),
             "{line}"
         );
-        let e = parse(&["lamina", "serve", "-m", "f", "--reranking"])
+        let e = parse(&["lamina", "serve", "-m", "f", "--kv-unified"])
             .err()
             .unwrap();
-        assert!(explain(&e).unwrap().contains("--reranking"));
+        assert!(explain(&e).unwrap().contains("--kv-unified"));
         // A typo is clap's business: no llama-server flag to name.
         let e = parse(&["lamina", "serve", "-m", "f", "--rernking"])
             .err()

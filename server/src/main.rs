@@ -550,6 +550,28 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         .sampling
         .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
     let (reasoning, reasoning_format) = a.llama.reasoning()?;
+    let gcp = http::Gcp::from_env(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    // Vertex AI names the port in AIP_HTTP_PORT (8080 unless set), over
+    // --port, as llama-server takes it.
+    let port = match &gcp {
+        Some(_) => {
+            let aip = std::env::var("AIP_HTTP_PORT").unwrap_or_default();
+            let port = if aip.is_empty() {
+                8080
+            } else {
+                aip.parse::<u16>()
+                    .map_err(|e| anyhow::anyhow!("AIP_HTTP_PORT={aip}: {e}"))?
+            };
+            if port != a.port {
+                tracing::warn!(
+                    "Vertex AI mode: AIP_HTTP_PORT {port} replaces --port {}",
+                    a.port
+                );
+            }
+            port
+        }
+        None => a.port,
+    };
     Ok(serve::ServeArgs {
         n_batch: a.llama.prefill_chunk()?,
         step_budget: (a.step_budget_ms > 0)
@@ -566,6 +588,8 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             embedding: a.llama.embedding,
             pooling: a.llama.pooling,
             embd_normalize: a.llama.embd_normalize,
+            reranking: a.llama.reranking,
+            gcp,
             verbose: a.llama.verbose,
             cors_proxy: a.llama.ui_mcp_proxy && !a.llama.no_ui_mcp_proxy,
             // Built in serve::run: a `--tools-runtime` container starts there.
@@ -583,7 +607,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         tools_runtime: a.llama.tools_runtime.clone().filter(|r| !r.is_empty()),
         file: a.file,
         host: a.host,
-        port: a.port,
+        port,
         n_ctx: a.ctx,
         parallel: a.parallel,
         api_key: a.api_key,
@@ -606,6 +630,10 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         cpu_moe: a.placement.moe.blocks(),
         experts: a.placement.moe.rules()?,
         shutdown_grace_s: a.shutdown_grace,
+        // 0 is llama-server's "sleep at once"; -1 never.
+        sleep_idle: u64::try_from(a.llama.sleep_idle_seconds)
+            .ok()
+            .map(std::time::Duration::from_secs),
         no_mmap: a.no_mmap,
         mcp_servers: mcp_servers(
             a.llama.mcp_servers_config.as_deref(),

@@ -32,6 +32,8 @@ pub struct ServeArgs {
     pub file: PathBuf,
     pub host: String,
     pub port: u16,
+    /// `--sleep-idle-seconds`: `None` never.
+    pub sleep_idle: Option<Duration>,
     pub n_ctx: Option<usize>,
     pub parallel: usize,
     pub api_key: Option<String>,
@@ -190,9 +192,11 @@ async fn serve(
         },
         n_batch: a.n_batch.unwrap_or(EngineConfig::new(&a.file).n_batch),
         step_budget: a.step_budget,
+        sleep_idle: a.sleep_idle,
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();
+    let reranking = a.http.reranking;
     let read_timeout = Duration::from_secs(a.read_timeout_s.max(1));
     let (cutoff, cut_signal) = http::shutdown::channel();
     // The MCP servers' tools are discovered while the model loads; a
@@ -254,7 +258,17 @@ async fn serve(
     loop {
         match engine.status() {
             // Broken only after it was ready: serve, and answer 503.
-            Status::Ready(_) | Status::Broken(_) => break,
+            Status::Ready(info) => {
+                if reranking && info.rank_head.is_none() {
+                    tracing::warn!(
+                        "--reranking: this model has no ranking head (cls.output); its scores \
+                         are the last token's first hidden component, as llama-server's, not a \
+                         judgement of relevance"
+                    );
+                }
+                break;
+            }
+            Status::Broken(_) => break,
             Status::Failed(e) => bail!("{e}"),
             Status::Loading => tokio::time::sleep(Duration::from_millis(20)).await,
         }

@@ -291,6 +291,29 @@ impl ChatTemplate {
         self.clock
     }
 
+    /// Variables a template family reads that llama.cpp's chat layer
+    /// defines for it, given the request's tools.
+    ///
+    /// FireFunction v2 (recognised, as llama.cpp recognised it, by the
+    /// ` functools[` it writes calls with) concatenates `functions` to its
+    /// system prompt: llama.cpp set it to the tools as JSON indented by two,
+    /// or an empty string without tools. Undefined, minijinja refuses the
+    /// concatenation (rightly, for any other template), so it is defined
+    /// here for this family only.
+    pub fn family_variables(&self, tools: Option<&Json>) -> serde_json::Map<String, Json> {
+        let mut vars = serde_json::Map::new();
+        if self.source.contains(" functools[") {
+            let text = match tools {
+                Some(t @ Json::Array(list)) if !list.is_empty() => {
+                    serde_json::to_string_pretty(t).unwrap_or_default()
+                }
+                _ => String::new(),
+            };
+            vars.insert("functions".to_owned(), Json::String(text));
+        }
+        vars
+    }
+
     /// The limits every render runs under.
     pub fn limits(&self) -> Limits {
         self.limits

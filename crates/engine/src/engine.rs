@@ -15,7 +15,7 @@
 //! restart the process.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use crate::error::EngineError;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model_info::{self, InfoParams, ModelInfo};
 use crate::request::{EraseReply, Events, GenerateParams, HiddenReply};
-use crate::scheduler::{self, Job, Limits, SlotOp, Work};
+use crate::scheduler::{self, Ended, Job, Limits, SlotOp, Work};
 
 /// How to start an engine.
 #[derive(Debug, Clone)]
@@ -71,6 +71,10 @@ pub struct EngineConfig {
     /// Map the file (the default) or read it into memory (`--no-mmap`), where
     /// changes to the file cannot reach the server.
     pub load_mode: LoadMode,
+    /// `--sleep-idle-seconds`: after this long with nothing to run, the
+    /// weights and KV caches are released, and loaded again by the next
+    /// request that needs the model. `None`: never.
+    pub sleep_idle: Option<Duration>,
 }
 
 impl EngineConfig {
@@ -92,6 +96,7 @@ impl EngineConfig {
             cpu_moe: usize::MAX,
             experts: Vec::new(),
             load_mode: LoadMode::Mmap,
+            sleep_idle: None,
         }
     }
 }
@@ -118,6 +123,8 @@ struct Shared {
     n_parallel: usize,
     max_queue: usize,
     max_tokens: usize,
+    /// The model is released for idleness (`EngineConfig::sleep_idle`).
+    sleeping: Arc<AtomicBool>,
 }
 
 /// A cheap, clonable handle to the engine thread. The thread stops when the
@@ -150,6 +157,7 @@ impl Engine {
             n_parallel,
             max_queue: cfg.max_queue,
             max_tokens: cfg.max_tokens.max(1),
+            sleeping: Arc::new(AtomicBool::new(false)),
         });
         let engine = Engine {
             shared: shared.clone(),
@@ -158,6 +166,7 @@ impl Engine {
         // last `Engine` closes the job channel and lets it exit.
         let metrics = shared.metrics.clone();
         let outstanding = shared.outstanding.clone();
+        let sleeping = shared.sleeping.clone();
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name("lamina-engine".into())
@@ -177,7 +186,7 @@ impl Engine {
                 // A failure is published as the status, and whoever started
                 // the engine reports it (`serve` as its one error line):
                 // logging it here too would print it twice.
-                if let Err(e) = load_and_serve(&cfg, rx, metrics, outstanding, publish) {
+                if let Err(e) = load_and_serve(&cfg, rx, metrics, outstanding, &sleeping, publish) {
                     tracing::debug!("{e}");
                 }
             })
@@ -194,6 +203,12 @@ impl Engine {
             Some(Ok(info)) => Status::Ready(info.clone()),
             Some(Err(e)) => Status::Failed(e.clone()),
         }
+    }
+
+    /// Whether the model is released for idleness (llama-server's
+    /// `is_sleeping`); the next request that needs it loads it again.
+    pub fn is_sleeping(&self) -> bool {
+        self.shared.sleeping.load(Ordering::Acquire)
     }
 
     /// The model, once loaded (still there when broken, for `/metrics`).
@@ -384,6 +399,7 @@ fn load_and_serve(
     rx: mpsc::Receiver<Job>,
     metrics: Arc<Metrics>,
     outstanding: Arc<AtomicUsize>,
+    sleeping: &AtomicBool,
     publish: impl Fn(Published),
 ) -> Result<(), EngineError> {
     let t0 = Instant::now();
@@ -456,23 +472,81 @@ fn load_and_serve(
             e
         })
     };
-    let served = scheduler::run(
-        &model,
-        &info,
-        slots,
-        Limits {
-            max_tokens: cfg.max_tokens.max(1),
-            timeout: cfg.timeout,
-            n_batch: cfg.n_batch.max(1),
-            step_budget: cfg.step_budget,
-        },
-        &rx,
-        &metrics,
-        &outstanding,
-        &unchanged,
-    );
-    if let Err(e) = served {
-        scheduler::refuse(&rx, &e, &metrics, &outstanding);
+    let limits = Limits {
+        max_tokens: cfg.max_tokens.max(1),
+        timeout: cfg.timeout,
+        n_batch: cfg.n_batch.max(1),
+        step_budget: cfg.step_budget,
+    };
+    let mut loaded = Some((model, slots));
+    let mut first = None;
+    loop {
+        let (model, slots) = match loaded.take() {
+            Some(l) => l,
+            // Woken from sleep: the same file, placed and cached as before.
+            None => {
+                let t0 = Instant::now();
+                let reloaded = unchanged().and_then(|()| {
+                    let (model, _) = placement::load(&file, &load)
+                        .map_err(|e| EngineError::Load(e.to_string()))?;
+                    let slots = scheduler::slots(&model, &info)
+                        .map_err(|e| EngineError::Load(format!("allocating the KV cache: {e}")))?;
+                    Ok((model, slots))
+                });
+                sleeping.store(false, Ordering::Release);
+                match reloaded {
+                    Ok(l) => {
+                        tracing::info!(
+                            "awake: the model is loaded again ({:.0} ms)",
+                            t0.elapsed().as_secs_f64() * 1e3
+                        );
+                        l
+                    }
+                    Err(e) => {
+                        tracing::error!("waking from sleep: {e}; every request is refused");
+                        publish(Published::Broken(e.clone()));
+                        if let Some(job) = first.take() {
+                            scheduler::refuse_job(job, &e, &metrics, &outstanding);
+                        }
+                        scheduler::refuse(&rx, &e, &metrics, &outstanding);
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let served = scheduler::run(
+            &model,
+            &info,
+            slots,
+            limits,
+            &rx,
+            &metrics,
+            &outstanding,
+            &unchanged,
+            first.take(),
+            cfg.sleep_idle,
+        );
+        match served {
+            Ok(Ended::Closed) => return Ok(()),
+            Ok(Ended::Idle) => {
+                // The weights (GPU buffers, CPU copies) and the KV caches
+                // go; the tokenizer and template stay, so the routes that
+                // need no forward pass answer as before.
+                drop(model);
+                sleeping.store(true, Ordering::Release);
+                tracing::info!(
+                    "idle for {:?}: sleeping, the model's memory is released until the next request",
+                    cfg.sleep_idle.unwrap_or_default()
+                );
+                match rx.recv() {
+                    Ok(job) => first = Some(job),
+                    Err(_) => return Ok(()),
+                }
+            }
+            Err(e) => {
+                scheduler::refuse(&rx, &e, &metrics, &outstanding);
+                return Ok(());
+            }
+        }
     }
-    Ok(())
 }

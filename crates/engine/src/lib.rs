@@ -28,6 +28,7 @@ mod metrics;
 mod model_info;
 mod pacing;
 pub mod pooling;
+pub mod rank;
 mod request;
 mod scheduler;
 mod stop;

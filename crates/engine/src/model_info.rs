@@ -50,6 +50,11 @@ pub struct ModelInfo {
     pub placement: String,
     /// The file's `{arch}.pooling_type`, where it names one Lamina computes.
     pub pooling: Option<crate::pooling::Pooling>,
+    /// The file's ranking head (`cls`, `cls.output`), for `/rerank`.
+    pub rank_head: Option<crate::rank::RankHead>,
+    /// The file's `tokenizer.chat_template.rerank`: a reranking prompt
+    /// with `{query}` and `{document}` in it, as llama.cpp reads it.
+    pub rerank_template: Option<String>,
     /// The vocabulary as the grammar engine sees it: built by the first
     /// request with a constraint (a walk over every token, ~0.1–0.5 s),
     /// so a server that never sees one never pays for it.
@@ -168,6 +173,17 @@ pub(crate) fn build(
             .and_then(|a| file.get(&format!("{a}.pooling_type")))
             .and_then(|v| v.as_u64())
             .and_then(crate::pooling::Pooling::from_gguf),
+        rank_head: crate::rank::RankHead::from_gguf(
+            file,
+            file.get("general.architecture")
+                .and_then(|a| a.as_str())
+                .unwrap_or_default(),
+            config.n_embd,
+        )?,
+        rerank_template: file
+            .get("tokenizer.chat_template.rerank")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned),
         grammar: OnceLock::new(),
     })
 }

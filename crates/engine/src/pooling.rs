@@ -6,8 +6,8 @@
 //! llama.cpp takes them for a decoder-only model.
 
 /// How a prompt's rows become one embedding (llama.cpp's
-/// `llama_pooling_type`; `rank` needs a reranking head, which the
-/// architectures Lamina runs do not have).
+/// `llama_pooling_type`; `rank` is not an embedding here but `--reranking`,
+/// in `crate::rank`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pooling {
     /// Every token's row (llama-server's native endpoint only).
@@ -28,9 +28,11 @@ impl Pooling {
             "mean" => Ok(Pooling::Mean),
             "cls" => Ok(Pooling::Cls),
             "last" => Ok(Pooling::Last),
-            "rank" => {
-                Err("pooling 'rank' needs a reranking model, which Lamina does not run".into())
-            }
+            "rank" => Err(
+                "pooling 'rank' scores query and document pairs: start the server with \
+                     --reranking and use POST /rerank"
+                    .into(),
+            ),
             other => Err(format!(
                 "unknown pooling {other:?} (none, mean, cls or last)"
             )),

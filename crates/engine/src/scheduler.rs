@@ -45,6 +45,16 @@ use crate::stop::StopMatcher;
 /// reports a changed file without waiting for a request.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
+/// Why [`run`] returned without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Every sender is gone and nothing runs: the engine stops.
+    Closed,
+    /// Nothing ran for the idle time it was given: the model may be
+    /// released until the next request (`--sleep-idle-seconds`).
+    Idle,
+}
+
 /// `Ok` while the model files are the ones loaded.
 pub(crate) type Unchanged<'a> = &'a dyn Fn() -> Result<(), EngineError>;
 
@@ -244,9 +254,10 @@ pub(crate) fn slots<B: Backend>(
         .collect())
 }
 
-/// Serves jobs until every sender is gone and nothing is running (`Ok`), or
-/// until the model files changed (`Err`, once every sequence and waiting
-/// request has failed with that error).
+/// Serves jobs (`first` before any other) until every sender is gone and
+/// nothing is running ([`Ended::Closed`]), until nothing has run for
+/// `idle` ([`Ended::Idle`]), or until the model files changed (`Err`, once
+/// every sequence and waiting request has failed with that error).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<B: Backend>(
     backend: &B,
@@ -257,7 +268,9 @@ pub(crate) fn run<B: Backend>(
     metrics: &Metrics,
     outstanding: &AtomicUsize,
     unchanged: Unchanged<'_>,
-) -> Result<(), EngineError> {
+    first: Option<Job>,
+    idle: Option<Duration>,
+) -> Result<Ended, EngineError> {
     let ctx = Ctx {
         tok: &info.tokenizer,
         metrics,
@@ -268,7 +281,8 @@ pub(crate) fn run<B: Backend>(
         .kv_capacity
         .store(info.n_ctx_slot * info.n_parallel, Relaxed);
     publish_slots(metrics, &slots);
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut waiting: VecDeque<Job> = first.into_iter().collect();
+    let mut idle_since = Instant::now();
     // Erases whose slot was busy: done when its request ends.
     let mut erases: Vec<Job> = Vec::new();
     let mut pacer = Pacer::new(limits.step_budget);
@@ -278,18 +292,30 @@ pub(crate) fn run<B: Backend>(
         // A pending erase is done below as soon as its slot is idle.
         if !busy && waiting.is_empty() && erases.is_empty() {
             if !open {
-                return Ok(());
+                return Ok(Ended::Closed);
             }
+            let wait = match idle {
+                Some(d) => {
+                    let left = d.saturating_sub(idle_since.elapsed());
+                    if left.is_zero() {
+                        return Ok(Ended::Idle);
+                    }
+                    left.min(IDLE_CHECK)
+                }
+                None => IDLE_CHECK,
+            };
             // Idle: sleep until a request arrives, looking at the files now
             // and then.
-            match rx.recv_timeout(IDLE_CHECK) {
+            match rx.recv_timeout(wait) {
                 Ok(job) => waiting.push_back(job),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     unchanged()?;
                     continue;
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(Ended::Closed),
             }
+        } else {
+            idle_since = Instant::now();
         }
         loop {
             match rx.try_recv() {
@@ -557,6 +583,12 @@ pub(crate) fn refuse(
         metrics.queued.fetch_sub(1, Relaxed);
         refuse_one(job, e, metrics, outstanding);
     }
+}
+
+/// Answers one received job with `e`.
+pub(crate) fn refuse_job(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &AtomicUsize) {
+    metrics.queued.fetch_sub(1, Relaxed);
+    refuse_one(job, e, metrics, outstanding);
 }
 
 fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &AtomicUsize) {

@@ -181,7 +181,7 @@ pub(super) async fn embed_prompts(
 }
 
 /// The hidden states the engine answers with.
-async fn hidden(rx: HiddenReply) -> Result<Vec<f32>, ApiError> {
+pub(super) async fn hidden(rx: HiddenReply) -> Result<Vec<f32>, ApiError> {
     match rx.await {
         Ok(rows) => Ok(rows?),
         Err(_) => Err(ApiError::internal("the engine stopped before answering")),

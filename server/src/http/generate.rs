@@ -198,6 +198,7 @@ pub fn render_ending(
         json!(now.format("%d %b %Y").to_string()),
     );
     vars.insert("datetime".into(), json!(now.format("%b %d %Y").to_string()));
+    vars.extend(info.template.family_variables(tools));
     vars.extend(
         kwargs
             .into_iter()

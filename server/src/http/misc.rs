@@ -98,6 +98,7 @@ pub async fn props(State(st): State<Arc<AppState>>) -> Result<Response, ApiError
         "eos_token": text(tok.eos()),
         "placement": info.placement,
         "build_info": super::fingerprint(),
+        "is_sleeping": st.engine.is_sleeping(),
     }))
     .into_response())
 }

@@ -20,6 +20,7 @@ mod cors;
 mod cors_proxy;
 mod embed;
 mod error;
+mod gcp;
 mod generate;
 mod listen;
 pub mod mcp;
@@ -30,6 +31,7 @@ mod page;
 mod params;
 mod prepare;
 pub mod reasoning;
+mod rerank;
 mod responses;
 mod resume;
 mod server_tools;
@@ -61,6 +63,7 @@ use lamina_sampling::SamplerConfig;
 
 pub use cors::Cors;
 pub use error::ApiError;
+pub use gcp::Gcp;
 pub use listen::serve;
 pub use prepare::default_slots as default_prepare_slots;
 
@@ -103,6 +106,10 @@ pub struct Options {
     pub pooling: Option<lamina_engine::pooling::Pooling>,
     /// `--embd-normalize`: the default norm of pooled embeddings.
     pub embd_normalize: i32,
+    /// `--reranking`: serve `/rerank` (else 501).
+    pub reranking: bool,
+    /// `AIP_MODE=PREDICTION`: Vertex AI's predict route.
+    pub gcp: Option<Gcp>,
     /// `--verbose`: completion responses carry `__verbose` unless a
     /// request says `verbose: false`, as in llama-server.
     pub verbose: bool,
@@ -130,6 +137,8 @@ impl Default for Options {
             embedding: false,
             pooling: None,
             embd_normalize: 2,
+            reranking: false,
+            gcp: None,
             verbose: false,
             cors_proxy: false,
             tools: None,
@@ -325,6 +334,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(embed::openai))
         .route("/embedding", post(embed::native))
         .route("/embeddings", post(embed::native))
+        .route("/rerank", post(rerank::rerank))
+        .route("/reranking", post(rerank::rerank))
+        .route("/v1/rerank", post(rerank::rerank))
+        .route("/v1/reranking", post(rerank::rerank))
         // llama-server's native API; `/completions` is its alias there too
         // (only `/v1/completions` is OpenAI's).
         .route("/completion", post(native::completion))
@@ -346,6 +359,25 @@ pub fn app(state: Arc<AppState>) -> Router {
     // Lets the tests check that a panicking handler is a 500 and no more.
     #[cfg(test)]
     let routes = routes.route("/test/panic", get(panics));
+    let routes = match &state.options.gcp {
+        // The instances go through the same routes, read and checked as
+        // any request (the key was checked on the predict request itself).
+        Some(g) => {
+            let inner: Router = routes
+                .clone()
+                .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
+                .with_state(state.clone());
+            let routes = routes.route(
+                &g.predict_route,
+                post(move |headers, body| gcp::predict(inner.clone(), headers, body)),
+            );
+            match &g.health_route {
+                Some(h) => routes.route(h, get(misc::health)),
+                None => routes,
+            }
+        }
+        None => routes,
+    };
     routes
         .route_layer(middleware::from_fn_with_state(state.clone(), read_body))
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -459,7 +491,15 @@ fn drain(mut body: Body) {
 async fn auth(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
         let path = req.uri().path();
-        let public = matches!(path, "/health" | "/v1/health") || page::PUBLIC.contains(&path);
+        // Vertex AI's health checks send no key, as they send none to /health.
+        let gcp_health = st
+            .options
+            .gcp
+            .as_ref()
+            .and_then(|g| g.health_route.as_deref());
+        let public = matches!(path, "/health" | "/v1/health")
+            || page::PUBLIC.contains(&path)
+            || gcp_health == Some(path);
         if !public && !presented_key_matches(req.headers(), key) {
             drain(req.into_body());
             return ApiError::unauthorized().into_response();

@@ -10,6 +10,7 @@ mod client;
 #[path = "../common/mod.rs"]
 mod common;
 mod embeddings;
+mod gcp;
 mod hardening;
 mod mcp;
 mod memory;
@@ -18,7 +19,9 @@ mod native;
 mod ollama;
 mod openai;
 mod reasoning;
+mod rerank;
 mod resume;
+mod sleep;
 mod structured;
 mod templates;
 mod tool_calls;

@@ -214,7 +214,7 @@ fn server_wide_defaults_apply_until_a_request_overrides_them() {
 #[test]
 fn an_unimplemented_llama_server_flag_fails_naming_it() {
     for (flag, name) in [
-        (&["--reranking"][..], "--reranking"),
+        (&["--kv-unified"][..], "--kv-unified"),
         (&["-nkvo"][..], "-nkvo"),
         (&["--lora", "adapter.gguf"][..], "--lora"),
     ] {

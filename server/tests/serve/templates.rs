@@ -133,3 +133,53 @@ fn chat_template_takes_a_builtin_name_or_inline_jinja() {
         "{err}"
     );
 }
+
+/// FireFunction v2 concatenates `functions` to its system prompt: defined
+/// as llama.cpp's chat layer defined it (the tools as indented JSON, or
+/// empty), the template renders with today's date, with and without tools;
+/// another template that adds an undefined name still fails.
+#[test]
+fn firefunction_v2_renders_with_functions_defined() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/templates/fireworks-ai-llama-3-firefunction-v2.jinja"
+    );
+    let server = Server::start(&["--chat-template-file", path, "--parallel", "1"], &[]);
+    // The server formats its local time, as llama.cpp does.
+    let today = chrono::Local::now().format("%b %d %Y").to_string();
+    let tool = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+    for tools in [None, Some(json!([])), Some(json!([tool]))] {
+        let mut body = json!({"messages": [{"role": "user", "content": "What is today?"}]});
+        if let Some(t) = &tools {
+            body["tools"] = t.clone();
+        }
+        let r = client::post(server.port, "/apply-template", &body);
+        assert_eq!(r.status, 200, "{tools:?}: {}", r.body);
+        let prompt = r.json()["prompt"].as_str().unwrap().to_owned();
+        assert!(prompt.contains(&format!("Today is {today}.")), "{prompt}");
+        let spec = prompt
+            .split("Available functions as JSON spec:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\nToday is").next())
+            .unwrap();
+        match &tools {
+            Some(t) if !t.as_array().unwrap().is_empty() => {
+                let parsed: serde_json::Value = serde_json::from_str(spec).unwrap();
+                assert_eq!(&parsed, t);
+                assert!(spec.contains("\n  {"), "indented by two: {spec}");
+            }
+            _ => assert_eq!(spec, "", "{prompt}"),
+        }
+    }
+    drop(server);
+
+    let other = "{{ 'x' + functions }}";
+    let server = Server::start(&["--chat-template", other, "--parallel", "1"], &[]);
+    let r = client::post(
+        server.port,
+        "/apply-template",
+        &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+    );
+    assert!(r.status >= 400, "{}", r.body);
+}
