@@ -77,9 +77,10 @@ impl Builtin {
         self == Builtin::ExecShellCommand
     }
 
-    /// Its `GET /tools` entry.
-    pub fn entry(self) -> ToolEntry {
-        let (description, properties, required) = match self {
+    /// Its description, parameters (a JSON object's text) and required
+    /// parameters.
+    fn schema(self) -> Schema {
+        match self {
             Builtin::ReadFile => files::READ_SCHEMA,
             Builtin::WriteFile => files::WRITE_SCHEMA,
             Builtin::EditFile => edit::SCHEMA,
@@ -87,7 +88,12 @@ impl Builtin {
             Builtin::GrepSearch => search::GREP_SCHEMA,
             Builtin::ExecShellCommand => shell::EXEC_SCHEMA,
             Builtin::GetInfo => shell::INFO_SCHEMA,
-        };
+        }
+    }
+
+    /// Its `GET /tools` entry.
+    pub fn entry(self) -> ToolEntry {
+        let (description, properties, required) = self.schema();
         let properties: Value = serde_json::from_str(properties).unwrap_or_else(|_| json!({}));
         let mut parameters = json!({"type": "object", "properties": properties});
         if !required.is_empty() {
@@ -113,15 +119,7 @@ impl Builtin {
 
     /// The required parameters' presence and types, before anything runs.
     pub(crate) fn check_params(self, params: &Value) -> Result<(), ToolError> {
-        let (_, _, required) = match self {
-            Builtin::ReadFile => files::READ_SCHEMA,
-            Builtin::WriteFile => files::WRITE_SCHEMA,
-            Builtin::EditFile => edit::SCHEMA,
-            Builtin::FileGlobSearch => search::GLOB_SCHEMA,
-            Builtin::GrepSearch => search::GREP_SCHEMA,
-            Builtin::ExecShellCommand => shell::EXEC_SCHEMA,
-            Builtin::GetInfo => shell::INFO_SCHEMA,
-        };
+        let (_, _, required) = self.schema();
         if !params.is_object() && !params.is_null() {
             return Err(ToolError::param("params", "must be an object"));
         }
