@@ -77,12 +77,11 @@ impl Session {
         let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
         buf.total += b.len() as u64;
         buf.chunks.push_back(b);
-        let mut held: usize = buf.chunks.iter().map(Bytes::len).sum();
-        while held > MAX_BYTES {
+        // The bytes held are those written less those dropped.
+        while buf.total - buf.dropped > MAX_BYTES as u64 {
             let Some(front) = buf.chunks.pop_front() else {
                 break;
             };
-            held -= front.len();
             buf.dropped += front.len() as u64;
         }
         drop(buf);
