@@ -39,7 +39,12 @@
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 #include "common/w4_{{W4}}.wgsl"
-@group(0) @binding({{PB}}) var<uniform> p: MatParams;
+@group(0) @binding({{PB}}) var<uniform> params: MatParams;
+// The parameters of this workgroup's columns: the dispatch's, moved to
+// column chunk wid.z (MAXC columns each), so one dispatch covers a whole
+// prompt's columns instead of one dispatch per MAXC (a CPU-backed device
+// pays tens of microseconds per dispatch). Every include reads `p`.
+var<private> p: MatParams;
 
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/xnorm_{{NORM}}.wgsl"
@@ -141,6 +146,12 @@ fn main(
     @builtin(local_invocation_index) li: u32,
     {{SG_PARAM}}
 ) {
+    p = params;
+    let first = wid.z * MAXC;
+    p.ncols = min(params.ncols - first, MAXC);
+    p.x_offset = params.x_offset + first * params.x_stride;
+    p.y_offset = params.y_offset + first * params.y_stride;
+    p.tab_first = params.tab_first + first;
     norm_prologue(li);
     let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;

@@ -53,6 +53,9 @@ use crate::shader::KernelSpec;
 
 /// Most activation columns the small-N kernel handles in one dispatch.
 pub const MAX_SMALL_COLS: usize = 8;
+/// Column chunks one small-N dispatch covers along the grid's z (the
+/// portable limit of workgroups per dimension).
+const MAX_GRID_Z: usize = 65535;
 /// Lanes per output (P above).
 pub const LANES: usize = 32;
 /// Partials of the canonical RMSNorm reduction (`shaders/common/rms.wgsl`).
@@ -753,8 +756,13 @@ impl Batch<'_> {
                 "the tiled kernel has no norm prologue or add epilogue".into(),
             ));
         }
+        // The one-thread-per-row kernel takes every column in one dispatch,
+        // MAX_SMALL_COLS per workgroup along the grid's z (matvec_rows.wgsl).
+        let thread_shape =
+            forced.unwrap_or_else(|| MatvecShape::choose(self.gpu, k.div_ceil(32)));
         let per = match kernel {
             MatmulKernel::MatVec => 1,
+            MatmulKernel::Small if thread_shape.tpr == 1 => MAX_SMALL_COLS * MAX_GRID_Z,
             MatmulKernel::Small => MAX_SMALL_COLS,
             _ => n,
         };
@@ -817,10 +825,8 @@ impl Batch<'_> {
                 } else {
                     // The smallest compiled column count that holds `nc`.
                     let maxc = nc.next_power_of_two().min(MAX_SMALL_COLS);
-                    let ms = match forced {
-                        Some(s) => s,
-                        None => MatvecShape::choose(self.gpu, k.div_ceil(32)),
-                    };
+                    let gz = nc.div_ceil(maxc) as u32;
+                    let ms = thread_shape;
                     // A GLU's threads hold a gate row and its up row, a RoPE
                     // epilogue's a rotation pair: one output (pair) each.
                     let paired = glu.is_some() || fuse.rope.is_some();
@@ -847,11 +853,11 @@ impl Batch<'_> {
                                 ..params
                             };
                             ranges[1] = (&x.buf, start, Some(vec4s * 16));
-                            self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
+                            self.push_ranges(&spec, &ranges, &params, [gx, gy, gz])?;
                         }
                         None => {
                             let spec = matvec_spec_fused(w.ty(), maxc, ms, None, glu, sg, kind);
-                            self.push_ranges(&spec, &ranges, &params, [gx, gy, 1])?;
+                            self.push_ranges(&spec, &ranges, &params, [gx, gy, gz])?;
                         }
                     }
                 }
