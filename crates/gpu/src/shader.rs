@@ -34,6 +34,7 @@ sources!(
     "common/lane_tree.wgsl",
     "common/x_storage.wgsl",
     "common/x_uniform.wgsl",
+    "common/x_storage4.wgsl",
     "common/dq32_pair.wgsl",
     "common/act.wgsl",
     "common/w4_on.wgsl",

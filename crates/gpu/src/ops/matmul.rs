@@ -279,7 +279,20 @@ pub(crate) fn matvec_spec(
     glu: Option<Gate>,
     sg: bool,
 ) -> KernelSpec {
-    matvec_spec_fused(ty, maxc, shape, uniform_vec4s, glu, sg, FuseKind::default())
+    let x = uniform_vec4s.map_or(XSrc::Storage, XSrc::Uniform);
+    matvec_spec_fused(ty, maxc, shape, x, glu, sg, FuseKind::default())
+}
+
+/// Where a mat-vec kernel reads its activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum XSrc {
+    /// A storage binding, element by element (any offset and stride).
+    Storage,
+    /// A storage binding viewed as vec4s (offsets, strides and `k` whole
+    /// vec4s): one load per four values.
+    Storage4,
+    /// A uniform window of this many vec4s ([`uniform_window`]).
+    Uniform(u64),
 }
 
 /// What a mat-vec dispatch folds in besides the product (see [`Fuse`]).
@@ -297,7 +310,7 @@ pub(crate) fn matvec_spec_fused(
     ty: GgmlType,
     maxc: usize,
     shape: MatvecShape,
-    uniform_vec4s: Option<u64>,
+    x: XSrc,
     glu: Option<Gate>,
     sg: bool,
     fuse: FuseKind,
@@ -361,9 +374,10 @@ pub(crate) fn matvec_spec_fused(
             .def("SG_PARAM", "")
             .def("SG_LANE", "0u")
     };
-    match uniform_vec4s {
-        Some(n) => spec.def("XSRC", "uniform").def("XU", n.to_string()),
-        None => spec.def("XSRC", "storage"),
+    match x {
+        XSrc::Uniform(n) => spec.def("XSRC", "uniform").def("XU", n.to_string()),
+        XSrc::Storage => spec.def("XSRC", "storage"),
+        XSrc::Storage4 => spec.def("XSRC", "storage4"),
     }
 }
 
@@ -390,8 +404,8 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                 // validation test builds those.
                 let rope = rope.then_some(KvElem::F32);
                 let fuse = FuseKind { norm, add, rope };
-                for window in [None, Some(64)] {
-                    v.push(matvec_spec_fused(ty, maxc, shape, window, None, sg, fuse));
+                for x in [XSrc::Storage, XSrc::Storage4, XSrc::Uniform(64)] {
+                    v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
                 }
             }
             let norm = FuseKind {
@@ -402,15 +416,19 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                 let shape = shape.for_glu();
                 v.push(matvec_spec(ty, maxc, shape, None, Some(gate), sg));
                 v.push(matvec_spec(ty, maxc, shape, Some(64), Some(gate), sg));
-                v.push(matvec_spec_fused(
-                    ty,
-                    maxc,
-                    shape,
-                    None,
-                    Some(gate),
-                    sg,
-                    norm,
-                ));
+                for x in [XSrc::Storage, XSrc::Storage4] {
+                    let glu = Some(gate);
+                    v.push(matvec_spec_fused(
+                        ty,
+                        maxc,
+                        shape,
+                        x,
+                        glu,
+                        sg,
+                        FuseKind::default(),
+                    ));
+                    v.push(matvec_spec_fused(ty, maxc, shape, x, glu, sg, norm));
+                }
             }
         }
     }
@@ -432,7 +450,8 @@ pub(crate) fn rope_f16_specs() -> Vec<KernelSpec> {
                             add: false,
                             rope: Some(KvElem::F16),
                         };
-                        v.push(matvec_spec_fused(ty, maxc, shape, None, None, sg, fuse));
+                        let x = XSrc::Storage;
+                        v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
                     }
                 }
             }
@@ -758,8 +777,7 @@ impl Batch<'_> {
         }
         // The one-thread-per-row kernel takes every column in one dispatch,
         // MAX_SMALL_COLS per workgroup along the grid's z (matvec_rows.wgsl).
-        let thread_shape =
-            forced.unwrap_or_else(|| MatvecShape::choose(self.gpu, k.div_ceil(32)));
+        let thread_shape = forced.unwrap_or_else(|| MatvecShape::choose(self.gpu, k.div_ceil(32)));
         let per = match kernel {
             MatmulKernel::MatVec => 1,
             MatmulKernel::Small if thread_shape.tpr == 1 => MAX_SMALL_COLS * MAX_GRID_Z,
@@ -846,8 +864,8 @@ impl Batch<'_> {
                     let kind = fuse.kind();
                     match window {
                         Some((start, vec4s, first)) => {
-                            let spec =
-                                matvec_spec_fused(w.ty(), maxc, ms, Some(vec4s), glu, sg, kind);
+                            let src = XSrc::Uniform(vec4s);
+                            let spec = matvec_spec_fused(w.ty(), maxc, ms, src, glu, sg, kind);
                             let params = MatParams {
                                 x_offset: first,
                                 ..params
@@ -856,7 +874,16 @@ impl Batch<'_> {
                             self.push_ranges(&spec, &ranges, &params, [gx, gy, gz])?;
                         }
                         None => {
-                            let spec = matvec_spec_fused(w.ty(), maxc, ms, None, glu, sg, kind);
+                            // No uniform window holds the columns (a whole
+                            // prompt's, in one dispatch): vec4 loads where
+                            // the layout allows.
+                            let x_offset = cols.x_offset + c0 * cols.x_stride;
+                            let src = if x_offset % 4 == 0 && cols.x_stride % 4 == 0 && k % 4 == 0 {
+                                XSrc::Storage4
+                            } else {
+                                XSrc::Storage
+                            };
+                            let spec = matvec_spec_fused(w.ty(), maxc, ms, src, glu, sg, kind);
                             self.push_ranges(&spec, &ranges, &params, [gx, gy, gz])?;
                         }
                     }
