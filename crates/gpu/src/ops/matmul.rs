@@ -191,7 +191,9 @@ pub enum MatmulKernel {
     Auto,
     /// One mat-vec dispatch per column.
     MatVec,
-    /// Small-N dispatches of up to 8 columns each.
+    /// The small-N kernel, up to 8 columns per workgroup: one dispatch per
+    /// 8 columns, or one for all of them in the one-thread-per-row shape
+    /// (column chunks along the grid's z).
     Small,
     /// The tiled kernel for any number of columns.
     Tiled,
