@@ -17,6 +17,9 @@
 // NORM = {{NORM}}: the activations are normed in a prologue
 // (common/xnorm_on.wgsl).
 //
+// NE = {{NE}}: after the residual add, the last workgroup norms the new
+// hidden state (common/norm_epi_on.wgsl).
+//
 // GLU = {{GLU}}: with an activation (silu, gelu_tanh) W is a stacked
 // [gate; up] weight of p.rows = 2 * half rows, RPT is 2, and a thread's two
 // rows are gate row r and up row r + half; it writes y[r] = act(gate) * up,
@@ -49,6 +52,7 @@ var<private> p: MatParams;
 #include "common/x_{{XSRC}}.wgsl"
 #include "common/xnorm_{{NORM}}.wgsl"
 #include "common/rope_epi_{{ROPE}}.wgsl"
+#include "common/norm_epi_{{NE}}.wgsl"
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
 #include "common/act.wgsl"
@@ -201,4 +205,5 @@ fn main(
             }
         }
     }
+    norm_epilogue(li, nwg.x * nwg.y);
 }

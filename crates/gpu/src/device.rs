@@ -218,6 +218,10 @@ pub struct GpuOptions {
     /// takes `LAMINA_GPU_NORM_PROLOGUE` (0 or 1) if set, else the device's
     /// default.
     pub norm_prologue: Option<bool>,
+    /// On a CPU-backed device, let the product before each RMSNorm run it
+    /// in its last workgroup ([`Gpu::norm_epilogue`]); `None` takes
+    /// `LAMINA_GPU_NORM_EPILOGUE` (0 or 1) if set, else on.
+    pub norm_epilogue: Option<bool>,
 }
 
 fn instance() -> wgpu::Instance {
@@ -270,6 +274,7 @@ pub struct Gpu {
     matvec: Option<crate::ops::MatvecShape>,
     lane_broadcast: bool,
     norm_prologue: bool,
+    norm_epilogue: bool,
     /// Per-kernel (dispatches, seconds) when `LAMINA_GPU_PROFILE` is set.
     pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
     /// Dispatches and submissions since the device was opened.
@@ -393,7 +398,8 @@ impl Gpu {
         // loads and its tree as coroutine switches in every workgroup: on
         // lavapipe, SmolLM2 decoding fell from 20.3-20.6 to 18.7-19.5
         // tokens/s and a 128-token prompt from 72-78 to 62-64 with it, so
-        // there the norms stay separate kernels. A barrier-free prologue
+        // there the last workgroup of the product before each norm runs it
+        // instead (ops::NormAfter), and prompts keep the separate kernels. A barrier-free prologue
         // (each subgroup of 8 computing the canonical partials itself and
         // joining them by subgroupBroadcast, the same bits) did no better:
         // 20.6-22.0 against 21.2-22.5 tokens/s, because all eight
@@ -414,6 +420,23 @@ impl Gpu {
             }
             (None, Err(_)) => info.device_type != "cpu",
         };
+        // Only where workgroups are threads sharing memory: see
+        // shaders/common/norm_epi_on.wgsl.
+        let norm_epilogue = info.device_type == "cpu"
+            && match (
+                opts.norm_epilogue,
+                std::env::var("LAMINA_GPU_NORM_EPILOGUE"),
+            ) {
+                (Some(on), _) => on,
+                (None, Ok(v)) if v == "0" || v == "1" => v == "1",
+                (None, Ok(v)) => {
+                    return Err(GpuError::RequestDevice {
+                        adapter: info.name.clone(),
+                        message: format!("LAMINA_GPU_NORM_EPILOGUE={v:?} is not 0 or 1"),
+                    })
+                }
+                (None, Err(_)) => true,
+            };
         let lane_broadcast = device.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && std::env::var_os("LAMINA_GPU_NO_LANE_BROADCAST").is_none();
@@ -428,6 +451,7 @@ impl Gpu {
             matvec,
             lane_broadcast,
             norm_prologue,
+            norm_epilogue,
             dispatched: Default::default(),
             submitted: Default::default(),
             profile: std::env::var_os("LAMINA_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
@@ -484,6 +508,12 @@ impl Gpu {
     /// small-N kernels: two dispatches fewer per block, the same bits.
     pub fn norm_prologue(&self) -> bool {
         self.norm_prologue
+    }
+
+    /// Whether a residual-add product may norm its result in its last
+    /// workgroup (`lamina_gpu::NormAfter`): CPU-backed devices only.
+    pub fn norm_epilogue(&self) -> bool {
+        self.norm_epilogue
     }
 
     /// The adapter this device was opened on.

@@ -49,6 +49,8 @@ sources!(
     "common/rope_rot.wgsl",
     "common/rope_epi_on.wgsl",
     "common/rope_epi_off.wgsl",
+    "common/norm_epi_on.wgsl",
+    "common/norm_epi_off.wgsl",
     "common/split.wgsl",
     "quant/k4_scales.wgsl",
     "quant/f32.wgsl",

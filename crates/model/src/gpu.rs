@@ -32,8 +32,8 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel, QkvLayout, Rope, RopeOut,
-    Tensor, TokenRow, TokenTable, Weight,
+    Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel, NormAfter, QkvLayout, Rope,
+    RopeOut, Tensor, TokenRow, TokenTable, Weight,
 };
 
 use crate::block::Block;
@@ -394,6 +394,8 @@ struct Scratch {
     ys: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
+    /// The norm epilogues' workgroup counter (lamina_gpu::NormAfter).
+    norm_count: Tensor,
 }
 
 impl<'a> HybridModel<'a> {
@@ -886,6 +888,8 @@ impl<'a> HybridModel<'a> {
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
+            // New buffers start zeroed, which is what the counter needs.
+            norm_count: t(1)?,
         })
     }
 
@@ -1131,7 +1135,11 @@ impl<'a> HybridModel<'a> {
     /// add + norm kernels, eight dispatches. One more for per-head norms
     /// or biases, one more for the activation when gate and up differ in
     /// type; RoPE and attention once per run of sequences whose caches
-    /// share buffers. Either way the same bits.
+    /// share buffers. Either way the same bits. On a CPU-backed device,
+    /// where the norm prologue costs more than it saves, a step of up to
+    /// eight tokens norms in the epilogues of o and down instead (their
+    /// last workgroup norms the new hidden state, [`NormAfter`]): five
+    /// dispatches, as with the prologue.
     #[allow(clippy::too_many_arguments)]
     fn record_layer(
         &self,
@@ -1213,8 +1221,8 @@ impl<'a> HybridModel<'a> {
             };
             let fuse = Fuse {
                 norm,
-                add: false,
                 rope: Some(out),
+                ..Fuse::default()
             };
             b.matmul_fused(w, qkv_in, &s.q, cols, fuse)?;
             let a = Attention {
@@ -1433,7 +1441,31 @@ impl<'a> HybridModel<'a> {
             b.matmul_fused(down, &s.a, cur, Columns::packed(n, down), add)?;
             return Ok(false);
         }
-        self.record_attn_out(b, il, l, s, cur, spare, n)?;
+        // On a CPU-backed device, up to eight columns: the residual adds in
+        // the epilogues of o and down, each followed by the norm of the new
+        // hidden state in its last workgroup (two dispatches fewer).
+        let norm_after = l.post_attn_norm.is_none()
+            && l.post_ffn_norm.is_none()
+            && b.norm_epilogue_fuses(&l.wo, n)
+            && b.norm_epilogue_fuses(down, n);
+        let add_norm = |weight, out| Fuse {
+            add: true,
+            norm_after: Some(NormAfter {
+                weight,
+                eps: blk.eps,
+                out,
+                counter: &s.norm_count,
+            }),
+            ..Fuse::default()
+        };
+        if norm_after {
+            let cols = Columns::packed(n, &l.wo);
+            b.matmul_fused(&l.wo, &s.attn, cur, cols, add_norm(&l.ffn_norm, &s.h))?;
+        } else {
+            self.record_attn_out(b, il, l, s, cur, spare, n)?;
+        }
+        // The hidden state after the attention block.
+        let sum = if norm_after { cur } else { spare };
         match &gate_up.parts[..] {
             // One weight: the activation in the mat-vec's epilogue.
             [w] => b.matmul_glu(w, &s.h, &s.gu, &s.a, n, gate)?,
@@ -1442,9 +1474,14 @@ impl<'a> HybridModel<'a> {
                 b.glu_stacked(&s.gu, &s.a, c.n_ff, gate)?;
             }
         }
+        if norm_after {
+            let cols = Columns::packed(n, down);
+            b.matmul_fused(down, &s.a, sum, cols, add_norm(next_norm, &s.h))?;
+            return Ok(true);
+        }
         b.matmul(down, &s.a, &s.o, n)?;
         let post = l.post_ffn_norm.as_ref();
-        b.add_rms_norm(spare, &s.o, post, next_norm, cur, &s.h, e, blk.eps)?;
+        b.add_rms_norm(sum, &s.o, post, next_norm, cur, &s.h, e, blk.eps)?;
         Ok(true)
     }
 

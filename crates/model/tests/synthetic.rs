@@ -644,22 +644,28 @@ fn gemma3_with_a_sliding_window_runs_the_same_on_cpu_and_gpu() {
 }
 
 /// The blocks whose norms fold into their products (the norm prologue and
-/// add epilogue of the mat-vec kernels) give the bits of the blocks that
-/// run them as separate kernels: a prompt of five columns (small-N) and
-/// decode steps, every architecture (gemma3's post-norms keep the separate
-/// kernels either way), every layer offloaded and only some.
+/// add epilogue of the mat-vec kernels, or on a CPU-backed device the norm
+/// epilogue of the product before each norm) give the bits of the blocks
+/// that run them as separate kernels: a prompt of five columns (small-N)
+/// and decode steps, every architecture (gemma3's post-norms keep the
+/// separate kernels either way), every layer offloaded and only some.
 #[test]
 fn folded_norms_give_the_bits_of_separate_norm_kernels() {
-    let open_gpu = |on| {
+    let open_gpu = |prologue, epilogue| {
         Arc::new(
             Gpu::new(GpuOptions {
-                norm_prologue: Some(on),
+                norm_prologue: Some(prologue),
+                norm_epilogue: Some(epilogue),
                 ..GpuOptions::default()
             })
             .unwrap(),
         )
     };
-    let (folded, separate) = (open_gpu(true), open_gpu(false));
+    let (folded, after, separate) = (
+        open_gpu(true, false),
+        open_gpu(false, true),
+        open_gpu(false, false),
+    );
     for (arch, gate_q8) in [
         ("llama", true),
         ("llama", false),
@@ -672,11 +678,13 @@ fn folded_norms_give_the_bits_of_separate_norm_kernels() {
             ..Spec::new(arch)
         });
         for ngl in [LAYERS + 1, 2] {
-            let a = hybrid_logits_on(&file, ngl, folded.clone());
             let b = hybrid_logits_on(&file, ngl, separate.clone());
-            assert_eq!(a.len(), b.len());
-            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{arch} -ngl {ngl}: folded norms change the logits");
+            for (how, gpu) in [("folded", &folded), ("epilogue", &after)] {
+                let a = hybrid_logits_on(&file, ngl, gpu.clone());
+                assert_eq!(a.len(), b.len());
+                let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{arch} -ngl {ngl}: {how} norms change the logits");
+            }
         }
     }
     // And the folding happened: fewer dispatches per decode step.
@@ -689,8 +697,12 @@ fn folded_norms_give_the_bits_of_separate_norm_kernels() {
         hybrid_logits_on(&file, LAYERS + 1, gpu.clone());
         gpu.counters().0 - before
     };
-    let (f, s) = (count(folded), count(separate));
+    let cpu_backed = after.norm_epilogue();
+    let (f, e, s) = (count(folded), count(after), count(separate));
     assert!(f < s, "folded {f} dispatches, separate {s}");
+    if cpu_backed {
+        assert!(e < s, "norm epilogues {e} dispatches, separate {s}");
+    }
 }
 
 #[test]

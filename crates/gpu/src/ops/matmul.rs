@@ -237,6 +237,22 @@ pub struct Fuse<'t> {
     /// The product is a stacked QKV product: RoPE and the cache writes in
     /// its epilogue ([`RopeOut`]); `y` receives the rotated queries.
     pub rope: Option<RopeOut<'t>>,
+    /// After the residual add (`add`), the whole new hidden state in `y`
+    /// is RMS-normed into another tensor, as [`Batch::add_rms_norm`] norms
+    /// it ([`NormAfter`]; only where [`Batch::norm_epilogue_fuses`]).
+    pub norm_after: Option<NormAfter<'t>>,
+}
+
+/// The RMSNorm epilogue of a residual-add product
+/// (`shaders/common/norm_epi_on.wgsl`): `out[c] = rms_norm(y[c]) * weight`
+/// for each column, with `eps`; `counter` is a zeroed tensor of at least
+/// one element that only these epilogues use (they leave it zeroed).
+#[derive(Clone, Copy, Debug)]
+pub struct NormAfter<'t> {
+    pub weight: &'t Tensor,
+    pub eps: f32,
+    pub out: &'t Tensor,
+    pub counter: &'t Tensor,
 }
 
 /// Where a stacked QKV product's RoPE epilogue puts keys and values, with
@@ -258,6 +274,7 @@ impl Fuse<'_> {
             norm: self.norm.is_some(),
             add: self.add,
             rope: self.rope.map(|r| r.layout.kv),
+            norm_after: self.norm_after.is_some(),
         }
     }
 }
@@ -304,6 +321,8 @@ pub(crate) struct FuseKind {
     pub add: bool,
     /// A RoPE epilogue, into caches of this element type.
     pub rope: Option<KvElem>,
+    /// An RMSNorm epilogue (one-thread-per-row kernel only).
+    pub norm_after: bool,
 }
 
 /// [`matvec_spec`] with a norm prologue and / or an add epilogue.
@@ -326,17 +345,27 @@ pub(crate) fn matvec_spec_fused(
     };
     let wgmem = if fuse.norm {
         shape.wgmem(maxc).max(NORM_PARTIALS * maxc as u32)
+    } else if fuse.norm_after {
+        shape.wgmem(maxc).max(NORM_PARTIALS)
     } else {
         shape.wgmem(maxc)
     };
     // After the weight's bindings: the norm weight, then the caches and the
     // token table of the RoPE epilogue.
     let n_bind = quant::weight_bindings(ty) + usize::from(fuse.norm);
-    let extra = usize::from(fuse.norm) + 3 * usize::from(fuse.rope.is_some());
+    let extra = usize::from(fuse.norm)
+        + 3 * usize::from(fuse.rope.is_some())
+        + 3 * usize::from(fuse.norm_after);
+    // The norm epilogue's weight, output and counter after those.
+    let eb = n_bind + 3 * usize::from(fuse.rope.is_some());
     let spec = quant::weight_defs_with(KernelSpec::new(file), ty, extra)
         .def("KB", n_bind.to_string())
         .def("VB", (n_bind + 1).to_string())
         .def("TB", (n_bind + 2).to_string())
+        .def("NE", if fuse.norm_after { "on" } else { "off" })
+        .def("EB", eb.to_string())
+        .def("EB1", (eb + 1).to_string())
+        .def("EB2", (eb + 2).to_string())
         .def("MAXC", maxc.to_string())
         .def("TPR", shape.tpr.to_string())
         .def("RPT", shape.rpt.to_string())
@@ -405,7 +434,22 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                 // The f16-cache variants need SHADER_F16: the f16 kernel
                 // validation test builds those.
                 let rope = rope.then_some(KvElem::F32);
-                let fuse = FuseKind { norm, add, rope };
+                let fuse = FuseKind {
+                    norm,
+                    add,
+                    rope,
+                    norm_after: false,
+                };
+                for x in [XSrc::Storage, XSrc::Storage4, XSrc::Uniform(64)] {
+                    v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
+                }
+            }
+            if shape.tpr == 1 && shape.wg == NORM_PARTIALS {
+                let fuse = FuseKind {
+                    add: true,
+                    norm_after: true,
+                    ..FuseKind::default()
+                };
                 for x in [XSrc::Storage, XSrc::Storage4, XSrc::Uniform(64)] {
                     v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
                 }
@@ -449,8 +493,8 @@ pub(crate) fn rope_f16_specs() -> Vec<KernelSpec> {
                     for norm in [false, true] {
                         let fuse = FuseKind {
                             norm,
-                            add: false,
                             rope: Some(KvElem::F16),
+                            ..FuseKind::default()
                         };
                         let x = XSrc::Storage;
                         v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
@@ -600,6 +644,20 @@ impl Batch<'_> {
             && w.rows() % 2 == 0
     }
 
+    /// Whether a residual-add product of `w` over `n` columns can norm its
+    /// result in its epilogue ([`Fuse::norm_after`]): a CPU-backed device
+    /// (see `shaders/common/norm_epi_on.wgsl` for why only there), the
+    /// one-thread-per-row kernel in its 64-invocation shape, the weight in
+    /// one binding and the columns in one dispatch.
+    pub fn norm_epilogue_fuses(&self, w: &Weight, n: usize) -> bool {
+        let s = MatvecShape::choose(self.gpu, w.cols().div_ceil(32));
+        self.gpu.norm_epilogue()
+            && s.tpr == 1
+            && s.wg == NORM_PARTIALS
+            && w.chunks.len() == 1
+            && (1..=MAX_SMALL_COLS).contains(&n)
+    }
+
     /// A CPU-backed device runs the one-thread-per-row small-N kernel faster
     /// than the tiled one at any width (its activation loads are uniform,
     /// the tiled kernel's are per lane): measured 1.3-1.4x on SmolLM2's
@@ -734,6 +792,35 @@ impl Batch<'_> {
             Self::distinct(OP, kc, &[x, vc, r.table.gpu])?;
             Self::distinct(OP, vc, &[x, r.table.gpu])?;
         }
+        if let Some(na) = &fuse.norm_after {
+            let rows = w.rows();
+            if !self.norm_epilogue_fuses(w, cols.n)
+                || !fuse.add
+                || fuse.norm.is_some()
+                || fuse.rope.is_some()
+                || glu.is_some()
+                || !matches!(
+                    kernel,
+                    MatmulKernel::Auto | MatmulKernel::MatVec | MatmulKernel::Small
+                )
+                || forced.is_some_and(|s| s.tpr != 1 || s.wg != NORM_PARTIALS)
+                || na.weight.len() != rows
+                || na.out.len() < cols.n * rows
+                || na.counter.len() == 0
+            {
+                return Err(shape(
+                    OP,
+                    format!(
+                        "a norm epilogue needs a CPU-backed device, at most {MAX_SMALL_COLS} \
+                         columns, one binding, the residual add and nothing else fused, a \
+                         weight of {rows} and an output of {} values",
+                        cols.n * rows
+                    ),
+                ));
+            }
+            Self::distinct(OP, na.out, &[x, y, na.weight, na.counter])?;
+            Self::distinct(OP, na.counter, &[x, y, na.weight])?;
+        }
         // A GLU writes one value per gate row, a RoPE epilogue the queries.
         let k = w.cols();
         let rows = match (&fuse.rope, glu) {
@@ -800,7 +887,11 @@ impl Batch<'_> {
                     x_stride: cols.x_stride as u32,
                     y_offset: (cols.y_offset + c0 * cols.y_stride) as u32,
                     y_stride: cols.y_stride as u32,
-                    eps: fuse.norm.map_or(0.0, |(_, eps)| eps),
+                    eps: match (fuse.norm, &fuse.norm_after) {
+                        (Some((_, eps)), _) => eps,
+                        (None, Some(na)) => na.eps,
+                        (None, None) => 0.0,
+                    },
                     ..MatParams::default()
                 };
                 let params = match &fuse.rope {
@@ -836,6 +927,11 @@ impl Batch<'_> {
                     ranges.push((&r.k_cache.buf, 0, None));
                     ranges.push((&r.v_cache.buf, 0, None));
                     ranges.push((&r.table.gpu.buf, 0, None));
+                }
+                if let Some(na) = &fuse.norm_after {
+                    ranges.push((&na.weight.buf, 0, None));
+                    ranges.push((&na.out.buf, 0, None));
+                    ranges.push((&na.counter.buf, 0, None));
                 }
                 if kernel == MatmulKernel::Tiled {
                     debug_assert!(glu.is_none(), "the tiled kernel has no GLU epilogue");

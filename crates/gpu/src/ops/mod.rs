@@ -22,7 +22,9 @@ pub(crate) use fused::{f16_cache_specs, fused_specs};
 pub use fused::{Gate, KvElem, QkvLayout};
 #[cfg(test)]
 pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
-pub use matmul::{Columns, Fuse, MatmulKernel, MatvecShape, RopeOut, LANES, MAX_SMALL_COLS};
+pub use matmul::{
+    Columns, Fuse, MatmulKernel, MatvecShape, NormAfter, RopeOut, LANES, MAX_SMALL_COLS,
+};
 
 use std::sync::Arc;
 

@@ -697,6 +697,7 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
                         table,
                         first,
                     }),
+                    norm_after: None,
                 };
                 let cols = Columns {
                     n,
@@ -719,6 +720,77 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
                 same(&format!("{what}: key cache"), &bits(gpu, &kc2), &want[1]);
                 same(&format!("{what}: value cache"), &bits(gpu, &vc2), &want[2]);
             }
+        }
+    }
+}
+
+#[test]
+fn norm_epilogue_equals_add_then_add_rms_norm() {
+    use lamina_gpu::{Fuse, NormAfter};
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(0x4e1);
+    let eps = 1e-6;
+    // More rows than one workgroup holds (128 on a CPU-backed device), and
+    // row counts that leave the last workgroup part empty.
+    for (ty, rows, k) in [
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q8_0, 200, 1536),
+        (GgmlType::Q4K, 130, 512),
+    ] {
+        let data = common::random_weight(&mut rng, ty, rows, k);
+        let w = gpu.upload_weight(ty, rows, k, &data).unwrap();
+        let nw = gpu.upload_f32(&rng.vec(rows)).unwrap();
+        let counter = gpu.tensor(1).unwrap();
+        for n in [1, 3, 8, 9] {
+            let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
+            let base = rng.vec(n * rows);
+            let fuse = |out| Fuse {
+                add: true,
+                norm_after: Some(NormAfter {
+                    weight: &nw,
+                    eps,
+                    out,
+                    counter: &counter,
+                }),
+                ..Fuse::default()
+            };
+            let cols = Columns::packed(n, &w);
+            let (y, out) = (
+                gpu.upload_f32(&base).unwrap(),
+                common::poisoned(gpu, n * rows),
+            );
+            let mut b = gpu.batch();
+            if !b.norm_epilogue_fuses(&w, n) {
+                // A hardware GPU, or too many columns for one dispatch.
+                assert!(b.matmul_fused(&w, &x, &y, cols, fuse(&out)).is_err());
+                continue;
+            }
+            // The separate kernels: product, then add + norm.
+            let (p, want_sum, want_h) = (
+                common::poisoned(gpu, n * rows),
+                common::poisoned(gpu, n * rows),
+                common::poisoned(gpu, n * rows),
+            );
+            let bt = gpu.upload_f32(&base).unwrap();
+            b.matmul(&w, &x, &p, n).unwrap();
+            b.add_rms_norm(&bt, &p, None, &nw, &want_sum, &want_h, rows, eps)
+                .unwrap();
+            // Twice, back to back: the first must leave the counter zeroed
+            // for the second.
+            let (y2, out2) = (
+                gpu.upload_f32(&base).unwrap(),
+                common::poisoned(gpu, n * rows),
+            );
+            b.matmul_fused(&w, &x, &y, cols, fuse(&out)).unwrap();
+            b.matmul_fused(&w, &x, &y2, cols, fuse(&out2)).unwrap();
+            b.submit().unwrap();
+            let what = format!("{ty} {rows}x{k} n {n}");
+            let (want_sum, want_h) = (bits(gpu, &want_sum), bits(gpu, &want_h));
+            same(&format!("sum {what}"), &bits(gpu, &y), &want_sum);
+            same(&format!("norm {what}"), &bits(gpu, &out), &want_h);
+            same(&format!("sum again {what}"), &bits(gpu, &y2), &want_sum);
+            same(&format!("norm again {what}"), &bits(gpu, &out2), &want_h);
+            assert_eq!(gpu.read_u32(&counter).unwrap()[0], 0, "{what}");
         }
     }
 }
