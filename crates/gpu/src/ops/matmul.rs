@@ -806,7 +806,7 @@ impl Batch<'_> {
                 || forced.is_some_and(|s| s.tpr != 1 || s.wg != NORM_PARTIALS)
                 || na.weight.len() != rows
                 || na.out.len() < cols.n * rows
-                || na.counter.len() == 0
+                || na.counter.is_empty()
             {
                 return Err(shape(
                     OP,
