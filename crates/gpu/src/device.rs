@@ -244,6 +244,26 @@ pub fn list_adapters() -> Vec<AdapterInfo> {
         .collect()
 }
 
+/// An on/off choice: the option if the caller set it, else the
+/// environment variable `var` (0 or 1; anything else is an error), else
+/// `default`.
+fn switch(
+    opt: Option<bool>,
+    var: &str,
+    default: bool,
+    info: &AdapterInfo,
+) -> Result<bool, GpuError> {
+    match (opt, std::env::var(var)) {
+        (Some(on), _) => Ok(on),
+        (None, Ok(v)) if v == "0" || v == "1" => Ok(v == "1"),
+        (None, Ok(v)) => Err(GpuError::RequestDevice {
+            adapter: info.name.clone(),
+            message: format!("{var}={v:?} is not 0 or 1"),
+        }),
+        (None, Err(_)) => Ok(default),
+    }
+}
+
 pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     pollster::block_on(f)
 }
@@ -399,44 +419,24 @@ impl Gpu {
         // lavapipe, SmolLM2 decoding fell from 20.3-20.6 to 18.7-19.5
         // tokens/s and a 128-token prompt from 72-78 to 62-64 with it, so
         // there the last workgroup of the product before each norm runs it
-        // instead (ops::NormAfter), and prompts keep the separate kernels. A barrier-free prologue
-        // (each subgroup of 8 computing the canonical partials itself and
-        // joining them by subgroupBroadcast, the same bits) did no better:
+        // instead (ops::NormAfter), and prompts keep the separate kernels.
+        // A barrier-free prologue (each subgroup of 8 computing the
+        // canonical partials itself and joining them by subgroupBroadcast,
+        // the same bits) did no better:
         // 20.6-22.0 against 21.2-22.5 tokens/s, because all eight
         // subgroups of every workgroup repeat the K loads, which lavapipe
         // gathers lane by lane (+140 us per gate/up dispatch, about what
         // the separate norm dispatch costs).
-        let norm_prologue = match (
+        let norm_prologue = switch(
             opts.norm_prologue,
-            std::env::var("LAMINA_GPU_NORM_PROLOGUE"),
-        ) {
-            (Some(on), _) => on,
-            (None, Ok(v)) if v == "0" || v == "1" => v == "1",
-            (None, Ok(v)) => {
-                return Err(GpuError::RequestDevice {
-                    adapter: info.name.clone(),
-                    message: format!("LAMINA_GPU_NORM_PROLOGUE={v:?} is not 0 or 1"),
-                })
-            }
-            (None, Err(_)) => info.device_type != "cpu",
-        };
+            "LAMINA_GPU_NORM_PROLOGUE",
+            info.device_type != "cpu",
+            &info,
+        )?;
         // Only where workgroups are threads sharing memory: see
         // shaders/common/norm_epi_on.wgsl.
         let norm_epilogue = info.device_type == "cpu"
-            && match (
-                opts.norm_epilogue,
-                std::env::var("LAMINA_GPU_NORM_EPILOGUE"),
-            ) {
-                (Some(on), _) => on,
-                (None, Ok(v)) if v == "0" || v == "1" => v == "1",
-                (None, Ok(v)) => {
-                    return Err(GpuError::RequestDevice {
-                        adapter: info.name.clone(),
-                        message: format!("LAMINA_GPU_NORM_EPILOGUE={v:?} is not 0 or 1"),
-                    })
-                }
-                (None, Err(_)) => true,
-            };
+            && switch(opts.norm_epilogue, "LAMINA_GPU_NORM_EPILOGUE", true, &info)?;
         let lane_broadcast = device.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && std::env::var_os("LAMINA_GPU_NO_LANE_BROADCAST").is_none();
