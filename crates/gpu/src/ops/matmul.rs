@@ -506,6 +506,13 @@ pub(crate) fn rope_f16_specs() -> Vec<KernelSpec> {
     v
 }
 
+/// Whether the columns from `c0` on start, step and end on whole vec4s of
+/// `x` (their `k` values each), so a kernel may read them as vec4s.
+fn vec4_columns(cols: &Columns, c0: usize, k: usize) -> bool {
+    let x_offset = cols.x_offset + c0 * cols.x_stride;
+    x_offset % 4 == 0 && cols.x_stride % 4 == 0 && k % 4 == 0
+}
+
 /// The uniform activation window for a mat-vec dispatch reading `span`
 /// values from element `x_offset` of `x`: (byte offset, vec4 count, the
 /// first value's index within the window). `None` when the activations must
@@ -519,10 +526,10 @@ fn uniform_window(
     nc: usize,
     k: usize,
 ) -> Option<(u64, u64, u32)> {
-    let x_offset = cols.x_offset + c0 * cols.x_stride;
-    if x_offset % 4 != 0 || cols.x_stride % 4 != 0 || k % 4 != 0 {
+    if !vec4_columns(cols, c0, k) {
         return None;
     }
+    let x_offset = cols.x_offset + c0 * cols.x_stride;
     let align = u64::from(gpu.limits().min_uniform_buffer_offset_alignment.max(16));
     let start = (x_offset as u64 * 4) / align * align;
     let rem = x_offset as u64 * 4 - start;
@@ -975,8 +982,7 @@ impl Batch<'_> {
                             // No uniform window holds the columns (a whole
                             // prompt's, in one dispatch): vec4 loads where
                             // the layout allows.
-                            let x_offset = cols.x_offset + c0 * cols.x_stride;
-                            let src = if x_offset % 4 == 0 && cols.x_stride % 4 == 0 && k % 4 == 0 {
+                            let src = if vec4_columns(&cols, c0, k) {
                                 XSrc::Storage4
                             } else {
                                 XSrc::Storage
