@@ -97,6 +97,7 @@ sources!(
     "add_rows.wgsl",
     "attention.wgsl",
     "attention_combine.wgsl",
+    "attention_lanes.wgsl",
     "add_rms_norm.wgsl",
     "glu_split.wgsl",
     "head_norm.wgsl",
@@ -357,6 +358,10 @@ mod tests {
             }
         }
         assert!(n > 60, "{n} kernels");
+        // And the prompt attention with its tokens across the lanes.
+        for spec in crate::ops::attention_lanes_specs() {
+            validate(&spec, wgpu::Features::SUBGROUP);
+        }
     }
 
     #[test]

@@ -140,6 +140,15 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
     .collect()
 }
 
+/// The lanes attention over f32 caches (it needs `SUBGROUP`; the f16
+/// variants are in [`attention_f16_specs`]).
+#[cfg(test)]
+pub(crate) fn attention_lanes_specs() -> Vec<KernelSpec> {
+    [32, 64, 96, 128]
+        .map(|hd| attention_lanes_spec(hd, KvElem::F32))
+        .to_vec()
+}
+
 /// The attention variants over f16 caches (they need `SHADER_F16`).
 #[cfg(test)]
 pub(crate) fn attention_f16_specs() -> Vec<KernelSpec> {
@@ -150,6 +159,7 @@ pub(crate) fn attention_f16_specs() -> Vec<KernelSpec> {
                 .filter(move |&g| attention_shared(g, hd) <= ATTN_SHARED_VALUES)
                 .map(move |g| attention_spec(g, hd, KvElem::F16))
         })
+        .chain([64, 128].map(|hd| attention_lanes_spec(hd, KvElem::F16)))
         .collect()
 }
 
@@ -190,6 +200,27 @@ fn attention_spec(heads: usize, head_dim: usize, kv: KvElem) -> KernelSpec {
         .def("ES", (heads * ATTN_CHUNK).to_string())
         .def("RED", (heads * ATTN_WG).to_string())
 }
+
+/// `shaders/attention_lanes.wgsl`, for heads of `head_dim`.
+fn attention_lanes_spec(head_dim: usize, kv: KvElem) -> KernelSpec {
+    KernelSpec::new("attention_lanes.wgsl")
+        .def("KV", kv.wgsl())
+        .def("KV_ENABLE", kv.enable())
+        .def("HD", head_dim.to_string())
+        .def("C", ATTN_CHUNK.to_string())
+}
+
+/// Head sizes the lanes kernel takes: eight lanes load a row in whole
+/// vec4s, and at least two value lanes (attention.wgsl's R) keep a lane's
+/// sums small.
+fn lanes_head_dim(head_dim: usize) -> bool {
+    head_dim % 32 == 0 && head_dim <= 128
+}
+
+/// Fewest tokens in a step for the lanes kernel: below, a subgroup's lanes
+/// would be mostly idle, and decoding steps (a token per sequence) keep
+/// attention.wgsl, whose lanes are positions.
+const LANES_MIN_TOKENS: usize = 16;
 
 fn attention_combine_spec() -> KernelSpec {
     KernelSpec::new("attention_combine.wgsl").def("C", ATTN_CHUNK.to_string())
@@ -668,6 +699,8 @@ impl Batch<'_> {
         if a.n_tokens == 0 || a.n_head == 0 {
             return Ok(());
         }
+        let lanes =
+            self.gpu.attn_lanes() && a.n_tokens >= LANES_MIN_TOKENS && lanes_head_dim(a.head_dim);
         let heads = heads_per_wg(
             a.n_tokens,
             a.n_head,
@@ -676,7 +709,12 @@ impl Batch<'_> {
             chunks,
             attention_min_wgs(self.gpu),
         );
-        let groups = to_u32(OP, "workgroups", a.n_tokens * a.n_head / heads * chunks)?;
+        let groups = if lanes {
+            a.n_tokens.div_ceil(ATTN_WG) * a.n_head
+        } else {
+            a.n_tokens * a.n_head / heads * chunks
+        };
+        let groups = to_u32(OP, "workgroups", groups)?;
         to_u32(OP, "scratch", scratch.len())?;
         to_u32(OP, "cache", a.kv.values(k.len().min(v.len())))?;
         to_u32(OP, "q", q_len)?;
@@ -699,8 +737,13 @@ impl Batch<'_> {
             _pad: [0; 2],
         };
         let (gx, gy) = self.gpu.grid(groups);
+        let spec = if lanes {
+            attention_lanes_spec(a.head_dim, a.kv)
+        } else {
+            attention_spec(heads, a.head_dim, a.kv)
+        };
         self.push(
-            &attention_spec(heads, a.head_dim, a.kv),
+            &spec,
             &[
                 (&q.buf, None),
                 (&k.buf, None),

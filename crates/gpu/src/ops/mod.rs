@@ -15,7 +15,7 @@ mod fused;
 pub mod matmul;
 
 #[cfg(test)]
-pub(crate) use elementwise::elementwise_specs;
+pub(crate) use elementwise::{attention_lanes_specs, elementwise_specs};
 pub use elementwise::{attention_scratch_len, Attention, Rope, TokenRow, TokenTable, ATTN_CHUNK};
 #[cfg(test)]
 pub(crate) use fused::{f16_cache_specs, fused_specs};

@@ -561,3 +561,116 @@ fn bias_rows_and_copies() {
     let y = gpu.tensor(10).unwrap();
     assert!(gpu.batch().copy(&xt, 0, &y, 5, 6).is_err());
 }
+
+/// A prompt's attention (16 tokens or more: on a CPU-backed device the
+/// kernel with its tokens across the lanes, shaders/attention_lanes.wgsl)
+/// gives every token the bits it gets alone (attention.wgsl, its lanes the
+/// positions): head sizes 32 to 128, grouped heads, windows, tokens with one
+/// chunk and with several in one step, steps that interleave two sequences
+/// (subgroups whose lanes read different rows), and f16 caches.
+#[test]
+fn a_prompts_attention_equals_each_token_alone() {
+    use lamina_gpu::{TokenRow, TokenTable};
+    let (_turn, gpu) = common::gpu();
+    if !gpu.attn_lanes() {
+        eprintln!("note: this device runs attention.wgsl for prompts too");
+    }
+    let mut rng = Rng::new(31);
+    // (head_dim, n_head, n_kv_head, window, f16, [(first position, tokens)]
+    // of each sequence, in the order their tokens sit in the step).
+    type Case = (usize, usize, usize, usize, bool, &'static [(usize, usize)]);
+    let cases: [Case; 6] = [
+        (64, 9, 3, 0, false, &[(0, 40)]),
+        (64, 4, 2, 0, true, &[(230, 45)]),
+        (32, 2, 1, 100, false, &[(280, 17)]),
+        (96, 3, 3, 0, false, &[(5, 16)]),
+        (128, 4, 1, 0, true, &[(0, 10), (3, 12), (13, 9)]),
+        (64, 6, 2, 0, false, &[(250, 11), (0, 23)]),
+    ];
+    for (hd, n_head, n_kv_head, window, f16, seqs) in cases {
+        if f16 && !gpu.has_f16() {
+            continue;
+        }
+        let kvd = n_kv_head * hd;
+        // Each sequence's rows: its own stretch of the caches, room for 600
+        // positions.
+        let span = 600;
+        let mut host = Vec::new();
+        for (s, &(first, n)) in seqs.iter().enumerate() {
+            for p in first..first + n {
+                host.push(TokenRow {
+                    row: (s * span + p) as u32,
+                    pos: p as u32,
+                });
+            }
+        }
+        let n_tokens = host.len();
+        let kv_len = seqs.iter().map(|&(f, n)| f + n).max().unwrap_or(0);
+        let rows = seqs.len() * span;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let q: Vec<f32> = rng
+            .vec(n_tokens * n_head * hd)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
+        let round = |x: Vec<f32>| -> Vec<f32> {
+            x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+        };
+        let (k, v) = (round(rng.vec(rows * kvd)), round(rng.vec(rows * kvd)));
+        let kv = if f16 { KvElem::F16 } else { KvElem::F32 };
+        let caches = |x: &[f32]| -> Tensor {
+            if !f16 {
+                return gpu.upload_f32(x).unwrap();
+            }
+            let words: Vec<u32> = x
+                .chunks(2)
+                .map(|p| {
+                    let lo = half::f16::from_f32(p[0]).to_bits() as u32;
+                    lo | (half::f16::from_f32(p[1]).to_bits() as u32) << 16
+                })
+                .collect();
+            gpu.upload_u32(&words).unwrap()
+        };
+        let (kt, vt) = (caches(&k), caches(&v));
+        let qt = gpu.upload_f32(&q).unwrap();
+        let flat: Vec<u32> = host.iter().flat_map(|e| [e.row, e.pos]).collect();
+        let tab = gpu.upload_u32(&flat).unwrap();
+        let table = TokenTable {
+            host: &host,
+            gpu: &tab,
+        };
+        let scores = common::poisoned(gpu, attention_scratch_len(n_tokens, n_head, hd, kv_len));
+        let a = Attention {
+            n_tokens,
+            n_head,
+            n_kv_head,
+            head_dim: hd,
+            pos0: 0,
+            window,
+            scale,
+            kv,
+            ring: 0,
+        };
+        let step = run(gpu, q.len(), |b, y| {
+            b.attention_rows(&qt, &kt, &vt, &scores, y, &a, table, 0)
+                .unwrap()
+        });
+        let alone = run(gpu, q.len(), |b, y| {
+            for t in 0..n_tokens {
+                let one = Attention { n_tokens: 1, ..a };
+                b.attention_rows(&qt, &kt, &vt, &scores, y, &one, table, t)
+                    .unwrap();
+            }
+        });
+        let what =
+            format!("head {hd}, {n_head}/{n_kv_head} heads, window {window}, f16 {f16}, {seqs:?}");
+        assert!(
+            alone.iter().all(|x| x.is_finite()),
+            "{what}: unwritten outputs"
+        );
+        let diff = (0..q.len())
+            .filter(|&i| step[i].to_bits() != alone[i].to_bits())
+            .count();
+        assert_eq!(diff, 0, "{what}: {diff} of {} outputs differ", q.len());
+    }
+}
