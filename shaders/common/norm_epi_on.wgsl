@@ -37,25 +37,19 @@ fn norm_epilogue(li: u32, n_wg: u32) {
         return;
     }
     let dim = p.rows;
-    // The workgroup may have more than RMS_P invocations (a balanced
-    // shape, MatvecShape::balanced): the first RMS_P compute the canonical
-    // partials, every invocation stores.
-    let part = li < RMS_P;
     for (var c = 0u; c < p.ncols; c++) {
         let base = p.y_offset + c * p.y_stride;
-        if (part) {
-            var t = 0.0;
-            for (var i = li; i < dim; i += RMS_P) {
-                let v = y[base + i];
-                t = fma(v, v, t);
-            }
-            rms_red[li] = t;
+        var t = 0.0;
+        for (var i = li; i < dim; i += RMS_P) {
+            let v = y[base + i];
+            t = fma(v, v, t);
         }
+        rms_red[li] = t;
         rms_tree(li, 1u);
         let scale = rms_scale(0u, dim, p.eps);
         // Every invocation has read the root before `rms_red` is reused.
         workgroupBarrier();
-        for (var i = li; i < dim; i += WG) {
+        for (var i = li; i < dim; i += RMS_P) {
             ne_out[c * dim + i] = (y[base + i] * scale) * ne_w[i];
         }
     }

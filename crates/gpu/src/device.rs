@@ -224,19 +224,6 @@ pub struct GpuOptions {
     pub norm_epilogue: Option<bool>,
 }
 
-/// The threads a CPU-backed device runs workgroups on. llvmpipe (lavapipe)
-/// starts one per CPU this process may run on, or `LP_NUM_THREADS` (0: the
-/// submitting thread alone); SwiftShader also one per CPU. A guess only
-/// steers how rows are split into workgroups, never the results.
-fn cpu_workers() -> u32 {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let n = std::env::var("LP_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(cpus);
-    n.clamp(1, 256) as u32
-}
-
 fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
@@ -308,8 +295,6 @@ pub struct Gpu {
     lane_broadcast: bool,
     norm_prologue: bool,
     norm_epilogue: bool,
-    /// CPU-backed devices: the threads that run its workgroups.
-    workers: Option<u32>,
     attn_lanes: bool,
     /// Per-kernel (dispatches, seconds) when `LAMINA_GPU_PROFILE` is set.
     pub(crate) profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -456,7 +441,6 @@ impl Gpu {
         let lane_broadcast = device.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8
             && std::env::var_os("LAMINA_GPU_NO_LANE_BROADCAST").is_none();
-        let workers = (info.device_type == "cpu").then(cpu_workers);
         // See shaders/attention_lanes.wgsl: a prompt's attention with its
         // tokens across the SIMD lanes, where loads are lane by lane.
         let attn_lanes = info.device_type == "cpu"
@@ -474,7 +458,6 @@ impl Gpu {
             lane_broadcast,
             norm_prologue,
             norm_epilogue,
-            workers,
             attn_lanes,
             dispatched: Default::default(),
             submitted: Default::default(),
@@ -538,14 +521,6 @@ impl Gpu {
     /// workgroup (`lamina_gpu::NormAfter`): CPU-backed devices only.
     pub fn norm_epilogue(&self) -> bool {
         self.norm_epilogue
-    }
-
-    /// On a CPU-backed device, how many threads run its workgroups
-    /// (`None` on a hardware GPU): the one-thread-per-row kernels size their
-    /// workgroups so that each thread gets the same number
-    /// (`MatvecShape::balanced`).
-    pub fn cpu_workers(&self) -> Option<u32> {
-        self.workers
     }
 
     /// Whether a prompt's attention may run with one invocation per

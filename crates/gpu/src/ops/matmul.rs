@@ -80,18 +80,11 @@ pub struct MatvecShape {
 impl MatvecShape {
     /// Every shape the runtime may pick (validated by the shader test and
     /// compared bit for bit by the invariance test).
-    pub const CANDIDATES: [MatvecShape; 5] = [
+    pub const CANDIDATES: [MatvecShape; 4] = [
         MatvecShape {
             tpr: 1,
             rpt: 2,
             wg: 64,
-        },
-        // One thread per row in a workgroup grown by `balanced` (SmolLM2's
-        // 576 rows in four workgroups instead of five).
-        MatvecShape {
-            tpr: 1,
-            rpt: 2,
-            wg: 72,
         },
         MatvecShape {
             tpr: 8,
@@ -154,34 +147,6 @@ impl MatvecShape {
             rpt: 2,
             wg: 256,
         }
-    }
-
-    /// The one-thread-per-row shape resized so that `out_rows` outputs
-    /// (`per` to a thread) fall into a multiple of `workers` workgroups of
-    /// equal work: on a CPU-backed device each workgroup is one task of its
-    /// thread pool, and every workgroup costs the same (rows past the end
-    /// compute on the last row), so a dispatch takes as long as its busiest
-    /// thread. SmolLM2's 576 rows at two a thread are 4.5 workgroups of 64
-    /// invocations, five tasks, three rounds on two threads where two rounds
-    /// of 72 invocations do; Gemma 3's 640 likewise. Only shrinks the task
-    /// count (the workgroup grows: the norm epilogue's canonical reduction
-    /// needs at least 64 invocations), in steps of `granule` invocations
-    /// (the subgroup size, for the lane broadcast), up to 256; otherwise the
-    /// shape is returned unchanged. The bits do not depend on the workgroup
-    /// size: each thread computes its rows' canonical sums alone.
-    pub fn balanced(self, out_rows: u32, per: u32, workers: u32, granule: u32) -> MatvecShape {
-        let rows_per_wg = self.wg * per;
-        let n = out_rows.div_ceil(rows_per_wg);
-        if self.tpr != 1 || workers < 2 || n % workers == 0 || n < workers {
-            return self;
-        }
-        let fewer = n - n % workers;
-        let granule = granule.max(1);
-        let wg = out_rows.div_ceil(per * fewer).div_ceil(granule) * granule;
-        if wg > 256 || out_rows.div_ceil(wg * per) % workers != 0 {
-            return self;
-        }
-        MatvecShape { wg, ..self }
     }
 
     /// The shape for a GLU epilogue: the same threads, with the two rows of
@@ -479,7 +444,7 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                     v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
                 }
             }
-            if shape.tpr == 1 && shape.wg >= NORM_PARTIALS {
+            if shape.tpr == 1 && shape.wg == NORM_PARTIALS {
                 let fuse = FuseKind {
                     add: true,
                     norm_after: true,
@@ -845,7 +810,7 @@ impl Batch<'_> {
                     kernel,
                     MatmulKernel::Auto | MatmulKernel::MatVec | MatmulKernel::Small
                 )
-                || forced.is_some_and(|s| s.tpr != 1 || s.wg < NORM_PARTIALS)
+                || forced.is_some_and(|s| s.tpr != 1 || s.wg != NORM_PARTIALS)
                 || na.weight.len() != rows
                 || na.out.len() < cols.n * rows
                 || na.counter.is_empty()
@@ -988,20 +953,12 @@ impl Batch<'_> {
                     // A GLU's threads hold a gate row and its up row, a RoPE
                     // epilogue's a rotation pair: one output (pair) each.
                     let paired = glu.is_some() || fuse.rope.is_some();
-                    let ms = if paired { ms.for_glu() } else { ms };
-                    let per = if paired { 1 } else { ms.rpt };
-                    let out_rows = if paired { chunk.rows / 2 } else { chunk.rows };
-                    // A step whose columns fit one chunk (decoding) has as
-                    // many tasks as workgroups: spread them evenly over a
-                    // CPU-backed device's threads.
-                    let ms = match self.gpu.cpu_workers() {
-                        Some(t) if forced.is_none() && gz == 1 => {
-                            let granule = self.gpu.adapter_info().subgroup_max_size.max(8);
-                            ms.balanced(out_rows, per, t, granule)
-                        }
-                        _ => ms,
+                    let (ms, wg_rows) = if paired {
+                        (ms.for_glu(), ms.wg / ms.tpr)
+                    } else {
+                        (ms, ms.rows_per_wg())
                     };
-                    let wg_rows = ms.wg / ms.tpr * per;
+                    let out_rows = if paired { chunk.rows / 2 } else { chunk.rows };
                     let (gx, gy) = self.gpu.grid(out_rows.div_ceil(wg_rows));
                     let sg = self.gpu.lane_broadcast();
                     // One thread per row reads activations in lockstep: from
@@ -1090,50 +1047,5 @@ impl Batch<'_> {
             )?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::MatvecShape;
-
-    const ROWS1: MatvecShape = MatvecShape {
-        tpr: 1,
-        rpt: 2,
-        wg: 64,
-    };
-
-    /// Workgroups of a shape over `rows` outputs, `per` to a thread.
-    fn tasks(s: MatvecShape, rows: u32, per: u32) -> u32 {
-        rows.div_ceil(s.wg * per)
-    }
-
-    #[test]
-    fn balanced_splits_rows_into_a_multiple_of_the_workers() {
-        // SmolLM2's o and down (576 rows), Gemma 3's (640), two rows a thread.
-        for (rows, workers, wg) in [(576, 2, 72), (640, 2, 80), (576, 4, 72), (576, 3, 96)] {
-            let s = ROWS1.balanced(rows, 2, workers, 8);
-            assert_eq!(s.wg, wg, "{rows} rows on {workers}");
-            assert_eq!(tasks(s, rows, 2) % workers, 0, "{rows} rows on {workers}");
-            assert!(s.wg >= 64 && s.wg % 8 == 0);
-        }
-    }
-
-    #[test]
-    fn balanced_leaves_shapes_that_need_no_change() {
-        for (rows, per, workers) in [
-            (480, 1, 2),   // SmolLM2's QKV rotation pairs: 8 workgroups
-            (1536, 1, 2),  // a GLU's gate rows: 24
-            (49152, 2, 2), // a head: 384
-            (576, 2, 1),   // one worker
-            (576, 2, 5),   // five workgroups on five workers
-            (576, 2, 8),   // fewer workgroups than workers: never below 64
-            (100, 2, 2),   // one workgroup
-        ] {
-            assert_eq!(ROWS1.balanced(rows, per, workers, 8), ROWS1, "{rows}");
-        }
-        // Teams are a hardware GPU's: never resized.
-        let team = MatvecShape::CANDIDATES[2];
-        assert_eq!(team.balanced(576, 2, 2, 8), team);
     }
 }
