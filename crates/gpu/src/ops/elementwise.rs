@@ -222,6 +222,22 @@ fn lanes_head_dim(head_dim: usize) -> bool {
 /// attention.wgsl, whose lanes are positions.
 const LANES_MIN_TOKENS: usize = 16;
 
+/// Whether a step of `n_tokens` tokens whose furthest position is
+/// `kv_len - 1` runs the lanes kernel (given the device and head size allow
+/// it). Its grid is a workgroup per 64 tokens and head, each lane walking
+/// its token's positions three times, where attention.wgsl spreads every
+/// (token, head group, 256-position chunk) over a workgroup: a few tokens
+/// over a long cache leave the lanes kernel too few, too long tasks.
+/// Measured on lavapipe, SmolLM2 (`bench model --ngl all`): pp128 from an
+/// empty cache 59-64 -> 69-72 tokens/s; filling 4096 positions in
+/// 512-token steps and then `-p 16 -n 16 -d 4096` took 2 min 9 s against
+/// 7 min 14 s, but the 16 tokens at depth 4096 ran at 6.7 tokens/s against
+/// 9.2. So: steps of a workgroup's 64 tokens or more, or whose positions
+/// fit one chunk.
+fn lanes_fit(n_tokens: usize, kv_len: usize) -> bool {
+    n_tokens >= LANES_MIN_TOKENS && (n_tokens >= ATTN_WG || kv_len <= ATTN_CHUNK)
+}
+
 fn attention_combine_spec() -> KernelSpec {
     KernelSpec::new("attention_combine.wgsl").def("C", ATTN_CHUNK.to_string())
 }
@@ -700,7 +716,7 @@ impl Batch<'_> {
             return Ok(());
         }
         let lanes =
-            self.gpu.attn_lanes() && a.n_tokens >= LANES_MIN_TOKENS && lanes_head_dim(a.head_dim);
+            self.gpu.attn_lanes() && lanes_fit(a.n_tokens, kv_len) && lanes_head_dim(a.head_dim);
         let heads = heads_per_wg(
             a.n_tokens,
             a.n_head,

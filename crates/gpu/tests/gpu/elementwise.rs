@@ -562,8 +562,9 @@ fn bias_rows_and_copies() {
     assert!(gpu.batch().copy(&xt, 0, &y, 5, 6).is_err());
 }
 
-/// A prompt's attention (16 tokens or more: on a CPU-backed device the
-/// kernel with its tokens across the lanes, shaders/attention_lanes.wgsl)
+/// A prompt's attention (on a CPU-backed device, 64 tokens or more or a
+/// short cache: the kernel with its tokens across the lanes,
+/// shaders/attention_lanes.wgsl)
 /// gives every token the bits it gets alone (attention.wgsl, its lanes the
 /// positions): head sizes 32 to 128, grouped heads, windows, tokens with one
 /// chunk and with several in one step, steps that interleave two sequences
@@ -579,13 +580,15 @@ fn a_prompts_attention_equals_each_token_alone() {
     // (head_dim, n_head, n_kv_head, window, f16, [(first position, tokens)]
     // of each sequence, in the order their tokens sit in the step).
     type Case = (usize, usize, usize, usize, bool, &'static [(usize, usize)]);
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
         (64, 9, 3, 0, false, &[(0, 40)]),
-        (64, 4, 2, 0, true, &[(230, 45)]),
-        (32, 2, 1, 100, false, &[(280, 17)]),
+        (64, 4, 2, 0, true, &[(230, 70)]),
+        (32, 2, 1, 100, false, &[(280, 64)]),
         (96, 3, 3, 0, false, &[(5, 16)]),
         (128, 4, 1, 0, true, &[(0, 10), (3, 12), (13, 9)]),
-        (64, 6, 2, 0, false, &[(250, 11), (0, 23)]),
+        (64, 6, 2, 0, false, &[(250, 11), (0, 60)]),
+        // A few tokens deep in the cache: attention.wgsl's grid.
+        (64, 3, 1, 0, false, &[(400, 20)]),
     ];
     for (hd, n_head, n_kv_head, window, f16, seqs) in cases {
         if f16 && !gpu.has_f16() {
