@@ -38,12 +38,7 @@
 
 #include "common/params.wgsl"
 
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k: array<vec4<{{KV}}>>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<{{KV}}>>;
-@group(0) @binding(3) var<storage, read_write> part: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> tab: array<u32>;
+#include "common/attn_io.wgsl"
 @group(0) @binding(6) var<uniform> p: AttnParams;
 
 const WG: u32 = 64u;
