@@ -211,8 +211,9 @@ fn attention_lanes_spec(head_dim: usize, kv: KvElem) -> KernelSpec {
 }
 
 /// Head sizes the lanes kernel takes: eight lanes load a row in whole
-/// vec4s, and at least two value lanes (attention.wgsl's R) keep a lane's
-/// sums small.
+/// vec4s, and a lane's query, row and sums (4 × head_dim values) stay
+/// small enough not to spill (heads of 256 ran slower than attention.wgsl;
+/// see the shader's header).
 fn lanes_head_dim(head_dim: usize) -> bool {
     head_dim % 32 == 0 && head_dim <= 128
 }
@@ -715,20 +716,28 @@ impl Batch<'_> {
         if a.n_tokens == 0 || a.n_head == 0 {
             return Ok(());
         }
+        // The kernel and its grid: a workgroup per 64 tokens and head for
+        // the lanes kernel, else per (token, head group, chunk).
         let lanes =
             self.gpu.attn_lanes() && lanes_fit(a.n_tokens, kv_len) && lanes_head_dim(a.head_dim);
-        let heads = heads_per_wg(
-            a.n_tokens,
-            a.n_head,
-            a.n_kv_head,
-            a.head_dim,
-            chunks,
-            attention_min_wgs(self.gpu),
-        );
-        let groups = if lanes {
-            a.n_tokens.div_ceil(ATTN_WG) * a.n_head
+        let (spec, groups) = if lanes {
+            (
+                attention_lanes_spec(a.head_dim, a.kv),
+                a.n_tokens.div_ceil(ATTN_WG) * a.n_head,
+            )
         } else {
-            a.n_tokens * a.n_head / heads * chunks
+            let heads = heads_per_wg(
+                a.n_tokens,
+                a.n_head,
+                a.n_kv_head,
+                a.head_dim,
+                chunks,
+                attention_min_wgs(self.gpu),
+            );
+            (
+                attention_spec(heads, a.head_dim, a.kv),
+                a.n_tokens * a.n_head / heads * chunks,
+            )
         };
         let groups = to_u32(OP, "workgroups", groups)?;
         to_u32(OP, "scratch", scratch.len())?;
@@ -753,11 +762,6 @@ impl Batch<'_> {
             _pad: [0; 2],
         };
         let (gx, gy) = self.gpu.grid(groups);
-        let spec = if lanes {
-            attention_lanes_spec(a.head_dim, a.kv)
-        } else {
-            attention_spec(heads, a.head_dim, a.kv)
-        };
         self.push(
             &spec,
             &[
