@@ -129,7 +129,7 @@ fn main(
             let kb4 = (base + j % p.ring) * kv_stride4 + kvh * HD4;
             var d: array<vec4<f32>, GC>;
             for (var i = 0u; i < HD4; i++) {
-                let kv = vec4<f32>(k[kb4 + i]);
+                let kv = k4(kb4 + i);
                 for (var g = 0u; g < GC; g++) {
                     d[g] = fma(qs[g * HD4 + i], kv, d[g]);
                 }
@@ -194,7 +194,7 @@ fn main(
                 jj += (jj_lo - jj + R - 1u) / R * R;
             }
             for (; jj <= jj_hi; jj += R) {
-                let vv = vec4<f32>(v[(base + (c0 + jj) % p.ring) * kv_stride4 + kvh * HD4 + cq]);
+                let vv = v4((base + (c0 + jj) % p.ring) * kv_stride4 + kvh * HD4 + cq);
                 for (var g = 0u; g < GC; g++) {
                     o[g] = fma(vec4<f32>(es[g * C + jj]), vv, o[g]);
                 }

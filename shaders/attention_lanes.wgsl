@@ -69,9 +69,9 @@ fn load_row(which: u32, rw: u32, kvh: u32, same_row: bool, sgl: u32) {
         for (var m = 0u; m < PER; m++) {
             let at = b + m * 8u + l8;
             if (which == 0u) {
-                mine[m] = vec4<f32>(k[at]);
+                mine[m] = k4(at);
             } else {
-                mine[m] = vec4<f32>(v[at]);
+                mine[m] = v4(at);
             }
         }
         for (var m = 0u; m < PER; m++) {
@@ -87,9 +87,9 @@ fn load_row(which: u32, rw: u32, kvh: u32, same_row: bool, sgl: u32) {
     } else {
         for (var i = 0u; i < HD4; i++) {
             if (which == 0u) {
-                row[i] = vec4<f32>(k[b + i]);
+                row[i] = k4(b + i);
             } else {
-                row[i] = vec4<f32>(v[b + i]);
+                row[i] = v4(b + i);
             }
         }
     }

@@ -99,8 +99,8 @@ impl MoeFlags {
 /// from the exact model (lamina-model's exact-reference test measures it).
 #[derive(clap::Args, Debug, Clone)]
 pub struct CacheTypes {
-    /// Keys' type in the KV cache: f32, f16 or q8_0 (q8_0 for layers on
-    /// the CPU only). Also -ctk.
+    /// Keys' type in the KV cache: f32, f16 or q8_0 (layers on the GPU
+    /// take the same type for keys and values). Also -ctk.
     #[arg(
         long = "cache-type-k",
         env = "LAMINA_CACHE_TYPE_K",

@@ -43,7 +43,7 @@ pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{
     attention_scratch_len, Attention, Batch, Columns, Fuse, Gate, KvElem, MatmulKernel,
-    MatvecShape, NormAfter, QkvLayout, Rope, RopeOut, TokenRow, TokenTable, ATTN_CHUNK, LANES,
-    MAX_SMALL_COLS,
+    MatvecShape, NormAfter, QkvLayout, Rope, RopeOut, TokenRow, TokenTable, ATTN_CHUNK,
+    KV_Q8_BLOCK, KV_Q8_WORDS, LANES, MAX_SMALL_COLS,
 };
 pub use quant::{has_kernel, SUPPORTED};

@@ -103,6 +103,9 @@ sources!(
     "glu_split.wgsl",
     "head_norm.wgsl",
     "rope_kv.wgsl",
+    "rope_kv_q8.wgsl",
+    "common/kv_vec.wgsl",
+    "common/kv_q8.wgsl",
 );
 
 /// A shader file: one of [`SOURCES`], or a table generated from Rust

@@ -214,14 +214,15 @@ impl KvArena {
 }
 
 /// How the GPU layers' caches store keys and values: the config's type,
-/// which must be f32 or f16 for both (the kernels have no q8_0 cache, and
-/// one element type serves keys and values alike).
+/// the same for both (one element type serves keys and values alike in
+/// the kernels; llama.cpp's users pair `-ctk q8_0 -ctv q8_0`).
 pub(crate) fn gpu_kv(c: &Config) -> Result<KvElem, ModelError> {
     match (c.kv.k, c.kv.v) {
         (KvType::F32, KvType::F32) => Ok(KvElem::F32),
         (KvType::F16, KvType::F16) => Ok(KvElem::F16),
+        (KvType::Q8_0, KvType::Q8_0) => Ok(KvElem::Q8_0),
         _ => Err(ModelError::KvType(format!(
-            "layers on the GPU keep keys and values as f32 or f16, the same for both; \
+            "layers on the GPU keep keys and values in one type, the same for both; \
              -ctk {} -ctv {} needs -ngl 0",
             c.kv.k, c.kv.v
         ))),
@@ -510,9 +511,9 @@ impl<'a> HybridModel<'a> {
         let per_arena = match self.gpu.as_deref() {
             Some(g) if self.first_gpu < c.n_layer => {
                 // Less a little for the slack every tensor gets.
-                let elem = self.gpu_kv.bytes() as u64;
-                let limit = (g.binding_limit().saturating_sub(1 << 16) / elem).min(u32::MAX as u64);
-                let limit = limit as usize;
+                let words = g.binding_limit().saturating_sub(1 << 16) / 4;
+                let limit = self.gpu_kv.values(words.try_into().unwrap_or(usize::MAX));
+                let limit = limit.min(u32::MAX as usize);
                 (limit / slot_values.max(1)).max(1)
             }
             _ => count.max(1),
@@ -696,7 +697,7 @@ impl<'a> HybridModel<'a> {
         } else {
             (arena.n_ctx, cache.len)
         };
-        let word = |values: usize| values * self.gpu_kv.bytes() / 4;
+        let word = |values: usize| self.gpu_kv.words(values);
         (word(cache.slot * per_slot * kvd), word(rows * kvd))
     }
 
@@ -1197,7 +1198,11 @@ impl<'a> HybridModel<'a> {
         let arena = &segments[0].cache.arena;
         let one_run = segments.iter().all(|o| Arc::ptr_eq(&o.cache.arena, arena));
         let rope_w = match &l.qkv.parts[..] {
-            [w] if l.bqkv.is_none() && l.q_norm.is_none() && one_run && b.rope_fuses(w, n) => {
+            [w] if l.bqkv.is_none()
+                && l.q_norm.is_none()
+                && one_run
+                && b.rope_fuses(w, n, layout.kv) =>
+            {
                 Some(w)
             }
             _ => None,

@@ -7,9 +7,9 @@
 //! 0.0009 nats on SmolLM2 and 0.0006 on Gemma 3 (`tests/exact_reference.rs`
 //! measures it against the float64 model; the bar is 0.01), with the argmax
 //! unchanged on every step. q8_0 is a little over a quarter of f32 (34
-//! bytes per 32 values) and costs these small models more (medians 0.033
-//! and 0.027, mostly from the keys); it is host-only for now: the GPU
-//! kernels read f32 or f16.
+//! bytes per 32 values; 36 on the GPU, whose blocks are nine whole words)
+//! and costs these small models more (medians 0.033 and 0.027, mostly from
+//! the keys). A GPU layer's keys and values share one type.
 
 use std::fmt;
 use std::str::FromStr;
@@ -53,6 +53,18 @@ impl KvType {
             KvType::Q8_0 => values
                 .div_ceil(Q8_0_BLOCK as u64)
                 .saturating_mul(Q8_0_BYTES as u64),
+        }
+    }
+
+    /// Bytes of `values` elements in a GPU layer's cache: a q8_0 block is
+    /// 36 bytes there (nine 32-bit words, so neighbouring blocks never
+    /// share a word; `lamina_gpu::KvElem`), the other types as on the host.
+    pub fn gpu_bytes(self, values: u64) -> u64 {
+        match self {
+            KvType::Q8_0 => values
+                .div_ceil(Q8_0_BLOCK as u64)
+                .saturating_mul(lamina_gpu::KV_Q8_WORDS as u64 * 4),
+            _ => self.bytes(values),
         }
     }
 
@@ -114,6 +126,13 @@ impl KvTypes {
         self.k
             .bytes(kv_dim as u64)
             .saturating_add(self.v.bytes(kv_dim as u64))
+    }
+
+    /// [`KvTypes::bytes_per_position`] in a GPU layer's cache.
+    pub fn gpu_bytes_per_position(self, kv_dim: usize) -> u64 {
+        self.k
+            .gpu_bytes(kv_dim as u64)
+            .saturating_add(self.v.gpu_bytes(kv_dim as u64))
     }
 
     pub fn check_head(self, head_dim: usize) -> Result<(), ModelError> {

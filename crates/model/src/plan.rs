@@ -368,16 +368,19 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
     // counted with checked arithmetic before it is allocated).
     // In the config's cache types (`-ctk` / `-ctv`); a sliding-window
     // layer keeps a ring per sequence (`crate::kv::layer_rows`).
-    let per_position = c.kv.bytes_per_position(c.kv_dim());
+    let per_position = |device| match device {
+        Device::Gpu => c.kv.gpu_bytes_per_position(c.kv_dim()),
+        Device::Cpu => c.kv.bytes_per_position(c.kv_dim()),
+    };
     let n_par = p.n_parallel.max(1);
-    let kv_layer = |il: usize| {
+    let kv_layer = |il: usize, device: Device| {
         let rows = crate::kv::layer_rows(c, il, p.n_ctx / n_par);
         let rows = if rows < p.n_ctx / n_par {
             (rows as u64).saturating_mul(n_par as u64)
         } else {
             p.n_ctx as u64
         };
-        rows.saturating_mul(per_position)
+        rows.saturating_mul(per_position(device))
     };
     let embd_bytes = l.embd;
     let mut plan = Plan {
@@ -405,7 +408,7 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         } else {
             w
         };
-        let kv = if i < n_layer { kv_layer(i) } else { 0 };
+        let kv = if i < n_layer { kv_layer(i, device) } else { 0 };
         // Routed experts in host memory: all of a CPU slot's, and an
         // offloaded block's unless `cpu_moe` lets them go with it.
         let experts = l.experts.get(i).copied().unwrap_or(0);
@@ -705,6 +708,14 @@ mod tests {
         };
         let pl = plan_from_bytes(&bytes, 7, false, &f32_cache, 2, &p);
         assert_eq!(pl.gpu_kv, 2 * 4096 * 32 * 4);
+        // q8_0: one block a position, 34 bytes on the host, 36 on the GPU.
+        let q8_cache = Config {
+            kv: crate::KvTypes::uniform(crate::KvType::Q8_0),
+            ..c.clone()
+        };
+        let pl = plan_from_bytes(&bytes, 7, false, &q8_cache, 2, &p);
+        assert_eq!(pl.gpu_kv, 2 * 4096 * 2 * 36);
+        assert_eq!(pl.cpu_kv, 3 * 4096 * 2 * 34);
         assert_eq!(plan_from_bytes(&bytes, 7, false, &c, 0, &p).gpu_total(), 0);
     }
 

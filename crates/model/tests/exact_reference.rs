@@ -130,7 +130,7 @@ fn gemma3_gpu_matches_exact_logprobs() {
 }
 
 /// The rounded caches against the exact model, on the CPU (every case) and
-/// with every layer on the GPU (f16: the GPU caches' one rounded type):
+/// with every layer on the GPU (f16 and q8_0, the GPU's rounded types):
 /// the median and the worst |Δ log-prob|, and the argmax agreement.
 fn check_rounded(model_file: &str, reference_file: &str) {
     let file = Model::open(model_path(model_file), LoadMode::Mmap).unwrap();
@@ -148,8 +148,9 @@ fn check_rounded(model_file: &str, reference_file: &str) {
             false,
         ),
         (KvTypes::uniform(KvType::F16), true),
+        (KvTypes::uniform(KvType::Q8_0), true),
     ] {
-        if on_gpu && !gpu.has_f16() {
+        if on_gpu && types.k == KvType::F16 && !gpu.has_f16() {
             eprintln!("{model_file}: the GPU has no f16 shaders; its f16 cache is not measured");
             continue;
         }

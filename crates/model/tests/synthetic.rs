@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use lamina_gguf::{File, GgmlType, Model, Value, Writer};
 use lamina_gpu::{Gpu, GpuOptions};
 use lamina_model::plan::{self, PlanParams};
-use lamina_model::{CpuModel, HybridModel, KvCache, Logits};
+use lamina_model::{CpuModel, HybridModel, KvCache, KvType, KvTypes, Logits};
 
 const E: usize = 64;
 const FF: usize = 96;
@@ -812,55 +812,98 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
             (LAYERS + 1, true, 1),
         ] {
             let m = hybrid_32(&file, ngl, cpu_moe, Some(gpu()));
-            let new = || m.new_cache(32).unwrap();
-            let (mut a1, mut b1, mut c1) = (new(), new(), new());
-            let (mut a2, mut b2, mut c2) = if shared {
-                let mut v = m.new_caches(3, 32).unwrap();
-                let c = v.pop().unwrap();
-                let b = v.pop().unwrap();
-                (v.pop().unwrap(), b, c)
-            } else {
-                let mut v = m.new_caches(2, 32).unwrap();
-                let c = v.pop().unwrap();
-                (v.pop().unwrap(), new(), c)
-            };
-            m.forward(&PROMPT, &mut a1, Logits::Last).unwrap();
-            m.forward(&PROMPT, &mut a2, Logits::Last).unwrap();
-            m.forward(&[1, 2, 3], &mut b1, Logits::Last).unwrap();
-            m.forward(&[1, 2, 3], &mut b2, Logits::Last).unwrap();
-            let steps: [&[u32]; 3] = [&[40], &[41, 42], &[9, 8, 7, 6]];
-            let alone = [
-                m.forward(steps[0], &mut a1, Logits::Last).unwrap(),
-                m.forward(steps[1], &mut b1, Logits::Last).unwrap(),
-                m.forward(steps[2], &mut c1, Logits::Last).unwrap(),
-            ];
-            let together = m
-                .forward_multi(&mut [
-                    (steps[0], &mut a2),
-                    (steps[1], &mut b2),
-                    (steps[2], &mut c2),
-                ])
-                .unwrap();
-            assert_eq!(together.len(), 3);
-            for (i, (x, y)) in alone.iter().zip(&together).enumerate() {
-                assert_eq!(x.len(), y.len());
-                let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(
-                    same,
-                    "{arch} -ngl {ngl}, shared {shared}, --n-cpu-moe {cpu_moe}: \
-                     sequence {i} differs when batched"
-                );
-            }
-            assert_eq!((a2.len(), b2.len(), c2.len()), (6, 5, 4));
-            // The caches hold the same history: one more decode step agrees.
-            let next1 = m.forward(&[5], &mut c1, Logits::Last).unwrap();
-            let next2 = m.forward(&[5], &mut c2, Logits::Last).unwrap();
-            assert!(next1
-                .iter()
-                .zip(&next2)
-                .all(|(p, q)| p.to_bits() == q.to_bits()));
+            multi_sequence_step_is_batch_invariant(
+                &m,
+                shared,
+                &format!("{arch} -ngl {ngl}, shared {shared}, --n-cpu-moe {cpu_moe}"),
+            );
         }
     }
+    // q8_0 caches (heads of 32: whole blocks), fully offloaded and split.
+    let file = open(&Spec {
+        head_dim: 32,
+        ..Spec::new("llama")
+    });
+    let q8 = |ngl| {
+        let mut cpu = CpuModel::load(&file).unwrap();
+        cpu.config.kv = KvTypes::uniform(KvType::Q8_0);
+        let params = PlanParams {
+            n_ctx: 32,
+            ..PlanParams::default()
+        };
+        let p = plan::plan(&file, &cpu.config, ngl, &params);
+        HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap()
+    };
+    let logits = |m: &HybridModel<'_>| {
+        let mut c = m.new_cache(32).unwrap();
+        m.forward(&PROMPT, &mut c, Logits::Last).unwrap();
+        m.forward(&[7, 8], &mut c, Logits::Last).unwrap()
+    };
+    let on_cpu = logits(&q8(0));
+    for ngl in [LAYERS + 1, 1] {
+        let m = q8(ngl);
+        let what = format!("llama, q8_0 cache, -ngl {ngl}");
+        // The GPU's blocks are the CPU's: the logits agree as closely as
+        // with f16 caches.
+        let err = rel_err(&logits(&m), &on_cpu);
+        eprintln!("{what}: relative error {err:e} against the CPU");
+        assert!(
+            err < CPU_GPU_REL,
+            "{what}: relative error {err:e} against the CPU"
+        );
+        multi_sequence_step_is_batch_invariant(&m, true, &what);
+    }
+}
+
+/// Three sequences stepped alone and in one `forward_multi` step get the
+/// same bits, and their caches the same history.
+fn multi_sequence_step_is_batch_invariant(m: &HybridModel<'_>, shared: bool, what: &str) {
+    let new = || m.new_cache(32).unwrap();
+    let (mut a1, mut b1, mut c1) = (new(), new(), new());
+    let (mut a2, mut b2, mut c2) = if shared {
+        let mut v = m.new_caches(3, 32).unwrap();
+        let c = v.pop().unwrap();
+        let b = v.pop().unwrap();
+        (v.pop().unwrap(), b, c)
+    } else {
+        let mut v = m.new_caches(2, 32).unwrap();
+        let c = v.pop().unwrap();
+        (v.pop().unwrap(), new(), c)
+    };
+    m.forward(&PROMPT, &mut a1, Logits::Last).unwrap();
+    m.forward(&PROMPT, &mut a2, Logits::Last).unwrap();
+    m.forward(&[1, 2, 3], &mut b1, Logits::Last).unwrap();
+    m.forward(&[1, 2, 3], &mut b2, Logits::Last).unwrap();
+    let steps: [&[u32]; 3] = [&[40], &[41, 42], &[9, 8, 7, 6]];
+    let alone = [
+        m.forward(steps[0], &mut a1, Logits::Last).unwrap(),
+        m.forward(steps[1], &mut b1, Logits::Last).unwrap(),
+        m.forward(steps[2], &mut c1, Logits::Last).unwrap(),
+    ];
+    let together = m
+        .forward_multi(&mut [
+            (steps[0], &mut a2),
+            (steps[1], &mut b2),
+            (steps[2], &mut c2),
+        ])
+        .unwrap();
+    assert_eq!(together.len(), 3);
+    for (i, (x, y)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(x.len(), y.len());
+        let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "{what}: sequence {i} differs when batched");
+    }
+    assert_eq!((a2.len(), b2.len(), c2.len()), (6, 5, 4));
+    // The caches hold the same history: one more decode step agrees.
+    let next1 = m.forward(&[5], &mut c1, Logits::Last).unwrap();
+    let next2 = m.forward(&[5], &mut c2, Logits::Last).unwrap();
+    assert!(
+        next1
+            .iter()
+            .zip(&next2)
+            .all(|(p, q)| p.to_bits() == q.to_bits()),
+        "{what}: the next step differs"
+    );
 }
 
 /// Llama 3.x's per-pair RoPE divisors (`rope_freqs.weight`) and linear

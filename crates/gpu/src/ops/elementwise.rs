@@ -136,17 +136,25 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
             .filter(move |&g| attention_shared(g, hd) <= ATTN_SHARED_VALUES)
             .map(move |g| attention_spec(g, hd, KvElem::F32))
     }))
+    // q8_0 caches at the head sizes that take them (multiples of 32).
+    .chain([32, 64, 128, 256].into_iter().flat_map(|hd| {
+        (1..=MAX_HEADS_PER_WG)
+            .filter(move |&g| attention_shared(g, hd) <= ATTN_SHARED_VALUES)
+            .map(move |g| attention_spec(g, hd, KvElem::Q8_0))
+    }))
     .chain([attention_combine_spec()])
     .collect()
 }
 
-/// The lanes attention over f32 caches (it needs `SUBGROUP`; the f16
-/// variants are in [`attention_f16_specs`]).
+/// The lanes attention over f32 and q8_0 caches (it needs `SUBGROUP`; the
+/// f16 variants are in [`attention_f16_specs`]).
 #[cfg(test)]
 pub(crate) fn attention_lanes_specs() -> Vec<KernelSpec> {
     [32, 64, 96, 128]
         .map(|hd| attention_lanes_spec(hd, KvElem::F32))
-        .to_vec()
+        .into_iter()
+        .chain([32, 64, 128].map(|hd| attention_lanes_spec(hd, KvElem::Q8_0)))
+        .collect()
 }
 
 /// The attention variants over f16 caches (they need `SHADER_F16`).
@@ -191,6 +199,8 @@ fn attention_spec(heads: usize, head_dim: usize, kv: KvElem) -> KernelSpec {
     let hd4 = head_dim / 4;
     KernelSpec::new("attention.wgsl")
         .def("KV", kv.wgsl())
+        .def("KV_VEC", kv.wgsl_vec())
+        .def("KV_LOAD", kv.load())
         .def("KV_ENABLE", kv.enable())
         .def("GC", heads.to_string())
         .def("HD", head_dim.to_string())
@@ -205,6 +215,8 @@ fn attention_spec(heads: usize, head_dim: usize, kv: KvElem) -> KernelSpec {
 fn attention_lanes_spec(head_dim: usize, kv: KvElem) -> KernelSpec {
     KernelSpec::new("attention_lanes.wgsl")
         .def("KV", kv.wgsl())
+        .def("KV_VEC", kv.wgsl_vec())
+        .def("KV_LOAD", kv.load())
         .def("KV_ENABLE", kv.enable())
         .def("HD", head_dim.to_string())
         .def("C", ATTN_CHUNK.to_string())
@@ -743,7 +755,7 @@ impl Batch<'_> {
         to_u32(OP, "scratch", scratch.len())?;
         to_u32(OP, "cache", a.kv.values(k.len().min(v.len())))?;
         to_u32(OP, "q", q_len)?;
-        a.kv.check(self.gpu, OP)?;
+        a.kv.check(self.gpu, OP, a.head_dim)?;
         let params = AttnParams {
             n_tokens: to_u32(OP, "n_tokens", a.n_tokens)?,
             n_head: to_u32(OP, "n_head", a.n_head)?,

@@ -34,57 +34,108 @@ impl Gate {
     }
 }
 
-/// How a KV cache buffer stores its values: f32, or f16 (half the bytes,
-/// on devices with `SHADER_F16`; written with WGSL's f32 → f16 conversion,
+/// How a KV cache buffer stores its values: f32, f16 (half the bytes, on
+/// devices with `SHADER_F16`; written with WGSL's f32 → f16 conversion,
 /// which rounds to nearest on every device Lamina has met, as the CPU's
-/// cache does).
+/// cache does), or q8_0 (llama.cpp's `-ctk q8_0`: 36 bytes per 32 values).
+///
+/// A q8_0 block on the GPU is 9 words: the 32 quants as i8, value 4w + b
+/// in byte b of word w, then the f16 scale in the low half of word 8. The
+/// host's 34-byte blocks would put every other block's quants off a word
+/// boundary; two more bytes a block keep each block's words its own, so
+/// the invocations quantizing neighbouring blocks never share a word. The
+/// values the kernels widen (`q · d`) are the bits the CPU's q8_0 cache
+/// widens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KvElem {
     #[default]
     F32,
     F16,
+    Q8_0,
 }
 
+/// Values per q8_0 block, and its 32-bit words on the GPU.
+pub const KV_Q8_BLOCK: usize = 32;
+pub const KV_Q8_WORDS: usize = 9;
+
 impl KvElem {
-    pub fn bytes(self) -> usize {
-        match self {
-            KvElem::F32 => 4,
-            KvElem::F16 => 2,
-        }
+    /// Bytes of `values` values (whole blocks for q8_0).
+    pub fn bytes_of(self, values: usize) -> usize {
+        self.words(values).saturating_mul(4)
     }
 
     /// Values a cache tensor of `words` 32-bit elements holds.
     pub fn values(self, words: usize) -> usize {
-        words.saturating_mul(4 / self.bytes())
+        match self {
+            KvElem::F32 => words,
+            KvElem::F16 => words.saturating_mul(2),
+            KvElem::Q8_0 => (words / KV_Q8_WORDS).saturating_mul(KV_Q8_BLOCK),
+        }
     }
 
     /// 32-bit elements to allocate for `values` values.
     pub fn words(self, values: usize) -> usize {
-        values.div_ceil(4 / self.bytes())
+        match self {
+            KvElem::F32 => values,
+            KvElem::F16 => values.div_ceil(2),
+            KvElem::Q8_0 => values.div_ceil(KV_Q8_BLOCK).saturating_mul(KV_Q8_WORDS),
+        }
     }
 
-    /// The WGSL scalar type of the cache's bindings.
+    /// The WGSL element type of the cache's bindings as vec4 loads read
+    /// them (attention), and the include that widens them.
+    pub(crate) fn wgsl_vec(self) -> &'static str {
+        match self {
+            KvElem::F32 => "vec4<f32>",
+            KvElem::F16 => "vec4<f16>",
+            KvElem::Q8_0 => "u32",
+        }
+    }
+
+    /// `common/kv_{load}.wgsl`: the attention kernels' row loads.
+    pub(crate) fn load(self) -> &'static str {
+        match self {
+            KvElem::F32 | KvElem::F16 => "vec",
+            KvElem::Q8_0 => "q8",
+        }
+    }
+
+    /// The WGSL scalar type of the cache's bindings (f32 and f16 only: the
+    /// scalar writers).
     pub(crate) fn wgsl(self) -> &'static str {
         match self {
             KvElem::F32 => "f32",
             KvElem::F16 => "f16",
+            KvElem::Q8_0 => "u32",
         }
     }
 
     /// The directive a kernel binding the cache starts with.
     pub(crate) fn enable(self) -> &'static str {
         match self {
-            KvElem::F32 => "",
+            KvElem::F32 | KvElem::Q8_0 => "",
             KvElem::F16 => "enable f16;",
         }
     }
 
-    /// Fails for f16 on a device without `SHADER_F16`.
-    pub(crate) fn check(self, gpu: &crate::Gpu, op: &'static str) -> Result<(), GpuError> {
+    /// Fails for f16 on a device without `SHADER_F16`, and for q8_0 blocks
+    /// that would straddle heads.
+    pub(crate) fn check(
+        self,
+        gpu: &crate::Gpu,
+        op: &'static str,
+        head_dim: usize,
+    ) -> Result<(), GpuError> {
         if self == KvElem::F16 && !gpu.features().contains(wgpu::Features::SHADER_F16) {
             return Err(shape(
                 op,
                 "an f16 cache on a device without SHADER_F16".to_string(),
+            ));
+        }
+        if self == KvElem::Q8_0 && head_dim % KV_Q8_BLOCK != 0 {
+            return Err(shape(
+                op,
+                format!("a q8_0 cache needs heads of a multiple of 32 values, not {head_dim}"),
             ));
         }
         Ok(())
@@ -117,6 +168,9 @@ impl QkvLayout {
 }
 
 fn rope_kv_spec(kv: KvElem) -> KernelSpec {
+    if kv == KvElem::Q8_0 {
+        return KernelSpec::new("rope_kv_q8.wgsl");
+    }
     KernelSpec::new("rope_kv.wgsl")
         .def("KV", kv.wgsl())
         .def("KV_ENABLE", kv.enable())
@@ -139,6 +193,7 @@ pub(crate) fn fused_specs() -> Vec<KernelSpec> {
         glu_split_spec(Gate::GeluTanh),
         KernelSpec::new("head_norm.wgsl"),
         rope_kv_spec(KvElem::F32),
+        rope_kv_spec(KvElem::Q8_0),
     ]
 }
 
@@ -471,7 +526,7 @@ impl Batch<'_> {
         if n == 0 {
             return Ok(());
         }
-        layout.kv.check(self.gpu, OP)?;
+        layout.kv.check(self.gpu, OP, hd)?;
         let params = RopeKvParams {
             head_dim: to_u32(OP, "head_dim", hd)?,
             n_rot: to_u32(OP, "n_rot", rope.n_rot)?,
@@ -489,8 +544,15 @@ impl Batch<'_> {
             mscale: rope.mscale,
             _pad: [0; 2],
         };
-        let pairs = to_u32(OP, "pairs", n * stride / 2)?;
-        let (gx, gy) = self.gpu.grid(pairs.div_ceil(ELT_WG));
+        // rope_kv.wgsl: an invocation per value pair; rope_kv_q8.wgsl: a
+        // workgroup per 32-value block.
+        let (gx, gy) = if layout.kv == KvElem::Q8_0 {
+            self.gpu
+                .grid(to_u32(OP, "blocks", n * stride / KV_Q8_BLOCK)?)
+        } else {
+            let pairs = to_u32(OP, "pairs", n * stride / 2)?;
+            self.gpu.grid(pairs.div_ceil(ELT_WG))
+        };
         self.push(
             &rope_kv_spec(layout.kv),
             &[

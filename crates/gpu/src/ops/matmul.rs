@@ -637,9 +637,12 @@ impl Batch<'_> {
 
     /// Whether an `n`-column product of `w` can take a RoPE epilogue
     /// ([`Fuse::rope`]): the mat-vec or small-N kernel, and the weight in
-    /// one binding (a rotation pair's rows must meet in one dispatch).
-    pub fn rope_fuses(&self, w: &Weight, n: usize) -> bool {
-        self.fuses(n) && w.chunks.len() == 1
+    /// one binding (a rotation pair's rows must meet in one dispatch), into
+    /// f32 or f16 caches: a q8_0 block's scale needs all 32 of its values,
+    /// which the epilogue's threads hold two by two, so q8_0 caches take
+    /// [`Batch::rope_kv_rows`] after the product.
+    pub fn rope_fuses(&self, w: &Weight, n: usize, kv: KvElem) -> bool {
+        self.fuses(n) && w.chunks.len() == 1 && kv != KvElem::Q8_0
     }
 
     /// Whether [`Batch::matmul_glu`] can run `w` as one fused dispatch per
@@ -785,12 +788,18 @@ impl Batch<'_> {
         if let Some(r) = &fuse.rope {
             let (kc, vc) = (r.k_cache, r.v_cache);
             super::fused::check_rope_kv(OP, &r.layout, &r.rope, r.table, r.first, n, kc, vc)?;
-            r.layout.kv.check(self.gpu, OP)?;
-            if glu.is_some() || fuse.add || w.chunks.len() != 1 || w.rows() != r.layout.stride() {
+            r.layout.kv.check(self.gpu, OP, r.layout.head_dim)?;
+            if glu.is_some()
+                || r.layout.kv == KvElem::Q8_0
+                || fuse.add
+                || w.chunks.len() != 1
+                || w.rows() != r.layout.stride()
+            {
                 return Err(shape(
                     OP,
                     format!(
-                        "a RoPE epilogue needs one stacked QKV weight of {} rows in one binding,                          without GLU or add",
+                        "a RoPE epilogue needs one stacked QKV weight of {} rows in one binding, \
+                         without GLU or add, and f32 or f16 caches",
                         r.layout.stride()
                     ),
                 ));

@@ -19,7 +19,7 @@ pub(crate) use elementwise::{attention_lanes_specs, elementwise_specs};
 pub use elementwise::{attention_scratch_len, Attention, Rope, TokenRow, TokenTable, ATTN_CHUNK};
 #[cfg(test)]
 pub(crate) use fused::{f16_cache_specs, fused_specs};
-pub use fused::{Gate, KvElem, QkvLayout};
+pub use fused::{Gate, KvElem, QkvLayout, KV_Q8_BLOCK, KV_Q8_WORDS};
 #[cfg(test)]
 pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
 pub use matmul::{

@@ -9,5 +9,6 @@ mod elementwise;
 mod fused;
 mod invariance;
 mod matmul;
+mod q8_cache;
 mod rows;
 mod split;
