@@ -852,6 +852,19 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
             "{what}: relative error {err:e} against the CPU"
         );
         multi_sequence_step_is_batch_invariant(&m, true, &what);
+        // A saved slot (the GPU layers' blocks read back as they are)
+        // restores to the same history.
+        let mut a = m.new_cache(32).unwrap();
+        m.forward(&PROMPT, &mut a, Logits::Last).unwrap();
+        let saved = m.save_cache(&a).unwrap();
+        let mut b = m.new_cache(32).unwrap();
+        assert_eq!(m.restore_cache(&mut b, &saved).unwrap(), PROMPT.len());
+        let x = m.forward(&[7], &mut a, Logits::Last).unwrap();
+        let y = m.forward(&[7], &mut b, Logits::Last).unwrap();
+        assert!(
+            x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "{what}: a restored slot differs"
+        );
     }
 }
 
