@@ -708,13 +708,14 @@ mod tests {
         };
         let pl = plan_from_bytes(&bytes, 7, false, &f32_cache, 2, &p);
         assert_eq!(pl.gpu_kv, 2 * 4096 * 32 * 4);
-        // q8_0: one block a position, 34 bytes on the host, 36 on the GPU.
+        // q8_0: a block of keys and one of values a position and layer,
+        // 34 bytes each on the host, 36 on the GPU (one layer there).
         let q8_cache = Config {
             kv: crate::KvTypes::uniform(crate::KvType::Q8_0),
             ..c.clone()
         };
         let pl = plan_from_bytes(&bytes, 7, false, &q8_cache, 2, &p);
-        assert_eq!(pl.gpu_kv, 2 * 4096 * 2 * 36);
+        assert_eq!(pl.gpu_kv, 4096 * 2 * 36);
         assert_eq!(pl.cpu_kv, 3 * 4096 * 2 * 34);
         assert_eq!(plan_from_bytes(&bytes, 7, false, &c, 0, &p).gpu_total(), 0);
     }
