@@ -72,6 +72,13 @@ struct EltParams {
     _pad: u32,
 }
 
+struct MoeWeighParams {
+    n: u32,           // outputs: tokens * dim
+    dim: u32,
+    k: u32,           // experts per token
+    add: u32,         // 1: the sum is added to what out holds
+}
+
 struct CopyParams {
     n: u32,
     src_offset: u32,

@@ -167,6 +167,20 @@ pub(crate) struct RopeKvParams {
 }
 
 /// Sizes naga must report for the WGSL structs of the same names.
+/// `MoeWeighParams`: the routed experts' weighted sum
+/// ([`crate::Batch::moe_weigh`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct MoeWeighParams {
+    /// Outputs: tokens × dim.
+    pub n: u32,
+    pub dim: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// 1: add the sum to what the output holds.
+    pub add: u32,
+}
+
 #[cfg(test)]
 pub(crate) const SIZES: &[(&str, usize)] = &[
     ("MatParams", std::mem::size_of::<MatParams>()),
@@ -179,4 +193,5 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("AttnParams", std::mem::size_of::<AttnParams>()),
     ("HeadNormParams", std::mem::size_of::<HeadNormParams>()),
     ("RopeKvParams", std::mem::size_of::<RopeKvParams>()),
+    ("MoeWeighParams", std::mem::size_of::<MoeWeighParams>()),
 ];

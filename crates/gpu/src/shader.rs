@@ -104,6 +104,7 @@ sources!(
     "head_norm.wgsl",
     "rope_kv.wgsl",
     "rope_kv_q8.wgsl",
+    "moe_weigh.wgsl",
     "common/kv_vec.wgsl",
     "common/kv_q8.wgsl",
 );

@@ -393,6 +393,9 @@ struct Scratch {
     egu: Tensor,
     ea: Tensor,
     ys: Tensor,
+    /// Each (token, slot)'s packed row of `ys`, then its weight (f32 bits):
+    /// the weighted sum's table (lamina_gpu's `moe_weigh`).
+    route: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
     /// The norm epilogues' workgroup counter (lamina_gpu::NormAfter).
@@ -886,6 +889,7 @@ impl<'a> HybridModel<'a> {
             egu: t((slots * 2 * fe).max(1))?,
             ea: t((slots * fe).max(1))?,
             ys: t((slots * e).max(1))?,
+            route: t((slots * 2).max(1))?,
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
@@ -1039,7 +1043,7 @@ impl<'a> HybridModel<'a> {
                 std::mem::replace(&mut b, g.batch())
                     .submit()
                     .map_err(gpu_err)?;
-                self.run_split_experts(g, il, l, s, n)?;
+                self.run_split_experts(g, &mut b, il, l, s, n)?;
                 before = 0;
                 let post = l.post_ffn_norm.as_ref();
                 let eps = Block::new(c, il).eps;
@@ -1560,13 +1564,17 @@ impl<'a> HybridModel<'a> {
         Ok(())
     }
 
-    /// The CPU part of split block `il` over the `n` tokens of a step whose
+    /// The host part of split block `il` over the `n` tokens of a step whose
     /// submission [`Self::record_split`] ended: reads back the normed
-    /// input, the router's logits and the shared expert's output, runs the
-    /// routed experts and writes the block's feed-forward output to `s.o`.
+    /// input, the router's logits and the shared expert's output, routes
+    /// the tokens, and leaves the block's feed-forward output in `s.o`:
+    /// computed here when the routed experts are on the CPU, recorded into
+    /// `b` (the step's next submission) when they are on the GPU, so such
+    /// a block waits for the device once, not twice.
     fn run_split_experts(
         &self,
         g: &Gpu,
+        b: &mut Batch<'_>,
         il: usize,
         l: &GpuLayer,
         s: &Scratch,
@@ -1585,34 +1593,51 @@ impl<'a> HybridModel<'a> {
             .map_err(gpu_err)?;
         let (h, rest) = io.split_at_mut(n * e);
         let (logits, sy) = rest.split_at_mut(n * m.n_expert);
-        let mut out = vec![0.0f32; n * e];
         match l.gpu_experts() {
-            [] => crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?,
-            gx => self.gpu_routed_experts(g, gx, &m, s, h, n, logits, &mut out)?,
+            [] => {
+                let mut out = vec![0.0f32; n * e];
+                crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?;
+                if let Some((gate_inp, ..)) = &ex.shared {
+                    crate::cpu::add_shared(gate_inp, e, h, sy, &mut out);
+                }
+                g.write_f32(&s.o, &out).map_err(gpu_err)
+            }
+            gx => {
+                // The shared expert's gated output goes into `o` first; the
+                // GPU's weighted sum adds itself to it (add_shared's order:
+                // the routed sum, plus the gated shared output).
+                let shared = ex.shared.as_ref().map(|(gate_inp, ..)| {
+                    let mut sh = vec![0.0f32; n * e];
+                    crate::cpu::add_shared(gate_inp, e, h, sy, &mut sh);
+                    sh
+                });
+                if let Some(sh) = &shared {
+                    g.write_f32(&s.o, sh).map_err(gpu_err)?;
+                }
+                self.gpu_routed_experts(g, b, gx, &m, s, h, n, logits, shared.is_some())
+            }
         }
-        if let Some((gate_inp, ..)) = &ex.shared {
-            crate::cpu::add_shared(gate_inp, e, h, sy, &mut out);
-        }
-        g.write_f32(&s.o, &out).map_err(gpu_err)
     }
 
     /// The routed experts of a block that has them on the GPU, for the
-    /// normed input `h` of `n` tokens routed on the CPU from `logits`:
-    /// every (token, slot)'s input goes up packed in expert order, so each
-    /// chosen expert's tokens are one run of columns of its gate/up and
-    /// down products; the outputs come back and are weighed in slot order
-    /// on the CPU, as [`crate::cpu`]'s `routed_experts` weighs its own.
+    /// normed input `h` of `n` tokens routed on the CPU from `logits`,
+    /// recorded into `b`: every (token, slot)'s input goes up packed in
+    /// expert order, so each chosen expert's tokens are one run of columns
+    /// of its gate/up and down products; the outputs are weighed in slot
+    /// order on the GPU into `s.o` (added to what it holds with `add`), as
+    /// [`crate::cpu`]'s `weigh_experts` weighs its own.
     #[allow(clippy::too_many_arguments)]
     fn gpu_routed_experts(
         &self,
         g: &Gpu,
+        b: &mut Batch<'_>,
         gx: &[(Stacked, Weight)],
         m: &crate::config::Moe,
         s: &Scratch,
         h: &[f32],
         n: usize,
         logits: &mut [f32],
-        out: &mut [f32],
+        add: bool,
     ) -> Result<(), ModelError> {
         let (e, k, fe) = (self.cpu.config.n_embd, m.n_used, m.n_ff_exp);
         let chosen = crate::cpu::route(m, n, logits);
@@ -1625,6 +1650,16 @@ impl<'a> HybridModel<'a> {
             xin.extend_from_slice(&h[t * e..(t + 1) * e]);
         }
         g.write_f32(&s.xin, &xin).map_err(gpu_err)?;
+        // The weighted sum's table: each (token, slot)'s packed row, then
+        // its weight.
+        let mut route = vec![0u32; 2 * n * k];
+        for (j, &i) in order.iter().enumerate() {
+            route[i] = j as u32;
+        }
+        for (i, c) in chosen.iter().enumerate() {
+            route[n * k + i] = c.1.to_bits();
+        }
+        g.write_u32(&s.route, &route).map_err(gpu_err)?;
         let runs: Vec<(usize, usize, usize)> = order
             .chunk_by(|&a, &b| chosen[a].0 == chosen[b].0)
             .scan(0, |first, run| {
@@ -1637,11 +1672,10 @@ impl<'a> HybridModel<'a> {
             gx.get(x)
                 .ok_or_else(|| ModelError::Gpu(format!("expert {x} of {} routed", gx.len())))
         };
-        let mut b = g.batch();
         for &(x, first, len) in &runs {
             expert(x)?
                 .0
-                .record_from(&mut b, &s.xin, &s.egu, first, len, None)
+                .record_from(b, &s.xin, &s.egu, first, len, None)
                 .map_err(gpu_err)?;
         }
         b.glu_stacked_n(&s.egu, &s.ea, fe, n * k, Gate::Silu)
@@ -1657,14 +1691,7 @@ impl<'a> HybridModel<'a> {
             b.matmul_strided(MatmulKernel::Auto, &expert(x)?.1, &s.ea, &s.ys, cols)
                 .map_err(gpu_err)?;
         }
-        b.submit().map_err(gpu_err)?;
-        let packed = g.read_f32_range(&s.ys, 0, n * k * e).map_err(gpu_err)?;
-        // Back to (token, slot) order.
-        let mut ys = vec![0.0f32; n * k * e];
-        for (j, &i) in order.iter().enumerate() {
-            ys[i * e..(i + 1) * e].copy_from_slice(&packed[j * e..(j + 1) * e]);
-        }
-        crate::cpu::weigh_experts(&chosen, k, e, &ys, out);
-        Ok(())
+        b.moe_weigh(&s.ys, &s.route, &s.o, n, k, e, add)
+            .map_err(gpu_err)
     }
 }

@@ -12,7 +12,7 @@ use super::elementwise::{one_sequence_table, TokenTable};
 use super::{shape, to_u32, Batch};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
-use crate::params::{EltParams, HeadNormParams, NormParams, RopeKvParams};
+use crate::params::{EltParams, HeadNormParams, MoeWeighParams, NormParams, RopeKvParams};
 use crate::shader::KernelSpec;
 use crate::Rope;
 
@@ -194,6 +194,7 @@ pub(crate) fn fused_specs() -> Vec<KernelSpec> {
         KernelSpec::new("head_norm.wgsl"),
         rope_kv_spec(KvElem::F32),
         rope_kv_spec(KvElem::Q8_0),
+        KernelSpec::new("moe_weigh.wgsl"),
     ]
 }
 
@@ -563,6 +564,63 @@ impl Batch<'_> {
                 (&v_cache.buf, None),
                 (&table.gpu.buf, None),
             ],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+    /// The routed experts' weighted sum: for each of `n_tokens` tokens,
+    /// `out[t] = Σ_s w[t][s] · ys[row[t][s]]` over its `k` slots in slot
+    /// order (then, with `add`, plus what `out` holds), rows of `dim`.
+    /// `ys` holds `n_tokens · k` rows packed in any order; `route` holds
+    /// each (token, slot)'s packed row (`n_tokens · k` words), then the
+    /// weights as f32 bits. The CPU's weighing, operation for operation,
+    /// where the device does not contract a product and a sum into an fma.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_weigh(
+        &mut self,
+        ys: &Tensor,
+        route: &Tensor,
+        out: &Tensor,
+        n_tokens: usize,
+        k: usize,
+        dim: usize,
+        add: bool,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "moe_weigh";
+        let rows = n_tokens.checked_mul(k);
+        let fits = |t: &Tensor, n: Option<usize>| n.is_some_and(|n| n <= t.len());
+        if k == 0
+            || dim == 0
+            || !fits(ys, rows.and_then(|r| r.checked_mul(dim)))
+            || !fits(route, rows.and_then(|r| r.checked_mul(2)))
+            || !fits(out, n_tokens.checked_mul(dim))
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n_tokens} tokens of {k} experts of {dim}: ys {}, route {}, out {}",
+                    ys.len(),
+                    route.len(),
+                    out.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, out, &[ys, route])?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let n = to_u32(OP, "outputs", n_tokens * dim)?;
+        to_u32(OP, "expert rows", n_tokens * k * dim)?;
+        let params = MoeWeighParams {
+            n,
+            dim: to_u32(OP, "dim", dim)?,
+            k: to_u32(OP, "k", k)?,
+            add: u32::from(add),
+        };
+        let (gx, gy) = self.gpu.grid(n.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("moe_weigh.wgsl"),
+            &[(&ys.buf, None), (&route.buf, None), (&out.buf, None)],
             &params,
             [gx, gy, 1],
         )

@@ -794,3 +794,62 @@ fn norm_epilogue_equals_add_then_add_rms_norm() {
         }
     }
 }
+
+/// The routed experts' weighted sum on the GPU: each token's slots summed
+/// in slot order from rows packed in another order, with and without a
+/// vector already in the output (the shared expert's), against the CPU's
+/// f32 sums in that order; rows the route does not name are never read
+/// into a token.
+#[test]
+fn moe_weigh_sums_each_tokens_slots_in_order() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(47);
+    for (n, k, dim) in [(1, 8, 96), (5, 2, 64), (3, 4, 300)] {
+        let rows = n * k;
+        let ys = rng.vec(rows * dim);
+        // Packed row of (token, slot) i: a rotation of the identity, so no
+        // row is where the slot order would put it (when rows > 1).
+        let packed: Vec<usize> = (0..rows).map(|i| (i * 7 + 3) % rows).collect();
+        let weights: Vec<f32> = (0..rows).map(|_| rng.signed().abs()).collect();
+        let shared = rng.vec(n * dim);
+        let mut table: Vec<u32> = packed.iter().map(|&r| r as u32).collect();
+        table.extend(weights.iter().map(|w| w.to_bits()));
+        let yt = gpu.upload_f32(&ys).unwrap();
+        let route = gpu.upload_u32(&table).unwrap();
+        for add in [false, true] {
+            let out = gpu.upload_f32(&shared).unwrap();
+            let mut b = gpu.batch();
+            b.moe_weigh(&yt, &route, &out, n, k, dim, add).unwrap();
+            b.submit().unwrap();
+            let got = gpu.read_f32(&out).unwrap();
+            for t in 0..n {
+                for i in 0..dim {
+                    let y = |s: usize| ys[packed[t * k + s] * dim + i];
+                    let mut want = y(0) * weights[t * k];
+                    for s in 1..k {
+                        want += y(s) * weights[t * k + s];
+                    }
+                    if add {
+                        want += shared[t * dim + i];
+                    }
+                    let g = got[t * dim + i];
+                    // One rounding per slot apart at most, where the device
+                    // fuses a product into its sum.
+                    let tol = 4.0 * f32::EPSILON * (k as f32 + 1.0) * (want.abs() + 1.0);
+                    assert!(
+                        (g - want).abs() <= tol,
+                        "n {n}, k {k}, add {add}: token {t} value {i}: {g} vs {want}"
+                    );
+                }
+            }
+        }
+        // A route too short for its tokens is refused.
+        let short = gpu.upload_u32(&table[..rows]).unwrap();
+        let out = gpu.tensor(n * dim).unwrap();
+        let err = gpu
+            .batch()
+            .moe_weigh(&yt, &short, &out, n, k, dim, false)
+            .unwrap_err();
+        assert!(err.to_string().contains("route"), "{err}");
+    }
+}
