@@ -47,7 +47,7 @@ pub struct Placement {
 /// `--n-cpu-moe N` sends those of the blocks from N on to the GPU.
 /// Unlike llama.cpp, whose experts go with their block unless told
 /// otherwise, Lamina keeps them in RAM by default: its GPU experts are
-/// routed on the CPU, a second round trip per block and step.
+/// routed on the CPU too, a wait for the device per block and step.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct MoeFlags {
     /// Keep every block's routed experts in system RAM, run on the CPU,
@@ -58,7 +58,7 @@ pub struct MoeFlags {
     /// Keep only the routed experts of the first N blocks in system RAM;
     /// the later offloaded blocks' go to the GPU with their block
     /// (llama.cpp's --n-cpu-moe, also -ncmoe; 0: every offloaded block's).
-    /// Their tokens are still routed on the CPU: a second round trip per
+    /// Their tokens are still routed on the CPU: a wait for the device per
     /// block and step.
     #[arg(long = "n-cpu-moe", value_name = "N")]
     pub n_cpu_moe: Option<usize>,

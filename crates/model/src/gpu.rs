@@ -17,11 +17,12 @@
 //! `routed_experts`): the activations cross once each way. A block whose
 //! experts are on the GPU (`--n-cpu-moe`) sends every (token, slot)'s input
 //! up packed in expert order, runs each chosen expert's products over its
-//! run of columns, and reads the outputs back to weigh them in slot order:
-//! a second round trip, where a kernel that reads the expert ids from a
-//! buffer (routing on the GPU) would need none. Either way the CPU adds
-//! the gated shared output, and the sum goes up for the residual add that
-//! opens the next submission.
+//! run of columns, and weighs the outputs in slot order on the GPU
+//! (`moe_weigh`), all in the step's next submission: no second readback,
+//! where a kernel that reads the expert ids from a buffer (routing on the
+//! GPU) would need no readback at all. The CPU gates the shared output
+//! (qwen2moe), added after the routed experts' sum either way, and the sum
+//! feeds the residual add that opens the next submission.
 //!
 //! The GPU layers' caches of sequences created together
 //! ([`HybridModel::new_caches`], as the server does for its slots) share one
