@@ -162,3 +162,25 @@ pub fn poisoned(gpu: &Gpu, n: usize) -> Tensor {
 pub fn within(err: f64, tol: f64) -> bool {
     err.is_finite() && err < tol
 }
+
+/// Plain RoPE over heads of `head_dim`: base 10000, no scaling, no pair
+/// factors, the first token at `pos_offset`.
+pub fn rope(
+    head_dim: usize,
+    n_rot: usize,
+    n_heads: usize,
+    pos_offset: usize,
+    neox: bool,
+) -> lamina_gpu::Rope {
+    lamina_gpu::Rope {
+        head_dim,
+        n_rot,
+        n_heads,
+        pos_offset: pos_offset as u32,
+        freq_base: 10000.0,
+        neox,
+        freq_scale: 1.0,
+        mscale: 1.0,
+        factors_at: None,
+    }
+}

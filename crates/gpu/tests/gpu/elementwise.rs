@@ -94,17 +94,7 @@ fn rope_matches_reference_in_both_orderings() {
     for neox in [false, true] {
         // Full and partial rotation (the rest passes through).
         for n_rot in [64, 32] {
-            let rope = Rope {
-                head_dim,
-                n_rot,
-                n_heads,
-                pos_offset: 100,
-                freq_base: 10000.0,
-                neox,
-                freq_scale: 1.0,
-                mscale: 1.0,
-                factors_at: None,
-            };
+            let rope = common::rope(head_dim, n_rot, n_heads, 100, neox);
             let got = run(gpu, x.len(), |b, y| b.rope(&xt, y, &rope).unwrap());
             let want = rope_reference(&x, &rope);
             check(

@@ -186,17 +186,7 @@ fn qkv_epilogue_equals_norms_rope_and_copies() {
     let kn = gpu.upload_f32(&rng.vec(hd)).unwrap();
     let cache = rng.vec(ctx * kvd);
     for (neox, n_rot) in [(false, 32), (true, 32), (false, 16), (true, 16)] {
-        let rope = |heads| Rope {
-            head_dim: hd,
-            n_rot,
-            n_heads: heads,
-            pos_offset: pos0 as u32,
-            freq_base: 10000.0,
-            neox,
-            freq_scale: 1.0,
-            mscale: 1.0,
-            factors_at: None,
-        };
+        let rope = |heads| common::rope(hd, n_rot, heads, pos0, neox);
         // Unfused: norms over whole tensors, RoPE of the sequence's tokens,
         // copies into the caches.
         let (q2, k2) = (
@@ -548,15 +538,10 @@ fn rope_epilogue_case(gpu: &lamina_gpu::Gpu, kv: KvElem) {
         (false, 16, 1, true),
     ] {
         let rope = Rope {
-            head_dim: hd,
-            n_rot,
-            n_heads: layout.n_head,
-            pos_offset: 0,
-            freq_base: 10000.0,
-            neox,
             freq_scale: if scaled { 0.25 } else { 1.0 },
             mscale: if scaled { 1.19 } else { 1.0 },
             factors_at: scaled.then_some(ff_at),
+            ..common::rope(hd, n_rot, layout.n_head, 0, neox)
         };
         let x = gpu.upload_f32(&rng.vec(n * k)).unwrap();
         for norm in [false, true] {

@@ -8,7 +8,7 @@ use super::common;
 
 use common::Rng;
 use lamina_gpu::{
-    attention_scratch_len, Attention, Gpu, KvElem, QkvLayout, Rope, Tensor, TokenRow, TokenTable,
+    attention_scratch_len, Attention, Gpu, KvElem, QkvLayout, Tensor, TokenRow, TokenTable,
     KV_Q8_BLOCK, KV_Q8_WORDS,
 };
 use lamina_quant::kv::{q8_0_row, Q8_0_BYTES};
@@ -78,17 +78,7 @@ fn rope_kv_stores_the_cpus_q8_0_blocks() {
     qkv[t..t + 8].copy_from_slice(&[127.0, 2.5, -0.5, 3.5, -6.5, 0.5, -1.5, 126.5]);
     let qkvt = gpu.upload_f32(&qkv).unwrap();
     for (neox, n_rot) in [(false, 64), (true, 64), (true, 32), (false, 16)] {
-        let rope = Rope {
-            head_dim: hd,
-            n_rot,
-            n_heads: n_head,
-            pos_offset: pos0 as u32,
-            freq_base: 10000.0,
-            neox,
-            freq_scale: 1.0,
-            mscale: 1.0,
-            factors_at: None,
-        };
+        let rope = common::rope(hd, n_rot, n_head, pos0, neox);
         let (q32, q8) = (
             common::poisoned(gpu, tokens * qd),
             common::poisoned(gpu, tokens * qd),
@@ -143,17 +133,7 @@ fn rope_kv_stores_the_cpus_q8_0_blocks() {
         head_dim: 48,
         ..layout(KvElem::Q8_0)
     };
-    let rope = Rope {
-        head_dim: 48,
-        n_rot: 48,
-        n_heads: n_head,
-        pos_offset: 0,
-        freq_base: 10000.0,
-        neox: false,
-        freq_scale: 1.0,
-        mscale: 1.0,
-        factors_at: None,
-    };
+    let rope = common::rope(48, 48, n_head, 0, false);
     let words = KvElem::Q8_0.words(rows * 2 * 48);
     let (kc, vc) = (gpu.tensor(words).unwrap(), gpu.tensor(words).unwrap());
     let q = gpu.tensor(tokens * qd).unwrap();
