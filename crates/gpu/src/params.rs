@@ -166,7 +166,6 @@ pub(crate) struct RopeKvParams {
     pub _pad: [u32; 2],
 }
 
-/// Sizes naga must report for the WGSL structs of the same names.
 /// `MoeWeighParams`: the routed experts' weighted sum
 /// ([`crate::Batch::moe_weigh`]).
 #[repr(C)]
@@ -181,6 +180,7 @@ pub(crate) struct MoeWeighParams {
     pub add: u32,
 }
 
+/// Sizes naga must report for the WGSL structs of the same names.
 #[cfg(test)]
 pub(crate) const SIZES: &[(&str, usize)] = &[
     ("MatParams", std::mem::size_of::<MatParams>()),

@@ -54,16 +54,12 @@ pub enum KvElem {
     Q8_0,
 }
 
-/// Values per q8_0 block, and its 32-bit words on the GPU.
-pub const KV_Q8_BLOCK: usize = 32;
+/// Values per q8_0 block (ggml's, as the CPU cache's), and its 32-bit
+/// words on the GPU.
+pub const KV_Q8_BLOCK: usize = lamina_quant::kv::Q8_0_BLOCK;
 pub const KV_Q8_WORDS: usize = 9;
 
 impl KvElem {
-    /// Bytes of `values` values (whole blocks for q8_0).
-    pub fn bytes_of(self, values: usize) -> usize {
-        self.words(values).saturating_mul(4)
-    }
-
     /// Values a cache tensor of `words` 32-bit elements holds.
     pub fn values(self, words: usize) -> usize {
         match self {
@@ -82,8 +78,8 @@ impl KvElem {
         }
     }
 
-    /// The WGSL element type of the cache's bindings as vec4 loads read
-    /// them (attention), and the include that widens them.
+    /// The WGSL element type of the cache's bindings as the attention
+    /// kernels read them: vec4s, or q8_0's words.
     pub(crate) fn wgsl_vec(self) -> &'static str {
         match self {
             KvElem::F32 => "vec4<f32>",
@@ -100,8 +96,8 @@ impl KvElem {
         }
     }
 
-    /// The WGSL scalar type of the cache's bindings (f32 and f16 only: the
-    /// scalar writers).
+    /// The WGSL scalar type of the cache's bindings (q8_0: its words; its
+    /// writer, rope_kv_q8.wgsl, names them itself).
     pub(crate) fn wgsl(self) -> &'static str {
         match self {
             KvElem::F32 => "f32",
@@ -568,6 +564,7 @@ impl Batch<'_> {
             [gx, gy, 1],
         )
     }
+
     /// The routed experts' weighted sum: for each of `n_tokens` tokens,
     /// `out[t] = Σ_s w[t][s] · ys[row[t][s]]` over its `k` slots in slot
     /// order (then, with `add`, plus what `out` holds), rows of `dim`.
