@@ -367,6 +367,13 @@ pub(crate) fn run<B: Backend>(
                 }
             }
         }
+        // Published before the step as well as after it: a request taken
+        // out of the queue above holds its slot from now on, and a first
+        // step (a long prompt) must not show it as neither queued nor
+        // active, nor let a reader see 0 while its slot is still held.
+        metrics
+            .active
+            .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
         if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
             for job in erases {
                 refuse_one(job, &e, metrics, outstanding);

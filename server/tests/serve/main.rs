@@ -404,6 +404,10 @@ fn full_queue_is_503_at_once_and_the_key_comes_from_the_environment() {
     assert_eq!(client::get(server.port, "/health").status, 200);
 
     let busy = stream_story(server.port, 200, &auth);
+    // The slot counts as held from admission, not from the end of the
+    // first step: a client that has a token reads 1 at once.
+    let (active, text) = server.metric("lamina_active_sequences");
+    assert_eq!(active, Some(1.0), "{text}");
     let t = Instant::now();
     let r = client::request(
         server.port,
