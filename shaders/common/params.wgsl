@@ -130,3 +130,14 @@ struct RopeKvParams {
     _pad1: u32,
     _pad2: u32,
 }
+
+struct ArgmaxParams {
+    rows: u32,
+    len: u32,         // items per row in this stage's input
+    stride: u32,      // items between the starts of two input rows
+    chunks: u32,      // workgroups (output pairs) per row
+    pairs: u32,       // 0: the input is f32 values; 1: (key, index) pairs
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}

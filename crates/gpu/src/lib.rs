@@ -42,8 +42,8 @@ pub use buffer::{row_bytes, Tensor, Weight, WEIGHT_PAD};
 pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{
-    attention_scratch_len, Attention, Batch, Columns, Fuse, Gate, KvElem, MatmulKernel,
-    MatvecShape, NormAfter, QkvLayout, Rope, RopeOut, TokenRow, TokenTable, ATTN_CHUNK,
-    KV_Q8_BLOCK, KV_Q8_WORDS, LANES, MAX_SMALL_COLS,
+    argmax_scratch_len, attention_scratch_len, Attention, Batch, Columns, Fuse, Gate, KvElem,
+    MatmulKernel, MatvecShape, NormAfter, QkvLayout, Rope, RopeOut, TokenRow, TokenTable,
+    ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK, KV_Q8_BLOCK, KV_Q8_WORDS, LANES, MAX_SMALL_COLS,
 };
 pub use quant::{has_kernel, SUPPORTED};

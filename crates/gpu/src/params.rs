@@ -180,6 +180,23 @@ pub(crate) struct MoeWeighParams {
     pub add: u32,
 }
 
+/// `ArgmaxParams`: one stage of each row's argmax
+/// ([`crate::Batch::argmax_rows`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct ArgmaxParams {
+    pub rows: u32,
+    /// Items per row in this stage's input.
+    pub len: u32,
+    /// Items between the starts of two input rows.
+    pub stride: u32,
+    /// Workgroups (output pairs) per row.
+    pub chunks: u32,
+    /// 0: the input is f32 values; 1: (key, index) pairs.
+    pub pairs: u32,
+    pub _pad: [u32; 3],
+}
+
 /// Sizes naga must report for the WGSL structs of the same names.
 #[cfg(test)]
 pub(crate) const SIZES: &[(&str, usize)] = &[
@@ -194,4 +211,5 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("HeadNormParams", std::mem::size_of::<HeadNormParams>()),
     ("RopeKvParams", std::mem::size_of::<RopeKvParams>()),
     ("MoeWeighParams", std::mem::size_of::<MoeWeighParams>()),
+    ("ArgmaxParams", std::mem::size_of::<ArgmaxParams>()),
 ];

@@ -105,6 +105,7 @@ sources!(
     "rope_kv.wgsl",
     "rope_kv_q8.wgsl",
     "moe_weigh.wgsl",
+    "argmax.wgsl",
     "common/kv_vec.wgsl",
     "common/kv_q8.wgsl",
 );

@@ -1,10 +1,12 @@
 //! The f32 kernels around the mat-muls: RMSNorm, RoPE, softmax, attention,
-//! gated activations, add, bias rows, scale and copy.
+//! gated activations, add, bias rows, scale and copy, and each row's argmax.
 
 use super::{shape, to_u32, Batch, KvElem};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
-use crate::params::{AttnParams, CopyParams, EltParams, NormParams, RopeParams, SoftmaxParams};
+use crate::params::{
+    ArgmaxParams, AttnParams, CopyParams, EltParams, NormParams, RopeParams, SoftmaxParams,
+};
 use crate::shader::KernelSpec;
 
 const ELT_WG: u32 = 256;
@@ -111,6 +113,25 @@ fn glu_spec(act: &str) -> KernelSpec {
     KernelSpec::new("glu.wgsl").def("ACT", act)
 }
 
+/// Values one argmax workgroup reduces (`shaders/argmax.wgsl`): 16 per
+/// invocation, so Gemma 3's 262144 logits take 64 workgroups per row, and
+/// a second stage of one workgroup joins their 64 pairs.
+const ARGMAX_CHUNK: usize = 4096;
+/// The longest row [`Batch::argmax_rows`] takes in its two stages.
+pub const ARGMAX_MAX_LEN: usize = ARGMAX_CHUNK * ARGMAX_CHUNK;
+/// The index [`Batch::argmax_rows`] gives a row with no number in it.
+pub const ARGMAX_NONE: u32 = u32::MAX;
+
+/// Scratch words [`Batch::argmax_rows`] needs for `rows` rows of `len`.
+pub fn argmax_scratch_len(rows: usize, len: usize) -> usize {
+    rows.saturating_mul(len.div_ceil(ARGMAX_CHUNK))
+        .saturating_mul(2)
+}
+
+fn argmax_spec() -> KernelSpec {
+    KernelSpec::new("argmax.wgsl").def("CH", ARGMAX_CHUNK.to_string())
+}
+
 fn binary_spec(op: &str) -> KernelSpec {
     KernelSpec::new("binary.wgsl").def("OP", op)
 }
@@ -129,6 +150,7 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
         KernelSpec::new("copy.wgsl"),
         KernelSpec::new("copy_f32.wgsl"),
         KernelSpec::new("add_rows.wgsl"),
+        argmax_spec(),
     ]
     .into_iter()
     .chain([32, 64, 80, 128, 256, 2048].into_iter().flat_map(|hd| {
@@ -456,6 +478,84 @@ impl Batch<'_> {
             &params,
             [gx, gy, 1],
         )
+    }
+
+    /// Each row's argmax (ties to the lowest index, NaN never chosen, as
+    /// lamina_sampling's `argmax`): row `r` is the `len` values of `x` from
+    /// element `r * stride`. `out` gets two words per row, an order key
+    /// and the index, which is [`ARGMAX_NONE`] for a row of NaN only.
+    /// `scratch` holds the first stage's pairs when a row takes more than
+    /// one workgroup: [`argmax_scratch_len`] words. Two dispatches at most:
+    /// rows of up to [`ARGMAX_MAX_LEN`] values.
+    pub fn argmax_rows(
+        &mut self,
+        x: &Tensor,
+        rows: usize,
+        len: usize,
+        stride: usize,
+        scratch: &Tensor,
+        out: &Tensor,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "argmax";
+        let last = rows
+            .checked_sub(1)
+            .and_then(|r| r.checked_mul(stride))
+            .and_then(|a| a.checked_add(len));
+        let pairs = len.div_ceil(ARGMAX_CHUNK);
+        if len == 0
+            || len > ARGMAX_MAX_LEN
+            || (rows > 1 && stride < len)
+            || last.is_some_and(|end| end > x.len())
+            || rows.checked_mul(2).is_none_or(|w| w > out.len())
+            || (pairs > 1 && argmax_scratch_len(rows, len) > scratch.len())
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{rows} rows of {len} (stride {stride}) in {} values, scratch {}, out {}",
+                    x.len(),
+                    scratch.len(),
+                    out.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, out, &[x, scratch])?;
+        Self::distinct(OP, scratch, &[x])?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let rows32 = to_u32(OP, "rows", rows)?;
+        if rows32 > self.gpu.limits().max_compute_workgroups_per_dimension {
+            return Err(shape(OP, format!("{rows} rows in one dispatch")));
+        }
+        let stage =
+            |len: usize, stride: usize, chunks: usize, pairs: bool| -> Result<_, GpuError> {
+                Ok(ArgmaxParams {
+                    rows: rows32,
+                    len: to_u32(OP, "len", len)?,
+                    stride: to_u32(OP, "stride", stride)?,
+                    chunks: to_u32(OP, "chunks", chunks)?,
+                    pairs: u32::from(pairs),
+                    _pad: [0; 3],
+                })
+            };
+        let spec = argmax_spec();
+        let first_out = if pairs > 1 { scratch } else { out };
+        self.push(
+            &spec,
+            &[(&x.buf, None), (&first_out.buf, None)],
+            &stage(len, stride, pairs, false)?,
+            [pairs as u32, rows32, 1],
+        )?;
+        if pairs > 1 {
+            self.push(
+                &spec,
+                &[(&scratch.buf, None), (&out.buf, None)],
+                &stage(pairs, pairs, 1, true)?,
+                [1, rows32, 1],
+            )?;
+        }
+        Ok(())
     }
 
     fn elementwise(

@@ -5,7 +5,7 @@
 //!   state the canonical reduction order that makes every mat-mul batch
 //!   invariant.
 //! * `elementwise`: RMSNorm, RoPE, softmax, attention, gated activations,
-//!   add, bias rows, scale, copy.
+//!   add, bias rows, scale, copy, each row's argmax.
 //! * `fused`: the decode path's fusions: residual add + RMSNorm, RoPE + KV
 //!   cache writes, per-head norms and the gated activation over stacked
 //!   QKV and gate/up products.
@@ -14,9 +14,12 @@ mod elementwise;
 mod fused;
 pub mod matmul;
 
+pub use elementwise::{
+    argmax_scratch_len, attention_scratch_len, Attention, Rope, TokenRow, TokenTable,
+    ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK,
+};
 #[cfg(test)]
 pub(crate) use elementwise::{attention_lanes_specs, elementwise_specs};
-pub use elementwise::{attention_scratch_len, Attention, Rope, TokenRow, TokenTable, ATTN_CHUNK};
 #[cfg(test)]
 pub(crate) use fused::{f16_cache_specs, fused_specs};
 pub use fused::{Gate, KvElem, QkvLayout, KV_Q8_BLOCK, KV_Q8_WORDS};

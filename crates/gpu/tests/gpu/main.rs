@@ -3,6 +3,7 @@
 //! They share one device and take turns on it (see `common::gpu`).
 #![allow(clippy::unwrap_used)]
 
+mod argmax;
 mod common;
 mod device;
 mod elementwise;
