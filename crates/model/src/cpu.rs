@@ -182,15 +182,15 @@ pub(crate) fn split_steps(
 /// [`split_steps`] for a step of several sequences: rounds in which each
 /// sequence with tokens left takes up to `limit` more; each sequence's
 /// logits are those of the round its tokens ended in.
-pub(crate) fn split_multi<C>(
+pub(crate) fn split_multi<C, T: Default>(
     work: &mut [(&[u32], &mut C)],
     limit: usize,
-    mut run: impl FnMut(&mut [(&[u32], &mut C)]) -> Result<Vec<Vec<f32>>, ModelError>,
-) -> Result<Vec<Vec<f32>>, ModelError> {
+    mut run: impl FnMut(&mut [(&[u32], &mut C)]) -> Result<Vec<T>, ModelError>,
+) -> Result<Vec<T>, ModelError> {
     if work.iter().all(|(t, _)| t.len() <= limit) {
         return run(work);
     }
-    let mut out = vec![Vec::new(); work.len()];
+    let mut out: Vec<T> = work.iter().map(|_| T::default()).collect();
     let mut off = 0;
     loop {
         let mut idx = Vec::new();

@@ -33,8 +33,9 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel, NormAfter, QkvLayout, Rope,
-    RopeOut, Tensor, TokenRow, TokenTable, Weight,
+    argmax_scratch_len, Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel,
+    NormAfter, QkvLayout, Rope, RopeOut, Tensor, TokenRow, TokenTable, Weight, ARGMAX_MAX_LEN,
+    ARGMAX_NONE,
 };
 
 use crate::block::Block;
@@ -44,6 +45,60 @@ use crate::error::ModelError;
 use crate::kv::KvType;
 use crate::plan::{Device, Plan};
 use crate::weights::{Ffn, Layer, Matrix};
+
+/// What a step reads back from the GPU: the logits, or only each
+/// sequence's argmax of them (greedy decoding).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Readback {
+    Logits,
+    Argmax,
+}
+
+/// A GPU step's result, as [`Readback`] asked: logits (one sequence's, or
+/// several packed one after another), or each sequence's pick.
+#[derive(Debug)]
+enum Stepped {
+    Logits(Vec<f32>),
+    Picks(Vec<u32>),
+}
+
+/// One sequence's result of a step, as [`Readback`] asked.
+#[derive(Debug)]
+enum Next {
+    Logits(Vec<f32>),
+    Pick(u32),
+}
+
+/// The error for a step that read back another thing than was asked: a
+/// bug, reported rather than turned into a wrong token.
+fn misread() -> ModelError {
+    ModelError::Gpu("a step read back another result than it was asked for".into())
+}
+
+impl Stepped {
+    fn into_logits(self) -> Result<Vec<f32>, ModelError> {
+        match self {
+            Stepped::Logits(l) => Ok(l),
+            Stepped::Picks(_) => Err(misread()),
+        }
+    }
+}
+
+impl Next {
+    fn into_logits(self) -> Result<Vec<f32>, ModelError> {
+        match self {
+            Next::Logits(l) => Ok(l),
+            Next::Pick(_) => Err(misread()),
+        }
+    }
+
+    fn into_pick(self) -> Result<u32, ModelError> {
+        match self {
+            Next::Pick(p) => Ok(p),
+            Next::Logits(_) => Err(misread()),
+        }
+    }
+}
 
 /// Weights whose products one step needs side by side (Q, K and V; gate
 /// and up), stacked by rows so one dispatch streams them all: one weight
@@ -357,6 +412,10 @@ struct Scratch {
     /// Positions the attention partials have room for.
     kv_room: usize,
     logits: Tensor,
+    /// Each sequence's greedy pick ((key, index) pairs) and the first
+    /// stage of its reduction (`lamina_gpu`'s `argmax_rows`).
+    picks: Tensor,
+    pick_pairs: Tensor,
     /// The last hidden state of each sequence (multi-sequence steps).
     last: Tensor,
     /// The token table of the step (`TokenRow`s) and its host copy.
@@ -785,27 +844,69 @@ impl<'a> HybridModel<'a> {
             .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
             .min()
             .unwrap_or(usize::MAX);
-        crate::cpu::in_pool(|| crate::cpu::split_multi(work, limit, |w| self.forward_multi_here(w)))
+        crate::cpu::in_pool(|| {
+            crate::cpu::split_multi(work, limit, |w| {
+                let out = self.forward_multi_here(w, Readback::Logits)?;
+                out.into_iter().map(Next::into_logits).collect()
+            })
+        })
+    }
+
+    /// Whether [`HybridModel::forward_multi_argmax`] can run: the head is
+    /// on the GPU, where the logits are reduced.
+    pub fn argmax_on_gpu(&self) -> bool {
+        self.gpu.is_some() && self.head.is_some() && self.cpu.config.n_vocab <= ARGMAX_MAX_LEN
+    }
+
+    /// [`HybridModel::forward_multi`] for sequences that pick their next
+    /// token greedily from the raw logits: each one's argmax (ties to the
+    /// lowest id, NaN never chosen, 0 when every logit is NaN, as
+    /// lamina_sampling's `argmax`), reduced on the GPU so the step reads
+    /// back two words per sequence instead of its `n_vocab` logits. Fails
+    /// without running anything unless [`HybridModel::argmax_on_gpu`].
+    pub fn forward_multi_argmax(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+    ) -> Result<Vec<u32>, ModelError> {
+        if !self.argmax_on_gpu() {
+            return Err(ModelError::Gpu(
+                "the greedy pick is reduced on the GPU, and this model's head is not there".into(),
+            ));
+        }
+        let limit = work
+            .iter()
+            .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
+            .min()
+            .unwrap_or(usize::MAX);
+        crate::cpu::in_pool(|| {
+            crate::cpu::split_multi(work, limit, |w| {
+                let out = self.forward_multi_here(w, Readback::Argmax)?;
+                out.into_iter().map(Next::into_pick).collect()
+            })
+        })
     }
 
     fn forward_multi_here(
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        read: Readback,
+    ) -> Result<Vec<Next>, ModelError> {
         let (Some(g), Some(head)) = (self.gpu.as_deref(), &self.head) else {
             let mut inner: Vec<(&[u32], &mut KvCache)> =
                 work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
+            if read != Readback::Logits {
+                return Err(ModelError::Gpu("no GPU to reduce the logits on".into()));
+            }
             let out = self.cpu.forward_multi(&mut inner)?;
             for (t, c) in work.iter_mut() {
                 let len = c.len + t.len();
                 c.len = len;
                 c.rings.advance(len);
             }
-            return Ok(out);
+            return Ok(out.into_iter().map(Next::Logits).collect());
         };
-        if work.len() == 1 {
-            let (t, c) = &mut work[0];
-            return Ok(vec![self.forward_here(t, c, Logits::Last)?]);
+        if let ([(t, c)], Readback::Logits) = (&mut *work, read) {
+            return Ok(vec![Next::Logits(self.forward_here(t, c, Logits::Last)?)]);
         }
         let mut xs = Vec::new();
         let mut firsts = Vec::with_capacity(work.len());
@@ -831,13 +932,19 @@ impl<'a> HybridModel<'a> {
                 cache: c,
             })
             .collect();
-        let flat = self.gpu_step(g, head, &xs, &segments, Logits::Last)?;
+        let out = self.gpu_step(g, head, &xs, &segments, Logits::Last, read)?;
         let v = self.cpu.config.n_vocab;
         for (t, c) in work.iter_mut() {
             let len = c.len + t.len();
             c.advance(len);
         }
-        Ok(flat.chunks_exact(v).map(<[f32]>::to_vec).collect())
+        Ok(match out {
+            Stepped::Logits(flat) => flat
+                .chunks_exact(v)
+                .map(|l| Next::Logits(l.to_vec()))
+                .collect(),
+            Stepped::Picks(picks) => picks.into_iter().map(Next::Pick).collect(),
+        })
     }
 
     fn scratch(
@@ -866,6 +973,8 @@ impl<'a> HybridModel<'a> {
             // long prompt over a large vocabulary (Gemma 3's 262144) does
             // not bind `n` rows of logits it never computes.
             logits: t(seqs.max(1) * c.n_vocab)?,
+            picks: t(2 * seqs.max(1))?,
+            pick_pairs: t(argmax_scratch_len(seqs.max(1), c.n_vocab).max(1))?,
             last: t(seqs * e)?,
             // Each table holds its entries, then the RoPE pair factors at
             // word 2n (see `Self::rope_factors_at`).
@@ -916,12 +1025,15 @@ impl<'a> HybridModel<'a> {
             pos0,
             cache,
         };
-        self.gpu_step(g, head, x, &[seg], which)
+        self.gpu_step(g, head, x, &[seg], which, Readback::Logits)?
+            .into_logits()
     }
 
     /// The GPU layers and the head for `segments` packed in `x`, in one
     /// submission. One segment returns the logits `which` asks for; several
-    /// return each segment's last logits, one after another.
+    /// return each segment's last logits, one after another. With
+    /// [`Readback::Argmax`] (and `which` [`Logits::Last`]) each segment's
+    /// argmax instead.
     fn gpu_step(
         &self,
         g: &Gpu,
@@ -929,7 +1041,13 @@ impl<'a> HybridModel<'a> {
         x: &[f32],
         segments: &[Segment<'_>],
         which: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
+        read: Readback,
+    ) -> Result<Stepped, ModelError> {
+        if read == Readback::Argmax && which != Logits::Last {
+            return Err(ModelError::Gpu(
+                "a greedy pick is made from the last logits only".into(),
+            ));
+        }
         let c = &self.cpu.config;
         let n: usize = segments.iter().map(|s| s.n).sum();
         let seqs = segments.len();
@@ -1068,7 +1186,10 @@ impl<'a> HybridModel<'a> {
                 ));
             }
             b.submit().map_err(gpu_err)?;
-            return g.read_f32_range(&s.h, 0, n * e).map_err(gpu_err);
+            return g
+                .read_f32_range(&s.h, 0, n * e)
+                .map(Stepped::Logits)
+                .map_err(gpu_err);
         }
         let rows = match segments {
             [_] => n - which.first(n),
@@ -1122,8 +1243,24 @@ impl<'a> HybridModel<'a> {
             .map_err(gpu_err)?;
             seqs
         };
+        if read == Readback::Argmax {
+            let v = c.n_vocab;
+            b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)
+                .map_err(gpu_err)?;
+            b.submit().map_err(gpu_err)?;
+            let pairs = g.read_u32(&s.picks).map_err(gpu_err)?;
+            // A row of NaN only: the host's argmax gives 0.
+            let picks = pairs
+                .chunks_exact(2)
+                .take(m)
+                .map(|p| if p[1] == ARGMAX_NONE { 0 } else { p[1] })
+                .collect();
+            return Ok(Stepped::Picks(picks));
+        }
         b.submit().map_err(gpu_err)?;
-        g.read_f32_range(logits, 0, m * c.n_vocab).map_err(gpu_err)
+        g.read_f32_range(logits, 0, m * c.n_vocab)
+            .map(Stepped::Logits)
+            .map_err(gpu_err)
     }
 
     /// Records one block: `cur` holds the hidden state on entry and on exit;

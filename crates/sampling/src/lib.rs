@@ -163,6 +163,22 @@ impl Sampler {
         &self.cfg
     }
 
+    /// Whether every token this sampler picks is [`argmax`] of the raw
+    /// logits: greedy, with no bias and no penalty that could move them.
+    /// Such a sequence needs only the argmax, which a backend may reduce
+    /// where the logits are (a GPU reads back one token, not the vocabulary).
+    pub fn is_plain_greedy(&self) -> bool {
+        let c = &self.cfg;
+        c.temperature <= 0.0 && c.logit_bias.is_empty() && self.penalties_off()
+    }
+
+    /// Whether the penalties leave every logit as it is.
+    fn penalties_off(&self) -> bool {
+        let c = &self.cfg;
+        c.repeat_last_n == 0
+            || (c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0)
+    }
+
     /// Picks the next token. `logits` is modified in place by the bias and
     /// penalties; `history` is the sequence so far (prompt and generated),
     /// oldest first. An empty `logits` gives 0.
@@ -250,12 +266,10 @@ impl Sampler {
 
     /// llama.cpp's `penalties` sampler over the last `repeat_last_n` tokens.
     fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
-        let c = &self.cfg;
-        let off =
-            c.repeat_penalty == 1.0 && c.presence_penalty == 0.0 && c.frequency_penalty == 0.0;
-        if off || c.repeat_last_n == 0 {
+        if self.penalties_off() {
             return;
         }
+        let c = &self.cfg;
         let window = match usize::try_from(c.repeat_last_n) {
             Ok(n) => &history[history.len().saturating_sub(n)..],
             Err(_) => history,

@@ -397,3 +397,45 @@ fn post_sampling_probs_are_the_chains_distribution() {
     let (id, p) = g.sample_with_probs(&mut [0.1, 3.0, -2.0], &[], 3);
     assert_eq!((id, p.chosen, p.top), (1, 1.0, vec![(1, 1.0)]));
 }
+
+#[test]
+fn plain_greedy_is_the_raw_argmax_and_nothing_else_claims_it() {
+    let logits = vec![0.5, 3.0, 2.9, -1.0];
+    let history = [1, 1, 3];
+    let greedy = SamplerConfig::greedy();
+    // Penalties over a window of nothing move nothing.
+    let no_window = SamplerConfig {
+        repeat_penalty: 1.5,
+        repeat_last_n: 0,
+        ..greedy.clone()
+    };
+    for c in [greedy.clone(), no_window] {
+        let mut s = sampler(c.clone());
+        assert!(s.is_plain_greedy(), "{c:?}");
+        assert_eq!(s.sample(&mut logits.clone(), &history), argmax(&logits));
+    }
+    // Each of these can pick another token than the raw argmax.
+    for c in [
+        SamplerConfig {
+            repeat_penalty: 1.5,
+            ..greedy.clone()
+        },
+        SamplerConfig {
+            presence_penalty: 0.5,
+            ..greedy.clone()
+        },
+        SamplerConfig {
+            frequency_penalty: 0.5,
+            ..greedy.clone()
+        },
+        SamplerConfig {
+            logit_bias: vec![(2, 1.0)],
+            ..greedy.clone()
+        },
+    ] {
+        let mut s = sampler(c.clone());
+        assert!(!s.is_plain_greedy(), "{c:?}");
+        assert_eq!(s.sample(&mut logits.clone(), &history), 2, "{c:?}");
+    }
+    assert!(!sampler(cfg()).is_plain_greedy());
+}
