@@ -5,7 +5,9 @@
 //! or mixed-device model implements the same trait and the loop is unchanged.
 //! [`Backend::forward_batch`] is where a backend that can decode many
 //! sequences in one pass overrides the one-at-a-time default; the CPU model
-//! does, with `forward_multi`.
+//! does, with `forward_multi`. [`Backend::forward_batch_argmax`] is the same
+//! step for sequences that only need their greedy pick, which a model with
+//! its head on the GPU reduces there.
 
 use lamina_model::{Config, CpuModel, HybridCache, HybridModel, KvCache, Logits, ModelError};
 
@@ -85,6 +87,27 @@ pub trait Backend {
             .map(|(tokens, cache)| self.forward(tokens, cache))
             .collect()
     }
+
+    /// [`Backend::forward_batch`] for a step whose sequences all pick their
+    /// next token greedily from the raw logits
+    /// ([`lamina_sampling::Sampler::is_plain_greedy`]): each one's
+    /// [`lamina_sampling::argmax`]. A backend with its logits on a GPU
+    /// reduces them there and reads back a token per sequence instead of
+    /// the vocabulary; by default, the argmax of `forward_batch`'s logits.
+    fn forward_batch_argmax(
+        &self,
+        work: &mut [(&[u32], &mut Self::Cache)],
+    ) -> Vec<Result<u32, ModelError>> {
+        picks_of(self.forward_batch(work))
+    }
+}
+
+/// Each sequence's greedy pick from its logits, on the host.
+fn picks_of(logits: Vec<Result<Vec<f32>, ModelError>>) -> Vec<Result<u32, ModelError>> {
+    logits
+        .into_iter()
+        .map(|r| r.map(|l| lamina_sampling::argmax(&l)))
+        .collect()
 }
 
 impl Backend for CpuModel<'_> {
@@ -182,6 +205,31 @@ impl Backend for HybridModel<'_> {
         }
         work.iter_mut()
             .map(|(tokens, cache)| HybridModel::forward(self, tokens, cache, Logits::Last))
+            .collect()
+    }
+
+    /// On the GPU when the head is there (jointly, and one by one if the
+    /// joint step fails, as `forward_batch`); else from the logits.
+    fn forward_batch_argmax(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+    ) -> Vec<Result<u32, ModelError>> {
+        if !self.argmax_on_gpu() {
+            return picks_of(self.forward_batch(work));
+        }
+        if work.len() > 1 {
+            if let Ok(all) = self.forward_multi_argmax(work) {
+                return all.into_iter().map(Ok).collect();
+            }
+        }
+        work.iter_mut()
+            .map(|(tokens, cache)| {
+                let picks = self.forward_multi_argmax(&mut [(*tokens, &mut **cache)])?;
+                picks
+                    .first()
+                    .copied()
+                    .ok_or_else(|| ModelError::Gpu("a greedy step returned no pick".into()))
+            })
             .collect()
     }
 }

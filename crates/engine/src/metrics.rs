@@ -25,6 +25,7 @@ pub struct Metrics {
     steps: AtomicU64,
     step_sequences: AtomicU64,
     step_tokens_max: AtomicU64,
+    argmax_steps: AtomicU64,
     /// What each slot holds, as of the end of the last step.
     pub(crate) slots: std::sync::Mutex<Vec<SlotView>>,
     pub(crate) queued: AtomicUsize,
@@ -80,6 +81,9 @@ pub struct MetricsSnapshot {
     pub step_sequences: u64,
     /// The most tokens one forward call took.
     pub step_tokens_max: u64,
+    /// Forward calls whose sequences all picked greedily from the raw
+    /// logits: the backend returned the picks, not the logits.
+    pub argmax_steps: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -109,6 +113,7 @@ impl Metrics {
             steps: self.steps.load(Relaxed),
             step_sequences: self.step_sequences.load(Relaxed),
             step_tokens_max: self.step_tokens_max.load(Relaxed),
+            argmax_steps: self.argmax_steps.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -130,6 +135,11 @@ impl Metrics {
 
     pub(crate) fn failed(&self) {
         self.failed.fetch_add(1, Relaxed);
+    }
+
+    /// A forward call that asked for greedy picks only.
+    pub(crate) fn argmax_step(&self) {
+        self.argmax_steps.fetch_add(1, Relaxed);
     }
 
     /// One forward call over `sequences` sequences and `tokens` tokens.

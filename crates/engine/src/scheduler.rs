@@ -181,6 +181,19 @@ impl Sequence {
         self.next_prompt < self.prompt.len()
     }
 
+    /// Whether a step that feeds it `n` more tokens samples its next token
+    /// (a prompt chunk that does not end the prompt does not).
+    fn samples_after(&self, n: usize) -> bool {
+        self.next_prompt + n >= self.prompt.len()
+    }
+
+    /// Whether its next token is just the argmax of the raw logits: no
+    /// log-probabilities to report, no grammar to mask with, and a plain
+    /// greedy sampler ([`Sampler::is_plain_greedy`]).
+    fn picks_argmax(&self) -> bool {
+        self.logprobs.is_none() && self.grammar.is_none() && self.sampler.is_plain_greedy()
+    }
+
     /// Sends where the prompt stands, when the request asked; a client that
     /// went away is noticed at the next step.
     fn report_progress(&self) {
@@ -799,8 +812,17 @@ fn step<B: Backend>(
     }
     ctx.metrics
         .stepped(inputs.len(), inputs.iter().map(|(_, t)| t.len()).sum());
+    // When every sequence that samples this step picks the argmax of the
+    // raw logits, the backend returns the picks alone (a GPU then reads
+    // back a token per sequence, not the vocabulary).
+    let argmax = inputs.iter().all(|(i, input)| {
+        slots[*i]
+            .seq
+            .as_ref()
+            .is_none_or(|s| !s.samples_after(input.len()) || s.picks_argmax())
+    });
     let t0 = Instant::now();
-    let results = {
+    let results: Vec<Result<Next, lamina_model::ModelError>> = {
         let mut caches: Vec<Option<&mut B::Cache>> =
             slots.iter_mut().map(|s| Some(&mut s.cache)).collect();
         let mut work: Vec<(&[u32], &mut B::Cache)> = Vec::with_capacity(inputs.len());
@@ -809,7 +831,14 @@ fn step<B: Backend>(
                 work.push((input.as_slice(), cache));
             }
         }
-        backend.forward_batch(&mut work)
+        if argmax {
+            ctx.metrics.argmax_step();
+            let picks = backend.forward_batch_argmax(&mut work);
+            picks.into_iter().map(|r| r.map(Next::Pick)).collect()
+        } else {
+            let logits = backend.forward_batch(&mut work);
+            logits.into_iter().map(|r| r.map(Next::Logits)).collect()
+        }
     };
     pacer.observe(prompt_tokens, decoded, t0.elapsed());
     // A change during the call may have fed it other bytes, or zeros where
@@ -818,8 +847,8 @@ fn step<B: Backend>(
 
     for ((i, input), result) in inputs.into_iter().zip(results) {
         let slot = &mut slots[i];
-        let mut logits = match result {
-            Ok(l) => l,
+        let next = match result {
+            Ok(n) => n,
             Err(e) => {
                 // The cache may hold part of this call: forget all of it.
                 slot.cache.truncate(0);
@@ -843,13 +872,7 @@ fn step<B: Backend>(
             ctx.metrics
                 .first_token(t.duration_since(seq.submitted).as_secs_f64() * 1e3);
         }
-        let exit = sample_one(
-            seq,
-            &mut logits,
-            slot.cache.len(),
-            slot.cache.capacity(),
-            ctx,
-        );
+        let exit = sample_one(seq, next, slot.cache.len(), slot.cache.capacity(), ctx);
         if let Some(exit) = exit {
             finish(slot, exit, ctx);
         }
@@ -857,42 +880,75 @@ fn step<B: Backend>(
     Ok(())
 }
 
-/// Samples, streams and checks the end conditions for one sequence.
-fn sample_one(
-    seq: &mut Sequence,
-    logits: &mut [f32],
-    cache_len: usize,
-    cache_cap: usize,
-    ctx: &Ctx<'_>,
-) -> Option<Exit> {
+/// What a step gave a sequence: its last logits, or (a step of greedy
+/// sequences only, [`Sequence::picks_argmax`]) their argmax.
+enum Next {
+    Logits(Vec<f32>),
+    Pick(u32),
+}
+
+/// Where a token's reported log-probability comes from.
+enum LogprobFrom {
+    /// The sampler chain's distribution.
+    Post(PostProbs),
+    /// The model's logits, before bias and penalties, and how many top
+    /// alternatives to report.
+    Raw(Vec<f32>, usize),
+}
+
+/// Picks the next token from `logits` (mask, bias, penalties, sampler) and
+/// says where its log-probability comes from, if the request wants one.
+fn choose(seq: &mut Sequence, mut logits: Vec<f32>) -> Result<(u32, Option<LogprobFrom>), Exit> {
     // Log-probabilities describe the model, before bias and penalties,
     // unless the request asked for the sampler's distribution.
     let post = seq.logprobs.filter(|_| seq.post_sampling);
     let raw = seq
         .logprobs
         .filter(|_| !seq.post_sampling)
-        .map(|n| (logits.to_vec(), n));
+        .map(|n| (logits.clone(), n));
     let mask = match seq.grammar.as_mut().map(Ahead::mask).transpose() {
         Ok(m) => m,
-        Err(e) => return Some(Exit::Failed(EngineError::Constraint(e.to_string()))),
+        Err(e) => return Err(Exit::Failed(EngineError::Constraint(e.to_string()))),
     };
     if let Some(m) = &mask {
-        m.apply(logits);
+        m.apply(&mut logits);
     }
-    let (id, post) = match post {
+    let (id, from) = match post {
         Some(n) => {
-            let (id, p) = seq.sampler.sample_with_probs(logits, &seq.history, n);
-            (id, Some(p))
+            let (id, p) = seq.sampler.sample_with_probs(&mut logits, &seq.history, n);
+            (id, Some(LogprobFrom::Post(p)))
         }
-        None => (seq.sampler.sample(logits, &seq.history), None),
+        None => (
+            seq.sampler.sample(&mut logits, &seq.history),
+            raw.map(|(l, n)| LogprobFrom::Raw(l, n)),
+        ),
     };
     // Fail closed: the sampler falls back to the argmax when every logit
     // is -inf, which happens when `logit_bias` bans all the grammar allows.
     if mask.as_ref().is_some_and(|m| !m.allows(id)) {
-        return Some(Exit::Failed(EngineError::Constraint(
+        return Err(Exit::Failed(EngineError::Constraint(
             "logit_bias bans every token the output's constraint allows here".into(),
         )));
     }
+    Ok((id, from))
+}
+
+/// Samples, streams and checks the end conditions for one sequence.
+fn sample_one(
+    seq: &mut Sequence,
+    next: Next,
+    cache_len: usize,
+    cache_cap: usize,
+    ctx: &Ctx<'_>,
+) -> Option<Exit> {
+    let (id, from) = match next {
+        Next::Logits(logits) => match choose(seq, logits) {
+            Ok(chosen) => chosen,
+            Err(exit) => return Some(exit),
+        },
+        // The step asked for picks only when nothing else was wanted.
+        Next::Pick(id) => (id, None),
+    };
     // The end-of-generation token counts as generated, as llama-server
     // counts it (`predicted_n`, `completion_tokens`), though it is not shown.
     seq.generated += 1;
@@ -900,10 +956,10 @@ fn sample_one(
         return Some(Exit::Finished(FinishReason::Stop));
     }
     seq.history.push(id);
-    let logprob = match post {
-        Some(p) => Some(post_logprob(ctx.tok, id, &p)),
-        None => raw.map(|(l, n)| token_logprob(ctx.tok, &l, id, n)),
-    };
+    let logprob = from.map(|f| match f {
+        LogprobFrom::Post(p) => post_logprob(ctx.tok, id, &p),
+        LogprobFrom::Raw(l, n) => token_logprob(ctx.tok, &l, id, n),
+    });
     let timings = seq.timings_per_token.then(|| seq.timings());
     if seq
         .events

@@ -1,6 +1,7 @@
 //! The engine on the real SmolLM2 model: greedy output equals a plain
 //! forward-and-argmax loop, alone and among other sequences; stop strings,
-//! max_tokens, cancellation, prefix reuse and the bounded queue.
+//! max_tokens, cancellation, prefix reuse and the bounded queue; on the GPU,
+//! greedy steps that read back picks pick what the logits give.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use lamina_engine::{Engine, EngineConfig, EngineError, Event, FinishReason, GenerateParams};
 use lamina_gguf::{LoadMode, Model};
+use lamina_model::placement::Ngl;
 use lamina_model::{CpuModel, KvCache, Logits};
 use lamina_sampling::{argmax, SamplerConfig};
 use lamina_tokenizer::Tokenizer;
@@ -134,6 +136,63 @@ fn greedy_alone_and_among_others_equals_the_plain_loop() {
             "active never returned to 0"
         );
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Every layer and the head on the (software) GPU: plain greedy requests
+/// run steps that read back each sequence's pick, and produce the tokens
+/// the same requests produce when they ask for a log-probability, which
+/// makes their steps read the logits; so does a step that mixes both.
+#[test]
+fn greedy_steps_on_the_gpu_pick_what_the_logits_give() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 4;
+    cfg.n_ctx = Some(4 * 256);
+    cfg.max_queue = 4;
+    cfg.ngl = Ngl::All;
+    let engine = Engine::start(cfg).unwrap();
+    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ];
+    let greedy = |p: &str| params(tokenize(p), 8);
+    let with_logprob = |p: &str| GenerateParams {
+        logprobs: Some(1),
+        ..greedy(p)
+    };
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| collect(engine.submit(with_logprob(p)).unwrap()).0)
+        .collect();
+    assert_eq!(
+        engine.metrics().argmax_steps,
+        0,
+        "log-probabilities need logits"
+    );
+    let rxs: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.submit(greedy(p)).unwrap())
+        .collect();
+    for (rx, w) in rxs.into_iter().zip(&want) {
+        assert_eq!(&collect(rx).0, w);
+    }
+    // At least each decode step of the four read picks.
+    let picked = engine.metrics().argmax_steps;
+    assert!(picked >= 7, "{picked} steps read picks");
+    // One request wanting a log-probability beside three that do not.
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let q = if i == 1 { with_logprob(p) } else { greedy(p) };
+            engine.submit(q).unwrap()
+        })
+        .collect();
+    for (rx, w) in rxs.into_iter().zip(&want) {
+        assert_eq!(&collect(rx).0, w);
     }
 }
 

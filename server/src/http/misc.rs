@@ -448,6 +448,12 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Steps whose prompt tokens were cut to --step-budget-ms so that the streams decoding beside them kept going.",
         &one(m.paced_steps as f64),
     );
+    metric(
+        "greedy_pick_steps_total",
+        "counter",
+        "Steps whose sequences all decoded greedily from the raw logits: the model returned each one's pick, which a GPU head reduces on the device instead of reading back the vocabulary.",
+        &one(m.argmax_steps as f64),
+    );
     let slots = st.engine.info().map_or(0, |i| i.n_parallel);
     let usage = if m.kv_capacity > 0 {
         m.kv_used as f64 / m.kv_capacity as f64
