@@ -15,7 +15,7 @@ mod error;
 pub mod rng;
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 
 pub use error::SamplingError;
 use rng::Xoshiro256;
@@ -214,20 +214,13 @@ impl Sampler {
             return certain(argmax(logits));
         }
 
-        let mut cands: Vec<Candidate> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &logit)| Candidate {
-                id: i as u32,
-                logit,
-            })
-            .filter(|c| !c.logit.is_nan() && c.logit != f32::NEG_INFINITY)
-            .collect();
+        let mut cands = best(logits, self.cfg.top_k, |l| {
+            !l.is_nan() && l != f32::NEG_INFINITY
+        });
         if cands.is_empty() {
             // Everything banned: fall back to the (penalised) argmax.
             return certain(argmax(logits));
         }
-        top_k(&mut cands, self.cfg.top_k);
         top_p(&mut cands, self.cfg.top_p);
         min_p(&mut cands, self.cfg.min_p);
         for c in &mut cands {
@@ -342,15 +335,73 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best.map_or(0, |(i, _)| i as u32)
 }
 
-fn top_k(cands: &mut Vec<Candidate>, k: usize) {
-    if k == 0 || k >= cands.len() {
+/// The `k` best of the logits that `keep` accepts (all of them for `k`
+/// 0), in [`by_logit_desc`] order: the top-k sampler's candidates.
+///
+/// One pass over the vocabulary with a heap of `k`, not a candidate per
+/// token and a selection over them: most logits lose one float compare
+/// against the worst kept, so Gemma 3's 262144 cost a scan, not a 2 MiB
+/// vector and a partition, each step of each sequence. The order is total
+/// (ties go to the lower id), so the set and its order are those of
+/// sorting every candidate.
+fn best(logits: &[f32], k: usize, keep: impl Fn(f32) -> bool) -> Vec<Candidate> {
+    let all = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &l)| keep(l))
+        .map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+        });
+    if k == 0 || k >= logits.len() {
+        let mut cands: Vec<Candidate> = all.collect();
         cands.sort_unstable_by(by_logit_desc);
-        return;
+        return cands;
     }
-    // Partition first: a full sort of a 262k vocabulary each step is waste.
-    cands.select_nth_unstable_by(k - 1, by_logit_desc);
-    cands.truncate(k);
-    cands.sort_unstable_by(by_logit_desc);
+    // A max-heap under by_logit_desc: its top is the worst kept.
+    let mut heap: BinaryHeap<Ranked> = BinaryHeap::with_capacity(k);
+    for c in all {
+        if heap.len() < k {
+            heap.push(Ranked(c));
+            continue;
+        }
+        let Some(mut worst) = heap.peek_mut() else {
+            continue;
+        };
+        // A smaller float is worse in the total order too (no NaN here
+        // that `keep` let through is compared before by_logit_desc).
+        if c.logit < worst.0.logit {
+            continue;
+        }
+        if by_logit_desc(&c, &worst.0) == Ordering::Less {
+            *worst = Ranked(c);
+        }
+    }
+    heap.into_sorted_vec().into_iter().map(|r| r.0).collect()
+}
+
+/// A candidate ordered by [`by_logit_desc`] (best first, so a max-heap
+/// keeps the worst on top).
+struct Ranked(Candidate);
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> Ordering {
+        by_logit_desc(&self.0, &other.0)
+    }
 }
 
 /// Probabilities at temperature 1 of candidates sorted by logit.
@@ -408,17 +459,7 @@ pub fn top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
             .map(|&l| (f64::from(l) - f64::from(max)).exp())
             .sum::<f64>()
             .ln();
-    let mut cands: Vec<Candidate> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| !l.is_nan())
-        .map(|(i, &logit)| Candidate {
-            id: i as u32,
-            logit,
-        })
-        .collect();
-    top_k(&mut cands, n);
-    cands
+    best(logits, n, |l| !l.is_nan())
         .into_iter()
         .take(n)
         .map(|c| (c.id, (f64::from(c.logit) - lse) as f32))

@@ -439,3 +439,56 @@ fn plain_greedy_is_the_raw_argmax_and_nothing_else_claims_it() {
     }
     assert!(!sampler(cfg()).is_plain_greedy());
 }
+
+/// The one-pass selection keeps exactly the candidates, in exactly the
+/// order, that sorting every accepted logit and keeping the first `k`
+/// gives: on ties, signed zeros, infinities and NaN, for `k` from 0 past
+/// the vocabulary.
+#[test]
+fn best_equals_sorting_everything() {
+    let mut rng = Xoshiro256::seed_from_u64(7);
+    let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0];
+    for n in [1usize, 2, 7, 100, 5000] {
+        let logits: Vec<f32> = (0..n)
+            .map(|_| {
+                let u = rng.next_f64();
+                if u < 0.1 {
+                    specials[(rng.next_u64() % 5) as usize]
+                } else {
+                    // A coarse grid: many ties.
+                    ((rng.next_f64() * 16.0).floor() - 8.0) as f32
+                }
+            })
+            .collect();
+        let keeps: [(&str, fn(f32) -> bool); 2] = [
+            ("finite or +inf", |l: f32| {
+                !l.is_nan() && l != f32::NEG_INFINITY
+            }),
+            ("not NaN", |l: f32| !l.is_nan()),
+        ];
+        for (what, keep) in keeps {
+            let mut all: Vec<Candidate> = logits
+                .iter()
+                .enumerate()
+                .filter(|&(_, &l)| keep(l))
+                .map(|(i, &logit)| Candidate {
+                    id: i as u32,
+                    logit,
+                })
+                .collect();
+            all.sort_by(by_logit_desc);
+            for k in [0, 1, 2, 40, n.saturating_sub(1), n, n + 5] {
+                let want: Vec<(u32, u32)> = all
+                    .iter()
+                    .take(if k == 0 { usize::MAX } else { k })
+                    .map(|c| (c.id, c.logit.to_bits()))
+                    .collect();
+                let got: Vec<(u32, u32)> = best(&logits, k, keep)
+                    .iter()
+                    .map(|c| (c.id, c.logit.to_bits()))
+                    .collect();
+                assert_eq!(got, want, "n {n}, k {k}, {what}");
+            }
+        }
+    }
+}
