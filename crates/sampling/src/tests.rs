@@ -460,12 +460,9 @@ fn best_equals_sorting_everything() {
                 }
             })
             .collect();
-        let keeps: [(&str, fn(f32) -> bool); 2] = [
-            ("finite or +inf", |l: f32| {
-                !l.is_nan() && l != f32::NEG_INFINITY
-            }),
-            ("not NaN", |l: f32| !l.is_nan()),
-        ];
+        let sampled: fn(f32) -> bool = |l| !l.is_nan() && l != f32::NEG_INFINITY;
+        let reported: fn(f32) -> bool = |l| !l.is_nan();
+        let keeps = [("finite or +inf", sampled), ("not NaN", reported)];
         for (what, keep) in keeps {
             let mut all: Vec<Candidate> = logits
                 .iter()
