@@ -5,7 +5,7 @@
 //! for each concurrency level runs that many clients at once. Each client
 //! sends `--requests-per-client` streaming chat completions one after
 //! another over plain HTTP/1.1 (a different short prompt each, temperature
-//! 0, a fixed `max_tokens`) and times the first content delta and the end of
+//! 0 unless `--temperature` says otherwise, a fixed `max_tokens`) and times the first content delta and the end of
 //! the stream. Per level: generated tokens per second of the level's wall
 //! time, requests per second, p50 and p99 time to first token, p50
 //! end-to-end latency. Everything is bounded: the counts are capped and
@@ -40,6 +40,9 @@ pub struct ServeBenchArgs {
     pub clients: Vec<usize>,
     pub requests_per_client: usize,
     pub max_tokens: usize,
+    /// Every request's temperature; above 0, each request also sends a
+    /// seed of its own (its number), so a run repeats.
+    pub temperature: f32,
     /// Server slots; `None`: the largest level.
     pub parallel: Option<usize>,
     /// Total context; `None`: `max_tokens + 256` per slot.
@@ -150,6 +153,9 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
     if !(1..=MAX_TOKENS).contains(&a.max_tokens) {
         bail!("--max-tokens must be 1 to {MAX_TOKENS}");
     }
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        bail!("--temperature must be 0 or more");
+    }
     let timeout = Duration::from_secs(a.timeout_s.max(1));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -168,8 +174,8 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
             if !a.json {
                 eprintln!(
                     "the server at {addr}: {} requests per client, max_tokens {}, streaming, \
-                     temperature 0",
-                    a.requests_per_client, a.max_tokens
+                     temperature {}",
+                    a.requests_per_client, a.max_tokens, a.temperature
                 );
             }
             let levels = rt.block_on(measure(a, addr, timeout))?;
@@ -193,8 +199,8 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
                 eprintln!("{}", info.placement);
                 eprintln!(
                     "{}: --parallel {parallel} ({} tokens per slot), {threads} threads, {build} \
-                     build; {} requests per client, max_tokens {}, streaming, temperature 0",
-                    info.id, info.n_ctx_slot, a.requests_per_client, a.max_tokens
+                     build; {} requests per client, max_tokens {}, streaming, temperature {}",
+                    info.id, info.n_ctx_slot, a.requests_per_client, a.max_tokens, a.temperature
                 );
             }
             let levels = rt.block_on(drive(a, engine, timeout))?;
@@ -214,6 +220,7 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
     if a.json {
         let mut out = header;
         out["max_tokens"] = json!(a.max_tokens);
+        out["temperature"] = json!(a.temperature);
         out["requests_per_client"] = json!(a.requests_per_client);
         out["levels"] = json!(levels
             .iter()
@@ -304,7 +311,7 @@ async fn measure(
     // a margin for the response to arrive.
     let deadline = timeout + Duration::from_secs(10);
 
-    let warm = body("Say hello.", a.max_tokens);
+    let warm = body("Say hello.", a, 0);
     tokio::time::timeout(deadline, request(addr, warm))
         .await
         .map_err(|_| anyhow::anyhow!("the warm-up request timed out"))?
@@ -317,7 +324,10 @@ async fn measure(
         let mut tasks = tokio::task::JoinSet::new();
         for c in 0..clients {
             let bodies: Vec<String> = (0..a.requests_per_client)
-                .map(|k| body(&prompt(n + k * clients + c), a.max_tokens))
+                .map(|k| {
+                    let i = n + k * clients + c;
+                    body(&prompt(i), a, i)
+                })
                 .collect();
             tasks.spawn(async move {
                 let mut out = Vec::new();
@@ -358,16 +368,21 @@ fn prompt(n: usize) -> String {
     format!("Request {n}. {}", TOPICS[n % TOPICS.len()])
 }
 
-fn body(prompt: &str, max_tokens: usize) -> String {
-    json!({
+/// Request `n`'s body: its prompt, and for a positive temperature the
+/// seed `n`.
+fn body(prompt: &str, a: &ServeBenchArgs, n: usize) -> String {
+    let mut b = json!({
         "model": "bench",
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
+        "max_tokens": a.max_tokens,
+        "temperature": a.temperature,
         "stream": true,
         "stream_options": {"include_usage": true},
-    })
-    .to_string()
+    });
+    if a.temperature > 0.0 {
+        b["seed"] = json!(n);
+    }
+    b.to_string()
 }
 
 /// One streaming chat completion over a fresh connection, timed from the

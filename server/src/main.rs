@@ -273,6 +273,11 @@ enum BenchCommand {
         /// max_tokens of every request.
         #[arg(long, default_value_t = 32)]
         max_tokens: usize,
+        /// temperature of every request: 0 is greedy; above 0 each request
+        /// samples with the server's other defaults (top_k 40, top_p 0.95,
+        /// min_p 0.05) and a seed of its own, so a run repeats.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
         /// Server slots (default: the largest level).
         #[arg(long, visible_alias = "np")]
         parallel: Option<usize>,
@@ -448,6 +453,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     clients,
                     requests_per_client,
                     max_tokens,
+                    temperature,
                     parallel,
                     ctx,
                     ngl,
@@ -469,6 +475,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 clients,
                 requests_per_client,
                 max_tokens,
+                temperature,
                 parallel,
                 n_ctx: ctx,
                 ngl,

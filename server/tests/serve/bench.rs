@@ -12,6 +12,7 @@ fn bench_serve_reports_every_level_in_json() {
         .args(["bench", "serve", "-m", &model()])
         .args(["--clients", "1,2", "--requests-per-client", "1"])
         .args(["--max-tokens", "2", "--timeout", "120", "--json"])
+        .args(["--temperature", "0.5"])
         .env_remove("LAMINA_API_KEY")
         .output()
         .unwrap();
@@ -23,6 +24,7 @@ fn bench_serve_reports_every_level_in_json() {
     );
     let v: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["model"], "SmolLM2-135M-Instruct.Q4_1.gguf", "{v}");
+    assert_eq!(v["temperature"], 0.5, "{v}");
     assert_eq!(v["parallel"], 2, "{v}");
     assert_eq!(v["max_tokens"], 2, "{v}");
     assert_eq!(v["requests_per_client"], 1, "{v}");
@@ -101,4 +103,12 @@ fn bench_serve_measures_a_running_server() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--server"));
+
+    // So is a temperature below 0, naming the flag.
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["bench", "serve", "--server", &addr, "--temperature=-1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--temperature"));
 }
