@@ -839,17 +839,7 @@ impl<'a> HybridModel<'a> {
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let limit = work
-            .iter()
-            .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
-            .min()
-            .unwrap_or(usize::MAX);
-        crate::cpu::in_pool(|| {
-            crate::cpu::split_multi(work, limit, |w| {
-                let out = self.forward_multi_here(w, Readback::Logits)?;
-                out.into_iter().map(Next::into_logits).collect()
-            })
-        })
+        self.run_multi(work, Readback::Logits, Next::into_logits)
     }
 
     /// Whether [`HybridModel::forward_multi_argmax`] can run: the head is
@@ -873,6 +863,17 @@ impl<'a> HybridModel<'a> {
                 "the greedy pick is reduced on the GPU, and this model's head is not there".into(),
             ));
         }
+        self.run_multi(work, Readback::Argmax, Next::into_pick)
+    }
+
+    /// A multi-sequence step in rounds no cache's limit exceeds, each
+    /// sequence's result taken out of its [`Next`] by `take`.
+    fn run_multi<T: Default + Send>(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        read: Readback,
+        take: fn(Next) -> Result<T, ModelError>,
+    ) -> Result<Vec<T>, ModelError> {
         let limit = work
             .iter()
             .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
@@ -880,8 +881,10 @@ impl<'a> HybridModel<'a> {
             .unwrap_or(usize::MAX);
         crate::cpu::in_pool(|| {
             crate::cpu::split_multi(work, limit, |w| {
-                let out = self.forward_multi_here(w, Readback::Argmax)?;
-                out.into_iter().map(Next::into_pick).collect()
+                self.forward_multi_here(w, read)?
+                    .into_iter()
+                    .map(take)
+                    .collect()
             })
         })
     }
