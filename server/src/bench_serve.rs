@@ -5,10 +5,10 @@
 //! for each concurrency level runs that many clients at once. Each client
 //! sends `--requests-per-client` streaming chat completions one after
 //! another over plain HTTP/1.1 (a different short prompt each, temperature
-//! 0 unless `--temperature` says otherwise, a fixed `max_tokens`) and times the first content delta and the end of
-//! the stream. Per level: generated tokens per second of the level's wall
-//! time, requests per second, p50 and p99 time to first token, p50
-//! end-to-end latency. Everything is bounded: the counts are capped and
+//! 0 unless `--temperature` says otherwise, a fixed `max_tokens`) and times
+//! the first content delta and the end of the stream. Per level: generated
+//! tokens per second of the level's wall time, requests per second, p50 and
+//! p99 time to first token, p50 end-to-end latency. Everything is bounded: the counts are capped and
 //! every request has a deadline.
 
 use std::io;

@@ -384,9 +384,7 @@ pub(crate) fn run<B: Backend>(
         // out of the queue above holds its slot from now on, and a first
         // step (a long prompt) must not show it as neither queued nor
         // active, nor let a reader see 0 while its slot is still held.
-        metrics
-            .active
-            .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
+        publish_active(metrics, &slots);
         if let Err(e) = step(backend, &mut slots, &ctx, &mut pacer, unchanged) {
             for job in erases {
                 refuse_one(job, &e, metrics, outstanding);
@@ -399,10 +397,15 @@ pub(crate) fn run<B: Backend>(
         let used = slots.iter().map(|s| s.cache.len()).sum();
         metrics.kv_used.store(used, Relaxed);
         publish_slots(metrics, &slots);
-        metrics
-            .active
-            .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
+        publish_active(metrics, &slots);
     }
+}
+
+/// The gauge of slots a request holds.
+fn publish_active<C: Cache>(metrics: &Metrics, slots: &[Slot<C>]) {
+    metrics
+        .active
+        .store(slots.iter().filter(|s| s.seq.is_some()).count(), Relaxed);
 }
 
 /// Does an erase job whose slot no request holds (answering how many

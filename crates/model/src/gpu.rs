@@ -895,11 +895,11 @@ impl<'a> HybridModel<'a> {
         read: Readback,
     ) -> Result<Vec<Next>, ModelError> {
         let (Some(g), Some(head)) = (self.gpu.as_deref(), &self.head) else {
-            let mut inner: Vec<(&[u32], &mut KvCache)> =
-                work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
             if read != Readback::Logits {
                 return Err(ModelError::Gpu("no GPU to reduce the logits on".into()));
             }
+            let mut inner: Vec<(&[u32], &mut KvCache)> =
+                work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
             let out = self.cpu.forward_multi(&mut inner)?;
             for (t, c) in work.iter_mut() {
                 let len = c.len + t.len();
