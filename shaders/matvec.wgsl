@@ -41,10 +41,14 @@
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 #include "common/w4_{{W4}}.wgsl"
-@group(0) @binding({{PB}}) var<uniform> p: MatParams;
+@group(0) @binding({{PB}}) var<uniform> params: MatParams;
+// The dispatch's parameters, moved to run z with RUNS = on
+// (common/runs_on.wgsl); every include reads `p`.
+var<private> p: MatParams;
 
 // x4(i): activations i .. i + 3 (i a multiple of 4 for `uniform`); x1(i).
 #include "common/x_{{XSRC}}.wgsl"
+#include "common/runs_{{RUNS}}.wgsl"
 #include "common/xnorm_{{NORM}}.wgsl"
 #include "common/rope_epi_{{ROPE}}.wgsl"
 #include "common/bytes.wgsl"
@@ -100,6 +104,8 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
+    p = params;
+    let wshift = run_setup(wid.z);
     norm_prologue(li);
     let team = li / TPR;
     let t = li % TPR;
@@ -125,6 +131,7 @@ fn main(
         } else {
             rbase[rr] = min(r0 + rr * TEAMS + team, p.rows - 1u) * p.row_bytes;
         }
+        rbase[rr] += wshift;
     }
     var acc: array<f32, NACC>;
     var m = 0u;

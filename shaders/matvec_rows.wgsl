@@ -50,6 +50,7 @@
 var<private> p: MatParams;
 
 #include "common/x_{{XSRC}}.wgsl"
+#include "common/runs_{{RUNS}}.wgsl"
 #include "common/xnorm_{{NORM}}.wgsl"
 #include "common/rope_epi_{{ROPE}}.wgsl"
 #include "common/norm_epi_{{NE}}.wgsl"
@@ -156,6 +157,8 @@ fn main(
     p.x_offset = params.x_offset + first * params.x_stride;
     p.y_offset = params.y_offset + first * params.y_stride;
     p.tab_first = params.tab_first + first;
+    // RUNS = on: chunk z is a run of the table instead (its own matrix).
+    let wshift = run_setup(wid.z);
     norm_prologue(li);
     let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;
@@ -175,6 +178,7 @@ fn main(
         } else {
             rbase[rr] = min(r0 + rr * WG + li, p.rows - 1u) * p.row_bytes;
         }
+        rbase[rr] += wshift;
     }
     var root: array<f32, NO>;
 #include "common/walk_{{WALK}}.wgsl"

@@ -12,8 +12,8 @@ struct MatParams {
     y_offset: u32,    // outputs: column c starts at y_offset + c * y_stride
     y_stride: u32,
     eps: f32,         // the norm prologue's epsilon (NORM = on)
-    _pad0: u32,
-    _pad1: u32,
+    runs_at: u32,     // RUNS = on: the run table's first word
+    n_mats: u32,      // RUNS = on: matrices of `rows` rows the weight holds
     // The RoPE epilogue (ROPE = on): the QKV layout and the rotation.
     head_dim: u32,
     n_rot: u32,
@@ -140,4 +140,15 @@ struct ArgmaxParams {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+}
+
+struct MoeRouteParams {
+    n: u32,           // tokens
+    n_expert: u32,
+    k: u32,           // experts per token
+    norm: u32,        // 1: weights divided by their sum
+    scale: f32,       // weights times this unless it is 0 or 1
+    l_offset: u32,    // token t's logits start at l_offset + t * l_stride
+    l_stride: u32,
+    runs_at: u32,     // the run table's first word in `out`
 }

@@ -43,7 +43,8 @@ pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{
     argmax_scratch_len, attention_scratch_len, Attention, Batch, Columns, Fuse, Gate, KvElem,
-    MatmulKernel, MatvecShape, NormAfter, QkvLayout, Rope, RopeOut, TokenRow, TokenTable,
-    ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK, KV_Q8_BLOCK, KV_Q8_WORDS, LANES, MAX_SMALL_COLS,
+    MatmulKernel, MatvecShape, MoeRouting, NormAfter, QkvLayout, Rope, RopeOut, Runs, TokenRow,
+    TokenTable, ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK, KV_Q8_BLOCK, KV_Q8_WORDS, LANES,
+    MAX_SMALL_COLS, MOE_ROUTE_MAX_EXPERTS,
 };
 pub use quant::{has_kernel, SUPPORTED};

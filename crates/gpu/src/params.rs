@@ -22,7 +22,10 @@ pub(crate) struct MatParams {
     pub y_stride: u32,
     /// The norm prologue's epsilon ([`crate::Fuse::norm`]).
     pub eps: f32,
-    pub _pad: [u32; 2],
+    /// A dispatch over runs ([`crate::Runs`]): the run table's first word,
+    /// and how many matrices of `rows` rows the weight holds.
+    pub runs_at: u32,
+    pub n_mats: u32,
     /// The RoPE epilogue ([`crate::Fuse::rope`]): the QKV layout, the
     /// token table entry of column 0, the rotation.
     pub head_dim: u32,
@@ -166,6 +169,23 @@ pub(crate) struct RopeKvParams {
     pub _pad: [u32; 2],
 }
 
+/// `MoeRouteParams`: a mixture's router on the device
+/// ([`crate::Batch::moe_route`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct MoeRouteParams {
+    pub n: u32,
+    pub n_expert: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// 1: the weights are divided by their sum.
+    pub norm: u32,
+    pub scale: f32,
+    pub l_offset: u32,
+    pub l_stride: u32,
+    pub runs_at: u32,
+}
+
 /// `MoeWeighParams`: the routed experts' weighted sum
 /// ([`crate::Batch::moe_weigh`]).
 #[repr(C)]
@@ -211,5 +231,6 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("HeadNormParams", std::mem::size_of::<HeadNormParams>()),
     ("RopeKvParams", std::mem::size_of::<RopeKvParams>()),
     ("MoeWeighParams", std::mem::size_of::<MoeWeighParams>()),
+    ("MoeRouteParams", std::mem::size_of::<MoeRouteParams>()),
     ("ArgmaxParams", std::mem::size_of::<ArgmaxParams>()),
 ];

@@ -12,7 +12,9 @@ use super::elementwise::{one_sequence_table, TokenTable};
 use super::{shape, to_u32, Batch};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
-use crate::params::{EltParams, HeadNormParams, MoeWeighParams, NormParams, RopeKvParams};
+use crate::params::{
+    EltParams, HeadNormParams, MoeRouteParams, MoeWeighParams, NormParams, RopeKvParams,
+};
 use crate::shader::KernelSpec;
 use crate::Rope;
 
@@ -58,6 +60,35 @@ pub enum KvElem {
 /// words on the GPU.
 pub const KV_Q8_BLOCK: usize = lamina_quant::kv::Q8_0_BLOCK;
 pub const KV_Q8_WORDS: usize = 9;
+
+/// Most experts [`Batch::moe_route`] routes among (its workgroup holds a
+/// key per expert); a larger mixture is routed on the host.
+pub const MOE_ROUTE_MAX_EXPERTS: usize = 2048;
+
+/// How a mixture weighs its experts ([`Batch::moe_route`]): `k` of
+/// `n_expert` per token, their softmax probabilities divided by their sum
+/// with `norm`, then times `scale` unless it is 0 or 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeRouting {
+    pub n_expert: usize,
+    pub k: usize,
+    pub norm: bool,
+    pub scale: f32,
+}
+
+impl MoeRouting {
+    /// Words of [`Batch::moe_route`]'s output for `n` tokens: the weighed
+    /// sum's table (`2·n·k`), then the run table (`4·n·k`) from
+    /// [`MoeRouting::runs_at`].
+    pub fn words(&self, n: usize) -> usize {
+        6 * n * self.k
+    }
+
+    /// Where the run table starts in the output, for `n` tokens.
+    pub fn runs_at(&self, n: usize) -> usize {
+        2 * n * self.k
+    }
+}
 
 impl KvElem {
     /// Values a cache tensor of `words` 32-bit elements holds.
@@ -573,6 +604,74 @@ impl Batch<'_> {
     /// weights as f32 bits. The CPU's weighing, operation for operation,
     /// where the device does not contract a product and a sum into an fma.
     #[allow(clippy::too_many_arguments)]
+    /// A mixture's router on the device (`shaders/moe_route.wgsl`): from
+    /// token `t`'s `r.n_expert` logits at `logits[l_offset + t·l_stride ..]`,
+    /// its `r.k` experts and their weights as the CPU's `route` chooses and
+    /// weighs them (ties to the lower index; the weights to the last bits
+    /// of the device's exp). Writes into `out` ([`MoeRouting::words`]) the
+    /// table [`Batch::moe_weigh`] reads, each (token, slot)'s row its own
+    /// index, and the one-column runs [`crate::Batch::matmul_runs`] reads
+    /// (its expert, x column `t`, y column the pair's index), so the
+    /// experts run in the same submission without the host learning which.
+    pub fn moe_route(
+        &mut self,
+        logits: &Tensor,
+        l_offset: usize,
+        l_stride: usize,
+        n_tokens: usize,
+        r: MoeRouting,
+        out: &Tensor,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "moe_route";
+        let end = n_tokens.checked_sub(1).map(|last| {
+            last.checked_mul(l_stride)
+                .and_then(|v| v.checked_add(l_offset + r.n_expert))
+        });
+        if r.n_expert == 0
+            || r.n_expert > MOE_ROUTE_MAX_EXPERTS
+            || r.k == 0
+            || r.k > r.n_expert
+            || l_stride < r.n_expert
+            || end.is_some_and(|e| e.is_none_or(|e| e > logits.len()))
+            || r.words(n_tokens) > out.len()
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n_tokens} tokens choosing {} of {} experts (at most \
+                     {MOE_ROUTE_MAX_EXPERTS}) from logits at {l_offset} every {l_stride} of {}, \
+                     into {} words",
+                    r.k,
+                    r.n_expert,
+                    logits.len(),
+                    out.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, out, &[logits])?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        to_u32(OP, "words", r.words(n_tokens))?;
+        let params = MoeRouteParams {
+            n: to_u32(OP, "tokens", n_tokens)?,
+            n_expert: to_u32(OP, "experts", r.n_expert)?,
+            k: to_u32(OP, "k", r.k)?,
+            norm: u32::from(r.norm),
+            scale: r.scale,
+            l_offset: to_u32(OP, "logits offset", l_offset)?,
+            l_stride: to_u32(OP, "logits stride", l_stride)?,
+            runs_at: to_u32(OP, "runs", r.runs_at(n_tokens))?,
+        };
+        let (gx, gy) = self.gpu.grid(params.n);
+        self.push(
+            &KernelSpec::new("moe_route.wgsl"),
+            &[(&logits.buf, None), (&out.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
     pub fn moe_weigh(
         &mut self,
         ys: &Tensor,

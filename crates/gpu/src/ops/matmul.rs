@@ -224,6 +224,23 @@ impl Columns {
     }
 }
 
+/// Products of a weight that holds `n_mats` matrices one after another
+/// (a block's routed experts, `rows / n_mats` rows each) with columns that
+/// each name their matrix: [`Batch::matmul_runs`]. Run `r` is the four
+/// words of `table` from `at + 4r`: its matrix, its first column of `x`,
+/// its first column of `y`, and its column count (1 ..= `maxc`). A run's
+/// columns are consecutive in `x` and in `y`.
+#[derive(Clone, Copy, Debug)]
+pub struct Runs<'t> {
+    pub table: &'t Tensor,
+    pub at: usize,
+    pub count: usize,
+    pub n_mats: usize,
+    /// The most columns any run holds: 1, or up to [`MAX_SMALL_COLS`]
+    /// (the compiled kernel's column count).
+    pub maxc: usize,
+}
+
 /// What a mat-vec or small-N dispatch folds in around its product, with the
 /// bits of the separate kernels (so a fused step equals an unfused one).
 #[derive(Clone, Copy, Debug, Default)]
@@ -275,6 +292,7 @@ impl Fuse<'_> {
             add: self.add,
             rope: self.rope.map(|r| r.layout.kv),
             norm_after: self.norm_after.is_some(),
+            runs: false,
         }
     }
 }
@@ -323,6 +341,8 @@ pub(crate) struct FuseKind {
     pub rope: Option<KvElem>,
     /// An RMSNorm epilogue (one-thread-per-row kernel only).
     pub norm_after: bool,
+    /// Column chunks are runs of a table ([`Runs`]).
+    pub runs: bool,
 }
 
 /// [`matvec_spec`] with a norm prologue and / or an add epilogue.
@@ -355,9 +375,12 @@ pub(crate) fn matvec_spec_fused(
     let n_bind = quant::weight_bindings(ty) + usize::from(fuse.norm);
     let extra = usize::from(fuse.norm)
         + 3 * usize::from(fuse.rope.is_some())
-        + 3 * usize::from(fuse.norm_after);
-    // The norm epilogue's weight, output and counter after those.
+        + 3 * usize::from(fuse.norm_after)
+        + usize::from(fuse.runs);
+    // The norm epilogue's weight, output and counter after those, then the
+    // run table.
     let eb = n_bind + 3 * usize::from(fuse.rope.is_some());
+    let rb = eb + 3 * usize::from(fuse.norm_after);
     let spec = quant::weight_defs_with(KernelSpec::new(file), ty, extra)
         .def("KB", n_bind.to_string())
         .def("VB", (n_bind + 1).to_string())
@@ -366,6 +389,8 @@ pub(crate) fn matvec_spec_fused(
         .def("EB", eb.to_string())
         .def("EB1", (eb + 1).to_string())
         .def("EB2", (eb + 2).to_string())
+        .def("RB", rb.to_string())
+        .def("RUNS", if fuse.runs { "on" } else { "off" })
         .def("MAXC", maxc.to_string())
         .def("TPR", shape.tpr.to_string())
         .def("RPT", shape.rpt.to_string())
@@ -438,7 +463,7 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                     norm,
                     add,
                     rope,
-                    norm_after: false,
+                    ..FuseKind::default()
                 };
                 for x in [XSrc::Storage, XSrc::Storage4, XSrc::Uniform(64)] {
                     v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
@@ -453,6 +478,23 @@ pub(crate) fn matvec_variants(ty: GgmlType, sg: bool) -> Vec<KernelSpec> {
                 for x in [XSrc::Storage, XSrc::Storage4, XSrc::Uniform(64)] {
                     v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, fuse));
                 }
+            }
+            let runs = FuseKind {
+                runs: true,
+                ..FuseKind::default()
+            };
+            for x in [XSrc::Storage, XSrc::Storage4] {
+                v.push(matvec_spec_fused(ty, maxc, shape, x, None, sg, runs));
+                let glu = Some(Gate::Silu);
+                v.push(matvec_spec_fused(
+                    ty,
+                    maxc,
+                    shape.for_glu(),
+                    x,
+                    glu,
+                    sg,
+                    runs,
+                ));
             }
             let norm = FuseKind {
                 norm: true,
@@ -1005,6 +1047,145 @@ impl Batch<'_> {
             c0 += nc;
         }
         Ok(())
+    }
+
+    /// `y = W_m x` for each run of `runs` (see [`Runs`]): matrix `m` of
+    /// `w` over the run's columns of `x` (`x_stride` apart) into its
+    /// columns of `y` (`y_stride` apart); with `glu`, each matrix is a
+    /// stacked `[gate; up]` and a column gets `act(gate) · up`, as
+    /// [`Batch::matmul_glu`]. One dispatch for all runs, whose table a
+    /// kernel may have written: the host need not know which matrices they
+    /// name. Every column's bits are those of the mat-vec kernel over that
+    /// matrix alone (the run table changes which rows are read, not how).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_runs(
+        &mut self,
+        w: &Weight,
+        runs: Runs<'_>,
+        x: &Tensor,
+        x_stride: usize,
+        y: &Tensor,
+        y_stride: usize,
+        glu: Option<Gate>,
+    ) -> Result<(), GpuError> {
+        self.matmul_runs_shaped(None, w, runs, x, x_stride, y, y_stride, glu)
+    }
+
+    /// [`Batch::matmul_runs`] with the mat-vec thread shape forced (`None`:
+    /// [`MatvecShape::choose`]); the tests run every shape.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_runs_shaped(
+        &mut self,
+        forced: Option<MatvecShape>,
+        w: &Weight,
+        runs: Runs<'_>,
+        x: &Tensor,
+        x_stride: usize,
+        y: &Tensor,
+        y_stride: usize,
+        glu: Option<Gate>,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "matmul_runs";
+        type_file(w.ty(), OP)?;
+        let k = w.cols();
+        let [chunk] = &w.chunks[..] else {
+            return Err(shape(
+                OP,
+                format!("a weight of {} bindings: runs need one", w.chunks.len()),
+            ));
+        };
+        let n_mats = runs.n_mats;
+        if n_mats == 0 || w.rows() % n_mats != 0 {
+            return Err(shape(
+                OP,
+                format!("{} rows are not {n_mats} matrices", w.rows()),
+            ));
+        }
+        let mat_rows = w.rows() / n_mats;
+        let out_rows = if glu.is_some() {
+            mat_rows / 2
+        } else {
+            mat_rows
+        };
+        if (glu.is_some() && mat_rows % 2 != 0)
+            || !matches!(runs.maxc, 1 | 2 | 4 | MAX_SMALL_COLS)
+            || x_stride < k
+            || y_stride < out_rows
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "matrices of {mat_rows}×{k}, glu {}, {} columns a run, strides {x_stride} \
+                     and {y_stride}",
+                    glu.is_some(),
+                    runs.maxc
+                ),
+            ));
+        }
+        let table_end = runs
+            .count
+            .checked_mul(4)
+            .and_then(|w| w.checked_add(runs.at));
+        if table_end.is_none_or(|e| e > runs.table.len()) || runs.count > MAX_GRID_Z {
+            return Err(shape(
+                OP,
+                format!(
+                    "{} runs from word {} of a table of {} (at most {MAX_GRID_Z} runs)",
+                    runs.count,
+                    runs.at,
+                    runs.table.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x, runs.table])?;
+        self.check_binding(OP, x)?;
+        self.check_binding(OP, y)?;
+        if runs.count == 0 {
+            return Ok(());
+        }
+        // Columns the table names beyond x or y are read and written
+        // clamped to the bindings (WGSL's bounds rules): only this step's
+        // values can be wrong, never another buffer.
+        let params = MatParams {
+            rows: to_u32(OP, "rows", mat_rows)?,
+            k: to_u32(OP, "k", k)?,
+            row_bytes: to_u32(OP, "row bytes", w.row_bytes() as usize)?,
+            ncols: to_u32(OP, "columns", runs.maxc)?,
+            x_stride: to_u32(OP, "x stride", x_stride)?,
+            y_stride: to_u32(OP, "y stride", y_stride)?,
+            runs_at: to_u32(OP, "table offset", runs.at)?,
+            n_mats: to_u32(OP, "matrices", n_mats)?,
+            ..MatParams::default()
+        };
+        to_u32(OP, "weight bytes", w.bytes() as usize)?;
+        let n_bind = quant::weight_bindings(w.ty());
+        let all = [
+            (&chunk.buf, 0, None),
+            (&x.buf, 0, None),
+            (&y.buf, 0, None),
+            (&chunk.buf, 0, None),
+        ];
+        let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
+        ranges.push((&runs.table.buf, 0, None));
+        let ms = forced.unwrap_or_else(|| MatvecShape::choose(self.gpu, k.div_ceil(32)));
+        let (ms, wg_rows) = if glu.is_some() {
+            (ms.for_glu(), ms.wg / ms.tpr)
+        } else {
+            (ms, ms.rows_per_wg())
+        };
+        let (gx, gy) = self.gpu.grid((out_rows as u32).div_ceil(wg_rows));
+        let src = if x_stride % 4 == 0 && k % 4 == 0 {
+            XSrc::Storage4
+        } else {
+            XSrc::Storage
+        };
+        let kind = FuseKind {
+            runs: true,
+            ..FuseKind::default()
+        };
+        let sg = self.gpu.lane_broadcast();
+        let spec = matvec_spec_fused(w.ty(), runs.maxc, ms, src, glu, sg, kind);
+        self.push_ranges(&spec, &ranges, &params, [gx, gy, runs.count as u32])
     }
 
     /// Row lookup: `y[i] = w[ids[i]]` dequantized to f32 (`w.cols()` values each).

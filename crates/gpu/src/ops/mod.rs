@@ -22,11 +22,13 @@ pub use elementwise::{
 pub(crate) use elementwise::{attention_lanes_specs, elementwise_specs};
 #[cfg(test)]
 pub(crate) use fused::{f16_cache_specs, fused_specs};
-pub use fused::{Gate, KvElem, QkvLayout, KV_Q8_BLOCK, KV_Q8_WORDS};
+pub use fused::{
+    Gate, KvElem, MoeRouting, QkvLayout, KV_Q8_BLOCK, KV_Q8_WORDS, MOE_ROUTE_MAX_EXPERTS,
+};
 #[cfg(test)]
 pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec};
 pub use matmul::{
-    Columns, Fuse, MatmulKernel, MatvecShape, NormAfter, RopeOut, LANES, MAX_SMALL_COLS,
+    Columns, Fuse, MatmulKernel, MatvecShape, NormAfter, RopeOut, Runs, LANES, MAX_SMALL_COLS,
 };
 
 use std::sync::Arc;

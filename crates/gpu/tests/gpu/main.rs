@@ -10,6 +10,7 @@ mod elementwise;
 mod fused;
 mod invariance;
 mod matmul;
+mod moe;
 mod q8_cache;
 mod rows;
 mod split;

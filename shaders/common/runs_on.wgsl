@@ -1,0 +1,22 @@
+// A dispatch over runs (RUNS = on, lamina_gpu's `Runs`): the weight holds
+// params.n_mats matrices of params.rows rows, one after another (a block's
+// routed experts), and workgroup column chunk z is run z of a table of four
+// words a run, from word params.runs_at: its matrix, its first column of x,
+// its first column of y, and its column count (1 ..= MAXC). One dispatch so
+// multiplies every (token, expert) pair, or every expert's run of packed
+// tokens, by its own expert, and the table may come from a kernel (routing
+// on the device) as well as from the host. Each column's product is the
+// kernel's own, in the canonical order: a run changes which rows a
+// workgroup reads, never how it sums them.
+
+@group(0) @binding({{RB}}) var<storage, read> runs: array<u32>;
+
+// Points `p` at run z's columns; returns the byte offset of its matrix.
+fn run_setup(z: u32) -> u32 {
+    let at = params.runs_at + 4u * z;
+    let m = min(runs[at], params.n_mats - 1u);
+    p.ncols = clamp(runs[at + 3u], 1u, MAXC);
+    p.x_offset = params.x_offset + runs[at + 1u] * params.x_stride;
+    p.y_offset = params.y_offset + runs[at + 2u] * params.y_stride;
+    return m * params.rows * params.row_bytes;
+}
