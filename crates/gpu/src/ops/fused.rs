@@ -596,14 +596,6 @@ impl Batch<'_> {
         )
     }
 
-    /// The routed experts' weighted sum: for each of `n_tokens` tokens,
-    /// `out[t] = Σ_s w[t][s] · ys[row[t][s]]` over its `k` slots in slot
-    /// order (then, with `add`, plus what `out` holds), rows of `dim`.
-    /// `ys` holds `n_tokens · k` rows packed in any order; `route` holds
-    /// each (token, slot)'s packed row (`n_tokens · k` words), then the
-    /// weights as f32 bits. The CPU's weighing, operation for operation,
-    /// where the device does not contract a product and a sum into an fma.
-    #[allow(clippy::too_many_arguments)]
     /// A mixture's router on the device (`shaders/moe_route.wgsl`): from
     /// token `t`'s `r.n_expert` logits at `logits[l_offset + t·l_stride ..]`,
     /// its `r.k` experts and their weights as the CPU's `route` chooses and
@@ -672,6 +664,14 @@ impl Batch<'_> {
         )
     }
 
+    /// The routed experts' weighted sum: for each of `n_tokens` tokens,
+    /// `out[t] = Σ_s w[t][s] · ys[row[t][s]]` over its `k` slots in slot
+    /// order (then, with `add`, plus what `out` holds), rows of `dim`.
+    /// `ys` holds `n_tokens · k` rows packed in any order; `route` holds
+    /// each (token, slot)'s packed row (`n_tokens · k` words), then the
+    /// weights as f32 bits. The CPU's weighing, operation for operation,
+    /// where the device does not contract a product and a sum into an fma.
+    #[allow(clippy::too_many_arguments)]
     pub fn moe_weigh(
         &mut self,
         ys: &Tensor,
