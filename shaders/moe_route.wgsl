@@ -10,9 +10,12 @@
 // in its last bits, and only an exact tie can choose differently.
 //
 // For (token t, slot s), i = t * k + s, it writes moe_weigh's table with
-// the rows by pair (out[i] = i, out[nk + i] = the weight's bits) and
-// matmul_runs' one-column run (out[runs_at + 4i ..] = expert, t, i, 1), so
-// the experts' products and their sum follow in the same submission.
+// the rows by pair (out[i] = i, out[nk + i] = the weight's bits) and two
+// tables of matmul_runs' one-column runs: the gate/up product's, from the
+// token's column (out[runs_at + 4i ..] = expert, t, i, 1), and the down
+// product's, from the pair's own (out[runs_at + 4nk + 4i ..] = expert, i,
+// i, 1); so the experts' products and their sum follow in the same
+// submission.
 
 #include "common/params.wgsl"
 
@@ -128,6 +131,11 @@ fn main(
             out[r + 1u] = t;
             out[r + 2u] = i;
             out[r + 3u] = 1u;
+            let d = r + 4u * nk;
+            out[d] = e;
+            out[d + 1u] = i;
+            out[d + 2u] = i;
+            out[d + 3u] = 1u;
             keys[e] = 0u;
         }
         workgroupBarrier();

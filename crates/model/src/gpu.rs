@@ -8,21 +8,27 @@
 //! logits). Each layer's KV cache lives on the device of its layer.
 //!
 //! A mixture-of-experts block on the GPU records its attention, norms,
-//! router logits and shared expert (qwen2moe) like any block's, then the
-//! submission ends and the normed feed-forward input, the router's logits
-//! and the shared expert's output come back in one readback; the CPU
-//! routes (the CPU path's own code, so a token's result is still its own).
-//! A split block (llama.cpp's `--cpu-moe`, the default) runs the chosen
-//! experts on the CPU over the mapped blocks ([`crate::cpu`]'s
-//! `routed_experts`): the activations cross once each way. A block whose
-//! experts are on the GPU (`--n-cpu-moe`) sends every (token, slot)'s input
-//! up packed in expert order, runs each chosen expert's products over its
-//! run of columns, and weighs the outputs in slot order on the GPU
-//! (`moe_weigh`), all in the step's next submission: no second readback,
-//! where a kernel that reads the expert ids from a buffer (routing on the
-//! GPU) would need no readback at all. The CPU gates the shared output
-//! (qwen2moe), added after the routed experts' sum either way, and the sum
-//! feeds the residual add that opens the next submission.
+//! router logits and shared expert (qwen2moe) like any block's. A split
+//! block (llama.cpp's `--cpu-moe`, the default) then ends the submission:
+//! the normed feed-forward input, the router's logits and the shared
+//! expert's output come back in one readback, the CPU routes (the CPU
+//! path's own code, so a token's result is still its own) and runs the
+//! chosen experts over the mapped blocks ([`crate::cpu`]'s
+//! `routed_experts`): the activations cross once each way.
+//!
+//! A block whose experts are on the GPU (`--n-cpu-moe`) keeps each kind of
+//! expert matrix in one weight and routes on the device (lamina_gpu's
+//! `moe_route`, the CPU's routing to the last bits of the device's exp).
+//! A step of at most eight tokens (decoding) then runs every (token, slot)
+//! pair's products over its own expert from the router's run tables
+//! (`matmul_runs`) and weighs them in slot order (`moe_weigh`), all in the
+//! same submission: no wait for the host. A larger step (a prompt) reads
+//! the device's choices back once, packs each expert's tokens together, so
+//! each expert streams once for all its tokens, and runs the same kernels
+//! over those runs in the next submission: the same choices and the same
+//! bits per column, so a token's result never depends on its step. With a
+//! shared expert (qwen2moe) the CPU routes and gates the shared output,
+//! added after the routed experts' sum; the sum feeds the residual add.
 //!
 //! The GPU layers' caches of sequences created together
 //! ([`HybridModel::new_caches`], as the server does for its slots) share one
@@ -34,8 +40,8 @@ use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
     argmax_scratch_len, Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel,
-    NormAfter, QkvLayout, Rope, RopeOut, Tensor, TokenRow, TokenTable, Weight, ARGMAX_MAX_LEN,
-    ARGMAX_NONE,
+    NormAfter, QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable, Weight,
+    ARGMAX_MAX_LEN, ARGMAX_NONE,
 };
 
 use crate::block::Block;
@@ -192,16 +198,30 @@ enum GpuFfn {
         gate_up: Stacked,
         down: Weight,
     },
-    /// A mixture of experts, its tokens routed on the CPU: the router,
-    /// the shared expert's gate/up and down (qwen2moe), and each routed
-    /// expert's gate/up and down where they are on the GPU (`--n-cpu-moe`;
-    /// empty where they run on the CPU, a split block).
+    /// A mixture of experts: the router, the shared expert's gate/up and
+    /// down (qwen2moe), and the routed experts where they are on the GPU
+    /// (`--n-cpu-moe`; `None` where they run on the CPU, a split block).
     Split {
         router: Weight,
         shared: Option<(Stacked, Weight)>,
-        experts: Vec<(Stacked, Weight)>,
+        experts: Option<GpuExperts>,
     },
 }
+
+/// A block's routed experts on the GPU, each kind one weight of every
+/// expert's rows in expert order (lamina_gpu's `matmul_runs` picks an
+/// expert per run of columns): gate and up stacked per expert, `[gate_x;
+/// up_x]`, so one product gives each pair its activation; then down.
+struct GpuExperts {
+    gate_up: Weight,
+    down: Weight,
+}
+
+/// Most tokens a step routes on the device: each (token, slot) pair then
+/// streams its expert's weights by itself, which beats a wait for the host
+/// while the pairs are few (decoding); a prompt's many tokens wait once
+/// per block instead, and each expert streams once for all its tokens.
+const ROUTE_ON_DEVICE_TOKENS: usize = lamina_gpu::MAX_SMALL_COLS;
 
 impl GpuLayer {
     /// A mixture of experts: the step's submission ends after its router.
@@ -209,10 +229,10 @@ impl GpuLayer {
         matches!(self.ffn, GpuFfn::Split { .. })
     }
 
-    fn gpu_experts(&self) -> &[(Stacked, Weight)] {
+    fn gpu_experts(&self) -> Option<&GpuExperts> {
         match &self.ffn {
-            GpuFfn::Split { experts, .. } => experts,
-            GpuFfn::Dense { .. } => &[],
+            GpuFfn::Split { experts, .. } => experts.as_ref(),
+            GpuFfn::Dense { .. } => None,
         }
     }
 }
@@ -348,6 +368,43 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
     ModelError::Gpu(e.to_string())
 }
 
+/// Uploads a block's routed experts as two weights, each one binding:
+/// `[gate_x; up_x]` for every expert `x` in order, then the down
+/// projections. The bytes go from the map to the device, expert by expert.
+fn upload_experts(gpu: &Gpu, ex: &crate::weights::Experts<'_>) -> Result<GpuExperts, ModelError> {
+    let one = |name: &str, ms: Vec<&Matrix<'_>>| -> Result<Weight, ModelError> {
+        let (ty, cols) = (ms[0].ty, ms[0].cols);
+        if ms.iter().any(|m| m.ty != ty || m.cols != cols) {
+            return Err(ModelError::Gpu(format!(
+                "{name}: the routed experts on the GPU need one type and width for their \
+                 gate and up (or down) matrices; keep them on the CPU (--cpu-moe)"
+            )));
+        }
+        let parts: Vec<(usize, &[u8])> = ms.iter().map(|m| (m.rows, m.data)).collect();
+        let w = gpu
+            .upload_stacked(ty, cols, &parts)
+            .map_err(|e| ModelError::Gpu(format!("{name}: {e}")))?;
+        if w.chunk_count() != 1 {
+            return Err(ModelError::Gpu(format!(
+                "{name}: {} MiB of experts exceed the device's largest binding; keep them \
+                 on the CPU (--cpu-moe or --n-cpu-moe)",
+                w.bytes() >> 20
+            )));
+        }
+        Ok(w)
+    };
+    let gate_up = ex
+        .gate
+        .iter()
+        .zip(&ex.up)
+        .flat_map(|(g, u)| [g, u])
+        .collect();
+    Ok(GpuExperts {
+        gate_up: one(&ex.gate[0].name, gate_up)?,
+        down: one(&ex.down[0].name, ex.down.iter().collect())?,
+    })
+}
+
 /// Uploads block `l`; a mixture's routed experts only with `experts` (else
 /// they stay in the map, see the module header).
 fn upload_layer(gpu: &Gpu, l: &Layer<'_>, experts: bool) -> Result<GpuLayer, ModelError> {
@@ -365,16 +422,9 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>, experts: bool) -> Result<GpuLayer, Mod
                 None => None,
             },
             experts: if experts {
-                (0..ex.gate.len())
-                    .map(|x| {
-                        Ok((
-                            Stacked::upload(gpu, &[&ex.gate[x], &ex.up[x]])?,
-                            upload_matrix(gpu, &ex.down[x])?,
-                        ))
-                    })
-                    .collect::<Result<_, ModelError>>()?
+                Some(upload_experts(gpu, ex)?)
             } else {
-                Vec::new()
+                None
             },
         },
     };
@@ -447,14 +497,14 @@ struct Scratch {
     sgu: Tensor,
     sa: Tensor,
     /// Routed experts on the GPU: every (token, slot)'s input packed in
-    /// expert order, its gate/up product, activation and output (one value
-    /// each where no block has its experts on the GPU).
+    /// expert order (a step the host routes), its activation and output
+    /// (one value each where no block has its experts on the GPU).
     xin: Tensor,
-    egu: Tensor,
     ea: Tensor,
     ys: Tensor,
-    /// Each (token, slot)'s packed row of `ys`, then its weight (f32 bits):
-    /// the weighted sum's table (lamina_gpu's `moe_weigh`).
+    /// Each (token, slot)'s row of `ys`, then its weight (f32 bits): the
+    /// weighted sum's table (lamina_gpu's `moe_weigh`); then the run tables
+    /// of the experts' products (`matmul_runs`).
     route: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
@@ -962,7 +1012,7 @@ impl<'a> HybridModel<'a> {
         let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
         let fs = c.moe.and_then(|m| m.n_ff_shared).unwrap_or(0);
         // (token, slot) pairs of the routed experts on the GPU, if any.
-        let gpu_experts = self.layers.iter().any(|l| !l.gpu_experts().is_empty());
+        let gpu_experts = self.layers.iter().any(|l| l.gpu_experts().is_some());
         let (slots, fe) = match c.moe {
             Some(m) if gpu_experts => (n * m.n_used, m.n_ff_exp),
             _ => (0, 0),
@@ -999,10 +1049,11 @@ impl<'a> HybridModel<'a> {
             sgu: t((n * 2 * fs).max(1))?,
             sa: t((n * fs).max(1))?,
             xin: t((slots * e).max(1))?,
-            egu: t((slots * 2 * fe).max(1))?,
             ea: t((slots * fe).max(1))?,
             ys: t((slots * e).max(1))?,
-            route: t((slots * 2).max(1))?,
+            // The weighed sum's table and the run tables (the device's
+            // router writes three; the host, two in the same words).
+            route: t((slots * 10).max(1))?,
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
@@ -1159,14 +1210,25 @@ impl<'a> HybridModel<'a> {
                 )
                 .map_err(gpu_err)?;
             if l.is_moe() {
-                // The routed experts on the CPU between two submissions;
-                // their sum comes back in `o` for the residual add.
-                dispatched += b.len() - before;
-                std::mem::replace(&mut b, g.batch())
-                    .submit()
-                    .map_err(gpu_err)?;
-                self.run_split_experts(g, &mut b, il, l, s, n)?;
-                before = 0;
+                match (self.device_routing(l), l.gpu_experts()) {
+                    // A few tokens routed on the device: their experts
+                    // follow in the same submission.
+                    (Some(r), Some(gx)) if n <= ROUTE_ON_DEVICE_TOKENS => {
+                        self.record_device_experts(&mut b, gx, r, s, n)
+                            .map_err(gpu_err)?;
+                    }
+                    // Else the host routes (or reads the device's routes)
+                    // between two submissions; the sum comes back in `o`
+                    // for the residual add.
+                    _ => {
+                        dispatched += b.len() - before;
+                        std::mem::replace(&mut b, g.batch())
+                            .submit()
+                            .map_err(gpu_err)?;
+                        self.run_split_experts(g, &mut b, il, l, s, n)?;
+                        before = 0;
+                    }
+                }
                 let post = l.post_ffn_norm.as_ref();
                 let eps = Block::new(c, il).eps;
                 b.add_rms_norm(&s.x2, &s.o, post, next_norm, cur, &s.h, e, eps)
@@ -1676,7 +1738,12 @@ impl<'a> HybridModel<'a> {
         self.record_attn_out(b, il, l, s, cur, spare, n)?;
         let e = self.cpu.config.n_embd;
         let nx = router.rows();
-        b.copy(&s.h, 0, &s.moe_io, 0, n * e)?;
+        let device = self.device_routing(l);
+        // The host reads the input back unless the experts follow on the
+        // device in this submission.
+        if device.is_none() || n > ROUTE_ON_DEVICE_TOKENS {
+            b.copy(&s.h, 0, &s.moe_io, 0, n * e)?;
+        }
         let at = |y_offset, w: &Weight| Columns {
             n,
             x_offset: 0,
@@ -1702,7 +1769,66 @@ impl<'a> HybridModel<'a> {
             let y = at(n * (e + nx), down);
             b.matmul_strided(MatmulKernel::Auto, down, &s.sa, &s.moe_io, y)?;
         }
+        if let Some(r) = device {
+            b.moe_route(&s.moe_io, n * e, nx, n, r, &s.route)?;
+        }
         Ok(())
+    }
+
+    /// How block `l` routes on the device, where it can: its experts are
+    /// on the GPU, it has no shared expert (whose sigmoid gate the host
+    /// computes, so its bits stay the CPU's), and the device's router holds
+    /// its experts. Every step of such a block routes with the device's
+    /// router, whatever its size, so a token's experts and weights never
+    /// depend on how many others share its step.
+    fn device_routing(&self, l: &GpuLayer) -> Option<lamina_gpu::MoeRouting> {
+        let m = self.cpu.config.moe?;
+        let GpuFfn::Split {
+            shared: None,
+            experts: Some(_),
+            ..
+        } = &l.ffn
+        else {
+            return None;
+        };
+        (m.n_expert <= lamina_gpu::MOE_ROUTE_MAX_EXPERTS && m.n_used <= m.n_expert).then_some(
+            lamina_gpu::MoeRouting {
+                n_expert: m.n_expert,
+                k: m.n_used,
+                norm: m.norm_weights,
+                scale: m.weights_scale,
+            },
+        )
+    }
+
+    /// The routed experts of a block that routes on the device, for a step
+    /// of few tokens: each (token, slot) pair's gate/up and down products
+    /// over its expert, from the device's run tables, and their weighed sum
+    /// into `s.o`; all in the step's submission, no wait for the host.
+    fn record_device_experts(
+        &self,
+        b: &mut Batch<'_>,
+        gx: &GpuExperts,
+        r: lamina_gpu::MoeRouting,
+        s: &Scratch,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let c = &self.cpu.config;
+        let (e, fe) = (c.n_embd, c.moe.map_or(0, |m| m.n_ff_exp));
+        let runs = Runs {
+            table: &s.route,
+            at: r.runs_at(n),
+            count: n * r.k,
+            n_mats: r.n_expert,
+            maxc: 1,
+        };
+        b.matmul_runs(&gx.gate_up, runs, &s.h, e, &s.ea, fe, Some(Gate::Silu))?;
+        let down = Runs {
+            at: r.down_runs_at(n),
+            ..runs
+        };
+        b.matmul_runs(&gx.down, down, &s.ea, fe, &s.ys, e, None)?;
+        b.moe_weigh(&s.ys, &s.route, &s.o, n, r.k, e, false)
     }
 
     /// The host part of split block `il` over the `n` tokens of a step whose
@@ -1735,7 +1861,7 @@ impl<'a> HybridModel<'a> {
         let (h, rest) = io.split_at_mut(n * e);
         let (logits, sy) = rest.split_at_mut(n * m.n_expert);
         match l.gpu_experts() {
-            [] => {
+            None => {
                 let mut out = vec![0.0f32; n * e];
                 crate::cpu::routed_experts(ex, &m, e, h, n, logits, &mut out)?;
                 if let Some((gate_inp, ..)) = &ex.shared {
@@ -1743,7 +1869,7 @@ impl<'a> HybridModel<'a> {
                 }
                 g.write_f32(&s.o, &out).map_err(gpu_err)
             }
-            gx => {
+            Some(gx) => {
                 // The shared expert's gated output goes into `o` first; the
                 // GPU's weighted sum adds itself to it (add_shared's order:
                 // the routed sum, plus the gated shared output).
@@ -1755,33 +1881,56 @@ impl<'a> HybridModel<'a> {
                 if let Some(sh) = &shared {
                     g.write_f32(&s.o, sh).map_err(gpu_err)?;
                 }
-                self.gpu_routed_experts(g, b, gx, &m, s, h, n, logits, shared.is_some())
+                // The device's router chose where it could (the same
+                // choices a small step makes without the host).
+                let chosen = match self.device_routing(l) {
+                    Some(r) => {
+                        let words = g.read_u32(&s.route).map_err(gpu_err)?;
+                        let nk = n * m.n_used;
+                        (0..nk)
+                            .map(|i| {
+                                let id = words.get(r.runs_at(n) + 4 * i).copied().unwrap_or(0);
+                                let w = words.get(nk + i).copied().unwrap_or(0);
+                                (id as usize, f32::from_bits(w))
+                            })
+                            .collect()
+                    }
+                    None => crate::cpu::route(&m, n, logits),
+                };
+                self.host_routed_experts(g, b, gx, &m, s, h, n, &chosen, shared.is_some())
             }
         }
     }
 
     /// The routed experts of a block that has them on the GPU, for the
-    /// normed input `h` of `n` tokens routed on the CPU from `logits`,
-    /// recorded into `b`: every (token, slot)'s input goes up packed in
-    /// expert order, so each chosen expert's tokens are one run of columns
-    /// of its gate/up and down products; the outputs are weighed in slot
-    /// order on the GPU into `s.o` (added to what it holds with `add`), as
-    /// [`crate::cpu`]'s `weigh_experts` weighs its own.
+    /// normed input `h` of `n` tokens routed as `chosen` says (each (token,
+    /// slot)'s expert and weight), recorded into `b`: every pair's input
+    /// goes up packed in expert order, so each chosen expert's tokens are
+    /// runs of up to eight columns of one `matmul_runs` per product (each
+    /// expert's weights streamed once for all its tokens); the outputs are
+    /// weighed in slot order on the GPU into `s.o` (added to what it holds
+    /// with `add`), as [`crate::cpu`]'s `weigh_experts` weighs its own.
     #[allow(clippy::too_many_arguments)]
-    fn gpu_routed_experts(
+    fn host_routed_experts(
         &self,
         g: &Gpu,
         b: &mut Batch<'_>,
-        gx: &[(Stacked, Weight)],
+        gx: &GpuExperts,
         m: &crate::config::Moe,
         s: &Scratch,
         h: &[f32],
         n: usize,
-        logits: &mut [f32],
+        chosen: &[(usize, f32)],
         add: bool,
     ) -> Result<(), ModelError> {
         let (e, k, fe) = (self.cpu.config.n_embd, m.n_used, m.n_ff_exp);
-        let chosen = crate::cpu::route(m, n, logits);
+        if chosen.len() != n * k || chosen.iter().any(|c| c.0 >= m.n_expert) {
+            return Err(ModelError::Gpu(format!(
+                "{} routed pairs for {n} tokens of {k} of {} experts",
+                chosen.len(),
+                m.n_expert
+            )));
+        }
         // A stable sort: within an expert, the tokens in order.
         let mut order: Vec<usize> = (0..n * k).collect();
         order.sort_by_key(|&i| chosen[i].0);
@@ -1791,47 +1940,36 @@ impl<'a> HybridModel<'a> {
             xin.extend_from_slice(&h[t * e..(t + 1) * e]);
         }
         g.write_f32(&s.xin, &xin).map_err(gpu_err)?;
-        // The weighted sum's table: each (token, slot)'s packed row, then
-        // its weight.
-        let mut route = vec![0u32; 2 * n * k];
+        // The weighted sum's table (each (token, slot)'s packed row, then
+        // its weight), then the runs: each expert's packed columns, eight
+        // at most a run, the same columns of x and y.
+        let mut words = vec![0u32; 2 * n * k];
         for (j, &i) in order.iter().enumerate() {
-            route[i] = j as u32;
+            words[i] = j as u32;
         }
         for (i, c) in chosen.iter().enumerate() {
-            route[n * k + i] = c.1.to_bits();
+            words[n * k + i] = c.1.to_bits();
         }
-        g.write_u32(&s.route, &route).map_err(gpu_err)?;
-        let runs: Vec<(usize, usize, usize)> = order
-            .chunk_by(|&a, &b| chosen[a].0 == chosen[b].0)
-            .scan(0, |first, run| {
-                let at = *first;
-                *first += run.len();
-                Some((chosen[run[0]].0, at, run.len()))
-            })
-            .collect();
-        let expert = |x: usize| {
-            gx.get(x)
-                .ok_or_else(|| ModelError::Gpu(format!("expert {x} of {} routed", gx.len())))
+        let mut first = 0;
+        for run in order.chunk_by(|&a, &b| chosen[a].0 == chosen[b].0) {
+            for part in run.chunks(lamina_gpu::MAX_SMALL_COLS) {
+                let x = chosen[part[0]].0 as u32;
+                words.extend([x, first, first, part.len() as u32]);
+                first += part.len() as u32;
+            }
+        }
+        g.write_u32(&s.route, &words).map_err(gpu_err)?;
+        let runs = Runs {
+            table: &s.route,
+            at: 2 * n * k,
+            count: (words.len() - 2 * n * k) / 4,
+            n_mats: m.n_expert,
+            maxc: lamina_gpu::MAX_SMALL_COLS,
         };
-        for &(x, first, len) in &runs {
-            expert(x)?
-                .0
-                .record_from(b, &s.xin, &s.egu, first, len, None)
-                .map_err(gpu_err)?;
-        }
-        b.glu_stacked_n(&s.egu, &s.ea, fe, n * k, Gate::Silu)
+        b.matmul_runs(&gx.gate_up, runs, &s.xin, e, &s.ea, fe, Some(Gate::Silu))
             .map_err(gpu_err)?;
-        for &(x, first, len) in &runs {
-            let cols = Columns {
-                n: len,
-                x_offset: first * fe,
-                x_stride: fe,
-                y_offset: first * e,
-                y_stride: e,
-            };
-            b.matmul_strided(MatmulKernel::Auto, &expert(x)?.1, &s.ea, &s.ys, cols)
-                .map_err(gpu_err)?;
-        }
+        b.matmul_runs(&gx.down, runs, &s.ea, fe, &s.ys, e, None)
+            .map_err(gpu_err)?;
         b.moe_weigh(&s.ys, &s.route, &s.o, n, k, e, add)
             .map_err(gpu_err)
     }

@@ -468,10 +468,10 @@ fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool, gpu_experts: bool) ->
     }
     // A mixture's readback (input, router logits, shared output) and
     // shared expert besides, and where experts may be on the GPU every
-    // (token, slot)'s input, gate/up, activation and output.
+    // (token, slot)'s input, activation, output and ten table words.
     let moe = c.moe.map_or(0, |m| {
         let gpu_experts = if gpu_experts {
-            m.n_used * (2 * c.n_embd + 3 * m.n_ff_exp)
+            m.n_used * (2 * c.n_embd + m.n_ff_exp + 10)
         } else {
             0
         };

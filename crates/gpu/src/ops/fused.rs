@@ -78,15 +78,21 @@ pub struct MoeRouting {
 
 impl MoeRouting {
     /// Words of [`Batch::moe_route`]'s output for `n` tokens: the weighed
-    /// sum's table (`2·n·k`), then the run table (`4·n·k`) from
-    /// [`MoeRouting::runs_at`].
+    /// sum's table (`2·n·k`), then the gate/up product's run table
+    /// (`4·n·k`, from [`MoeRouting::runs_at`]) and the down product's
+    /// (`4·n·k`, from [`MoeRouting::down_runs_at`]).
     pub fn words(&self, n: usize) -> usize {
-        6 * n * self.k
+        10 * n * self.k
     }
 
-    /// Where the run table starts in the output, for `n` tokens.
+    /// Where the gate/up product's run table starts, for `n` tokens.
     pub fn runs_at(&self, n: usize) -> usize {
         2 * n * self.k
+    }
+
+    /// Where the down product's run table starts, for `n` tokens.
+    pub fn down_runs_at(&self, n: usize) -> usize {
+        6 * n * self.k
     }
 }
 
@@ -603,7 +609,8 @@ impl Batch<'_> {
     /// of the device's exp). Writes into `out` ([`MoeRouting::words`]) the
     /// table [`Batch::moe_weigh`] reads, each (token, slot)'s row its own
     /// index, and the one-column runs [`crate::Batch::matmul_runs`] reads
-    /// (its expert, x column `t`, y column the pair's index), so the
+    /// (its expert, x column `t` for the gate/up product and the pair's
+    /// index for the down product, y column the pair's index), so the
     /// experts run in the same submission without the host learning which.
     pub fn moe_route(
         &mut self,

@@ -74,6 +74,8 @@ fn moe_route_chooses_and_weighs_as_the_host() {
                 assert_eq!(got[i], i as u32, "{what}: weigh row");
                 let run = &got[r.runs_at(n) + 4 * i..][..4];
                 assert_eq!(run, [id as u32, t as u32, i as u32, 1], "{what}: run");
+                let down = &got[r.down_runs_at(n) + 4 * i..][..4];
+                assert_eq!(down, [id as u32, i as u32, i as u32, 1], "{what}: down run");
                 let g = f32::from_bits(got[nk + i]);
                 assert!(
                     (g - w).abs() <= 2e-6 * w.abs().max(1e-3),
@@ -84,7 +86,7 @@ fn moe_route_chooses_and_weighs_as_the_host() {
     }
     // What the kernel cannot hold, or a table too small, is refused.
     let logits = gpu.tensor(4096).unwrap();
-    for (n_expert, k, words) in [(MOE_ROUTE_MAX_EXPERTS + 1, 2, 64), (8, 9, 64), (8, 4, 8)] {
+    for (n_expert, k, words) in [(MOE_ROUTE_MAX_EXPERTS + 1, 2, 64), (8, 9, 64), (8, 4, 60)] {
         let r = MoeRouting {
             n_expert,
             k,
