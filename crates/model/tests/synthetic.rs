@@ -565,11 +565,13 @@ fn split_mixtures_decode_the_cpu_tokens() {
 }
 
 /// Routed experts on the GPU (`--n-cpu-moe 0`) route on the device: a step
-/// of few tokens runs its experts from the device's run tables in its own
-/// submission, a larger one reads the device's choices back and packs each
-/// expert's tokens. A sequence gets the same bits either way: decoding
-/// alone (a step of one token), beside two others (seven tokens) and beside
-/// a prompt of twelve (thirteen: the host packs).
+/// of few tokens (one on a CPU-backed device, eight on others) runs its
+/// experts from the device's run tables in its own submission, a larger
+/// one reads the device's choices back and packs each expert's tokens. A
+/// sequence gets the same bits either way: decoding alone (a step of one
+/// token, on the device's tables everywhere), beside two others (seven
+/// tokens) and beside a prompt of twelve (thirteen: the host packs
+/// everywhere).
 #[test]
 fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
     let file = open(&Spec::new("qwen3moe"));
