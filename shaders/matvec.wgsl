@@ -106,6 +106,9 @@ fn main(
 ) {
     p = params;
     let wshift = run_setup(wid.z);
+    if (p.ncols == 0u) {
+        return;
+    }
     norm_prologue(li);
     let team = li / TPR;
     let t = li % TPR;

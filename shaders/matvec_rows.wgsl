@@ -159,6 +159,9 @@ fn main(
     p.tab_first = params.tab_first + first;
     // RUNS = on: chunk z is a run of the table instead (its own matrix).
     let wshift = run_setup(wid.z);
+    if (p.ncols == 0u) {
+        return;
+    }
     norm_prologue(li);
     let wg_id = wid.x + wid.y * nwg.x;
     let units = (p.k + 31u) / 32u;

@@ -152,3 +152,27 @@ struct MoeRouteParams {
     l_stride: u32,
     runs_at: u32,     // the run table's first word in `out`
 }
+
+struct MoePackParams {
+    nk: u32,          // (token, slot) pairs
+    k: u32,           // slots per token
+    n_expert: u32,
+    maxc: u32,        // most columns a run
+    runs_at: u32,     // where the packed runs go (and the router's first table was)
+    down_at: u32,     // the router's second table (its experts are read there)
+    max_runs: u32,    // room for runs: past the packed ones, empty runs
+    gather_at: u32,   // each packed column's token
+    // The two products' first workgroup counts: the indirect dispatches'
+    // arguments, the runs the third.
+    gxa: u32,
+    gya: u32,
+    gxb: u32,
+    gyb: u32,
+}
+
+struct GatherParams {
+    m: u32,           // columns gathered
+    dim: u32,
+    table_at: u32,
+    _pad: u32,
+}

@@ -152,8 +152,10 @@ impl Gpu {
         let buf = self.create_buffer(
             "tensor",
             size,
+            // INDIRECT: a kernel may write another's workgroup counts.
             wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::INDIRECT
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
         )?;

@@ -169,6 +169,36 @@ pub(crate) struct RopeKvParams {
     pub _pad: [u32; 2],
 }
 
+/// `MoePackParams`: a step's pairs packed by expert on the device
+/// ([`crate::Batch::moe_pack`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct MoePackParams {
+    pub nk: u32,
+    pub k: u32,
+    pub n_expert: u32,
+    pub maxc: u32,
+    pub runs_at: u32,
+    pub down_at: u32,
+    pub max_runs: u32,
+    pub gather_at: u32,
+    pub gxa: u32,
+    pub gya: u32,
+    pub gxb: u32,
+    pub gyb: u32,
+}
+
+/// `GatherParams`: columns copied into a table's order
+/// ([`crate::Batch::gather_cols`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct GatherParams {
+    pub m: u32,
+    pub dim: u32,
+    pub table_at: u32,
+    pub _pad: u32,
+}
+
 /// `MoeRouteParams`: a mixture's router on the device
 /// ([`crate::Batch::moe_route`]).
 #[repr(C)]
@@ -232,5 +262,7 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("RopeKvParams", std::mem::size_of::<RopeKvParams>()),
     ("MoeWeighParams", std::mem::size_of::<MoeWeighParams>()),
     ("MoeRouteParams", std::mem::size_of::<MoeRouteParams>()),
+    ("MoePackParams", std::mem::size_of::<MoePackParams>()),
+    ("GatherParams", std::mem::size_of::<GatherParams>()),
     ("ArgmaxParams", std::mem::size_of::<ArgmaxParams>()),
 ];

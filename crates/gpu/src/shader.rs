@@ -108,6 +108,8 @@ sources!(
     "rope_kv_q8.wgsl",
     "moe_weigh.wgsl",
     "moe_route.wgsl",
+    "moe_pack.wgsl",
+    "gather_cols.wgsl",
     "argmax.wgsl",
     "common/kv_vec.wgsl",
     "common/kv_q8.wgsl",

@@ -237,6 +237,41 @@ fn route_on_device_tokens(g: &Gpu) -> usize {
     }
 }
 
+/// How a block that routes on the device runs its experts in a step.
+///
+/// A larger step packs its pairs by expert on the device on a GPU. A
+/// CPU-backed device has the host pack them (reading the device's choices
+/// back, a wait that costs it little): its packed products cost by the
+/// run and by the compiled column count, and the host's exact runs of up
+/// to eight beat the device's (lavapipe, the synthetic qwen3moe, pp32
+/// about 95 tokens/s packed by the host against 77–90 on the device in
+/// runs of four, four sequences 45 against 38–42 in runs of one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DeviceExperts {
+    /// Each (token, slot) pair from the router's own one-column runs.
+    Pairs,
+    /// The pairs packed by expert on the device (`moe_pack`), in runs of
+    /// at most this many columns.
+    Packed(usize),
+}
+
+impl DeviceExperts {
+    /// The way for `n` tokens routed as `r`; `None` where only the host can
+    /// pack them (more pairs or runs than the packing kernel holds).
+    fn choose(g: &Gpu, r: &lamina_gpu::MoeRouting, n: usize, pack: bool) -> Option<Self> {
+        if n <= route_on_device_tokens(g) {
+            return Some(DeviceExperts::Pairs);
+        }
+        if g.adapter_info().device_type == "cpu" && !pack {
+            return None;
+        }
+        // Runs of eight: a GPU's workgroup skips the columns a run lacks.
+        let (nk, maxc) = (n * r.k, lamina_gpu::MAX_SMALL_COLS);
+        (nk < 1 << 21 && r.max_runs(n, maxc) <= u16::MAX as usize)
+            .then_some(DeviceExperts::Packed(maxc))
+    }
+}
+
 impl GpuLayer {
     /// A mixture of experts: the step's submission ends after its router.
     fn is_moe(&self) -> bool {
@@ -273,6 +308,10 @@ pub struct HybridModel<'a> {
     /// step's are the first norm and the head): `bench model` prints the
     /// per-block count from it.
     block_dispatches: std::sync::atomic::AtomicU64,
+    /// Pack a larger step's experts on the device even on a CPU-backed
+    /// device, where the host packs them by default
+    /// ([`HybridModel::pack_experts_on_device`]).
+    pack_on_device: bool,
     /// How the GPU layers' caches store keys and values ([`gpu_kv`]).
     gpu_kv: KvElem,
 }
@@ -520,6 +559,8 @@ struct Scratch {
     /// weighted sum's table (lamina_gpu's `moe_weigh`); then the run tables
     /// of the experts' products (`matmul_runs`).
     route: Tensor,
+    /// The packed experts' indirect dispatch arguments (`moe_pack`).
+    moe_args: Tensor,
     /// The attention chunks' partials.
     scores: Tensor,
     /// The norm epilogues' workgroup counter (lamina_gpu::NormAfter).
@@ -593,6 +634,7 @@ impl<'a> HybridModel<'a> {
             head,
             scratch: Mutex::new(None),
             block_dispatches: Default::default(),
+            pack_on_device: false,
             gpu_kv: kv,
         })
     }
@@ -1065,9 +1107,10 @@ impl<'a> HybridModel<'a> {
             xin: t((slots * e).max(1))?,
             ea: t((slots * fe).max(1))?,
             ys: t((slots * e).max(1))?,
-            // The weighed sum's table and the run tables (the device's
-            // router writes three; the host, two in the same words).
-            route: t((slots * 10).max(1))?,
+            // The weighed sum's table, the run tables and the packed
+            // columns' tokens (lamina_gpu::MoeRouting::words).
+            route: t((slots * 11).max(1))?,
+            moe_args: t(6)?,
             scores: t(lamina_gpu::attention_scratch_len(
                 n, c.n_head, c.head_dim, kv_room,
             ))?,
@@ -1224,11 +1267,14 @@ impl<'a> HybridModel<'a> {
                 )
                 .map_err(gpu_err)?;
             if l.is_moe() {
-                match (self.device_routing(l), l.gpu_experts()) {
-                    // A few tokens routed on the device: their experts
-                    // follow in the same submission.
-                    (Some(r), Some(gx)) if n <= route_on_device_tokens(g) => {
-                        self.record_device_experts(&mut b, gx, r, s, n)
+                let device = self
+                    .device_routing(l)
+                    .and_then(|r| Some((r, DeviceExperts::choose(g, &r, n, self.pack_on_device)?)));
+                match (device, l.gpu_experts()) {
+                    // Routed on the device: the experts follow in the same
+                    // submission.
+                    (Some((r, how)), Some(gx)) => {
+                        self.record_device_experts(&mut b, gx, r, how, s, n)
                             .map_err(gpu_err)?;
                     }
                     // Else the host routes (or reads the device's routes)
@@ -1755,7 +1801,8 @@ impl<'a> HybridModel<'a> {
         let device = self.device_routing(l);
         // The host reads the input back unless the experts follow on the
         // device in this submission.
-        if device.is_none() || n > route_on_device_tokens(b.gpu()) {
+        let pack = self.pack_on_device;
+        if device.is_none_or(|r| DeviceExperts::choose(b.gpu(), &r, n, pack).is_none()) {
             b.copy(&s.h, 0, &s.moe_io, 0, n * e)?;
         }
         let at = |y_offset, w: &Weight| Columns {
@@ -1789,6 +1836,13 @@ impl<'a> HybridModel<'a> {
         Ok(())
     }
 
+    /// Packs a larger step's routed experts on the device (`moe_pack`) even
+    /// on a CPU-backed device, where the host packs them by default: the
+    /// tests run every way a step can take, and measurements compare them.
+    pub fn pack_experts_on_device(&mut self, on: bool) {
+        self.pack_on_device = on;
+    }
+
     /// How block `l` routes on the device, where it can: its experts are
     /// on the GPU, it has no shared expert (whose sigmoid gate the host
     /// computes, so its bits stay the CPU's), and the device's router holds
@@ -1815,15 +1869,18 @@ impl<'a> HybridModel<'a> {
         )
     }
 
-    /// The routed experts of a block that routes on the device, for a step
-    /// of few tokens: each (token, slot) pair's gate/up and down products
-    /// over its expert, from the device's run tables, and their weighed sum
-    /// into `s.o`; all in the step's submission, no wait for the host.
+    /// The routed experts of a block that routes on the device: each
+    /// (token, slot) pair's gate/up and down products over its expert, from
+    /// the router's one-column runs ([`DeviceExperts::Pairs`]) or from the
+    /// pairs packed by expert on the device, their inputs gathered into that
+    /// order ([`DeviceExperts::Packed`]); then their weighed sum into
+    /// `s.o`. All in the step's submission: no wait for the host.
     fn record_device_experts(
         &self,
         b: &mut Batch<'_>,
         gx: &GpuExperts,
         r: lamina_gpu::MoeRouting,
+        how: DeviceExperts,
         s: &Scratch,
         n: usize,
     ) -> Result<(), lamina_gpu::GpuError> {
@@ -1835,12 +1892,34 @@ impl<'a> HybridModel<'a> {
             count: n * r.k,
             n_mats: r.n_expert,
             maxc: 1,
+            indirect: None,
         };
-        b.matmul_runs(&gx.gate_up, runs, &s.h, e, &s.ea, fe, Some(Gate::Silu))?;
-        let down = Runs {
-            at: r.down_runs_at(n),
-            ..runs
+        let (up, down, x) = match how {
+            DeviceExperts::Pairs => {
+                let down = Runs {
+                    at: r.down_runs_at(n),
+                    ..runs
+                };
+                (runs, down, &s.h)
+            }
+            DeviceExperts::Packed(maxc) => {
+                let grids = [
+                    b.runs_grid(&gx.gate_up, r.n_expert, true),
+                    b.runs_grid(&gx.down, r.n_expert, false),
+                ];
+                let count = b.moe_pack(&s.route, &s.moe_args, n, r, maxc, grids)?;
+                b.gather_cols(&s.h, &s.route, r.gather_at(n), &s.xin, n * r.k, e)?;
+                // Only the runs that hold columns are dispatched.
+                let packed = |at| Runs {
+                    count,
+                    maxc,
+                    indirect: Some((&s.moe_args, at)),
+                    ..runs
+                };
+                (packed(0), packed(3), &s.xin)
+            }
         };
+        b.matmul_runs(&gx.gate_up, up, x, e, &s.ea, fe, Some(Gate::Silu))?;
         b.matmul_runs(&gx.down, down, &s.ea, fe, &s.ys, e, None)?;
         b.moe_weigh(&s.ys, &s.route, &s.o, n, r.k, e, false)
     }
@@ -1982,6 +2061,7 @@ impl<'a> HybridModel<'a> {
             // The kernel computes this many columns a run (a CPU-backed
             // device all of them): no more than the longest run needs.
             maxc: longest.next_power_of_two(),
+            indirect: None,
         };
         b.matmul_runs(&gx.gate_up, runs, &s.xin, e, &s.ea, fe, Some(Gate::Silu))
             .map_err(gpu_err)?;

@@ -565,47 +565,58 @@ fn split_mixtures_decode_the_cpu_tokens() {
 }
 
 /// Routed experts on the GPU (`--n-cpu-moe 0`) route on the device: a step
-/// of few tokens (one on a CPU-backed device, eight on others) runs its
-/// experts from the device's run tables in its own submission, a larger
-/// one reads the device's choices back and packs each expert's tokens. A
-/// sequence gets the same bits either way: decoding alone (a step of one
-/// token, on the device's tables everywhere), beside two others (seven
-/// tokens) and beside a prompt of twelve (thirteen: the host packs
-/// everywhere).
+/// of few tokens (one on a CPU-backed device, eight on others) runs each
+/// pair from the router's one-column runs; a larger one packs the pairs by
+/// expert, on the device (a GPU, or when asked) or on the host from the
+/// device's choices (a CPU-backed device). A sequence gets the same bits
+/// every way: decoding alone (a step of one token: pairs), beside two
+/// others (seven tokens) and beside a prompt of twelve (thirteen: packed),
+/// with the packing on the device and by default.
 #[test]
 fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
     let file = open(&Spec::new("qwen3moe"));
-    let m = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
-    multi_sequence_step_is_batch_invariant(&m, true, "qwen3moe, experts on the GPU");
-    let mut v = m.new_caches(2, 32).unwrap();
-    let (mut b2, mut a2) = (v.pop().unwrap(), v.pop().unwrap());
-    let mut a1 = m.new_cache(32).unwrap();
-    m.forward(&PROMPT, &mut a1, Logits::Last).unwrap();
-    m.forward(&PROMPT, &mut a2, Logits::Last).unwrap();
+    let mut packed = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
+    packed.pack_experts_on_device(true);
+    let by_default = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
+    let same = |x: &[f32], y: &[f32]| {
+        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+    };
     let long: Vec<u32> = (10..22).collect();
-    let mut b1 = m.new_cache(32).unwrap();
-    let prompt_alone = m.forward(&long, &mut b1, Logits::Last).unwrap();
-    for t in [40u32, 41, 42] {
-        let alone = m.forward(&[t], &mut a1, Logits::Last).unwrap();
-        let together = if t == 40 {
-            m.forward_multi(&mut [(&[t], &mut a2), (&long, &mut b2)])
-                .unwrap()
-        } else {
-            m.forward_multi(&mut [(&[t], &mut a2)]).unwrap()
-        };
-        let same = |x: &[f32], y: &[f32]| {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-        };
-        assert!(
-            same(&alone, &together[0]),
-            "token {t}: differs beside a prompt"
-        );
-        if t == 40 {
+    let mut runs = Vec::new();
+    for m in [&by_default, &packed] {
+        multi_sequence_step_is_batch_invariant(m, true, "qwen3moe, experts on the GPU");
+        let mut v = m.new_caches(2, 32).unwrap();
+        let (mut b2, mut a2) = (v.pop().unwrap(), v.pop().unwrap());
+        let mut a1 = m.new_cache(32).unwrap();
+        m.forward(&PROMPT, &mut a1, Logits::Last).unwrap();
+        m.forward(&PROMPT, &mut a2, Logits::Last).unwrap();
+        let mut b1 = m.new_cache(32).unwrap();
+        let prompt_alone = m.forward(&long, &mut b1, Logits::Last).unwrap();
+        let mut got = vec![prompt_alone.clone()];
+        for t in [40u32, 41, 42] {
+            let alone = m.forward(&[t], &mut a1, Logits::Last).unwrap();
+            let together = if t == 40 {
+                m.forward_multi(&mut [(&[t], &mut a2), (&long, &mut b2)])
+                    .unwrap()
+            } else {
+                m.forward_multi(&mut [(&[t], &mut a2)]).unwrap()
+            };
             assert!(
-                same(&prompt_alone, &together[1]),
-                "the prompt differs beside a decoding token"
+                same(&alone, &together[0]),
+                "token {t}: differs beside a prompt"
             );
+            if t == 40 {
+                assert!(
+                    same(&prompt_alone, &together[1]),
+                    "the prompt differs beside a decoding token"
+                );
+            }
+            got.push(alone);
         }
+        runs.push(got);
+    }
+    for (x, y) in runs[0].iter().zip(&runs[1]) {
+        assert!(same(x, y), "packed on the device and by default differ");
     }
 }
 

@@ -13,7 +13,8 @@ use super::{shape, to_u32, Batch};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
 use crate::params::{
-    EltParams, HeadNormParams, MoeRouteParams, MoeWeighParams, NormParams, RopeKvParams,
+    EltParams, GatherParams, HeadNormParams, MoePackParams, MoeRouteParams, MoeWeighParams,
+    NormParams, RopeKvParams,
 };
 use crate::shader::KernelSpec;
 use crate::Rope;
@@ -80,9 +81,23 @@ impl MoeRouting {
     /// Words of [`Batch::moe_route`]'s output for `n` tokens: the weighed
     /// sum's table (`2·n·k`), then the gate/up product's run table
     /// (`4·n·k`, from [`MoeRouting::runs_at`]) and the down product's
-    /// (`4·n·k`, from [`MoeRouting::down_runs_at`]).
+    /// (`4·n·k`, from [`MoeRouting::down_runs_at`]), then room for
+    /// [`Batch::moe_pack`]'s gather table (`n·k`).
     pub fn words(&self, n: usize) -> usize {
+        11 * n * self.k
+    }
+
+    /// Where [`Batch::moe_pack`] puts each packed column's token.
+    pub fn gather_at(&self, n: usize) -> usize {
         10 * n * self.k
+    }
+
+    /// Runs [`Batch::moe_pack`] may write for `n` tokens in runs of at
+    /// most `maxc` columns: one per pair at most, and no more than a run
+    /// of `maxc` per `maxc` pairs plus one per expert.
+    pub fn max_runs(&self, n: usize, maxc: usize) -> usize {
+        let nk = n * self.k;
+        nk.min(nk / maxc.max(1) + self.n_expert.min(nk))
     }
 
     /// Where the gate/up product's run table starts, for `n` tokens.
@@ -678,6 +693,122 @@ impl Batch<'_> {
     /// each (token, slot)'s packed row (`n_tokens · k` words), then the
     /// weights as f32 bits. The CPU's weighing, operation for operation,
     /// where the device does not contract a product and a sum into an fma.
+    /// Packs the pairs [`Batch::moe_route`] routed in `out` by expert
+    /// (`shaders/moe_pack.wgsl`): each pair's weighed-sum row becomes its
+    /// packed column, the run tables become each expert's packed columns
+    /// in runs of at most `maxc` (then empty runs up to
+    /// [`MoeRouting::max_runs`]), and [`MoeRouting::gather_at`] says each
+    /// packed column's token, for [`Batch::gather_cols`]. The products over
+    /// these runs read each expert once for all its tokens, and nothing
+    /// waits for the host. `args` gets the indirect dispatch arguments of
+    /// the two products ([`crate::Runs::indirect`], from words 0 and 3),
+    /// their grids over rows from `grids` ([`Batch::runs_grid`]). Returns
+    /// the most runs there can be.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_pack(
+        &mut self,
+        out: &Tensor,
+        args: &Tensor,
+        n_tokens: usize,
+        r: MoeRouting,
+        maxc: usize,
+        grids: [(u32, u32); 2],
+    ) -> Result<usize, GpuError> {
+        const OP: &str = "moe_pack";
+        let nk = n_tokens.saturating_mul(r.k);
+        // The kernel keeps a pair's slot in 21 bits beside its expert.
+        if r.n_expert == 0
+            || r.n_expert > MOE_ROUTE_MAX_EXPERTS
+            || !matches!(maxc, 1 | 2 | 4 | 8)
+            || nk >= 1 << 21
+            || r.words(n_tokens) > out.len()
+            || args.len() < 6
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n_tokens} tokens of {} of {} experts in runs of {maxc}, into {} words",
+                    r.k,
+                    r.n_expert,
+                    out.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, args, &[out])?;
+        let max_runs = r.max_runs(n_tokens, maxc);
+        if nk == 0 {
+            return Ok(0);
+        }
+        let params = MoePackParams {
+            nk: to_u32(OP, "pairs", nk)?,
+            k: to_u32(OP, "k", r.k)?,
+            n_expert: to_u32(OP, "experts", r.n_expert)?,
+            maxc: maxc as u32,
+            runs_at: to_u32(OP, "runs", r.runs_at(n_tokens))?,
+            down_at: to_u32(OP, "down runs", r.down_runs_at(n_tokens))?,
+            max_runs: to_u32(OP, "runs", max_runs)?,
+            gather_at: to_u32(OP, "gather", r.gather_at(n_tokens))?,
+            gxa: grids[0].0,
+            gya: grids[0].1,
+            gxb: grids[1].0,
+            gyb: grids[1].1,
+        };
+        self.push(
+            &KernelSpec::new("moe_pack.wgsl"),
+            &[(&out.buf, None), (&args.buf, None)],
+            &params,
+            [1, 1, 1],
+        )?;
+        Ok(max_runs)
+    }
+
+    /// `y[j] = x[table[table_at + j]]` for `m` columns of `dim` values: the
+    /// columns a table names, in its order (`shaders/gather_cols.wgsl`).
+    pub fn gather_cols(
+        &mut self,
+        x: &Tensor,
+        table: &Tensor,
+        table_at: usize,
+        y: &Tensor,
+        m: usize,
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "gather_cols";
+        let n = m.checked_mul(dim);
+        if dim == 0
+            || n.is_none_or(|n| n > y.len())
+            || table_at.checked_add(m).is_none_or(|e| e > table.len())
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{m} columns of {dim} from word {table_at} of a table of {} into {}",
+                    table.len(),
+                    y.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, y, &[x, table])?;
+        if m == 0 {
+            return Ok(());
+        }
+        let params = GatherParams {
+            m: to_u32(OP, "columns", m)?,
+            dim: to_u32(OP, "dim", dim)?,
+            table_at: to_u32(OP, "table offset", table_at)?,
+            _pad: 0,
+        };
+        let (gx, gy) = self
+            .gpu
+            .grid(to_u32(OP, "values", m * dim)?.div_ceil(ELT_WG));
+        self.push(
+            &KernelSpec::new("gather_cols.wgsl"),
+            &[(&x.buf, None), (&table.buf, None), (&y.buf, None)],
+            &params,
+            [gx, gy, 1],
+        )
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn moe_weigh(
         &mut self,

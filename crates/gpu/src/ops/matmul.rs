@@ -228,17 +228,23 @@ impl Columns {
 /// (a block's routed experts, `rows / n_mats` rows each) with columns that
 /// each name their matrix: [`Batch::matmul_runs`]. Run `r` is the four
 /// words of `table` from `at + 4r`: its matrix, its first column of `x`,
-/// its first column of `y`, and its column count (1 ..= `maxc`). A run's
-/// columns are consecutive in `x` and in `y`.
+/// its first column of `y`, and its column count (0 ..= `maxc`; an empty
+/// run computes nothing). A run's columns are consecutive in `x` and in
+/// `y`.
 #[derive(Clone, Copy, Debug)]
 pub struct Runs<'t> {
     pub table: &'t Tensor,
     pub at: usize,
+    /// Runs in the table (with `indirect`, the most there can be).
     pub count: usize,
     pub n_mats: usize,
     /// The most columns any run holds: 1, or up to [`MAX_SMALL_COLS`]
     /// (the compiled kernel's column count).
     pub maxc: usize,
+    /// Where a kernel wrote the dispatch's workgroup counts (three words
+    /// from this word of the tensor: [`Batch::runs_grid`]'s two, then the
+    /// runs), so only the runs that hold columns are dispatched.
+    pub indirect: Option<(&'t Tensor, usize)>,
 }
 
 /// What a mat-vec or small-N dispatch folds in around its product, with the
@@ -1138,6 +1144,15 @@ impl Batch<'_> {
             ));
         }
         Self::distinct(OP, y, &[x, runs.table])?;
+        if let Some((args, at)) = runs.indirect {
+            if at.checked_add(3).is_none_or(|e| e > args.len()) {
+                return Err(shape(
+                    OP,
+                    format!("workgroup counts at word {at} of {}", args.len()),
+                ));
+            }
+            Self::distinct(OP, y, &[args])?;
+        }
         self.check_binding(OP, x)?;
         self.check_binding(OP, y)?;
         if runs.count == 0 {
@@ -1168,12 +1183,8 @@ impl Batch<'_> {
         let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
         ranges.push((&runs.table.buf, 0, None));
         let ms = forced.unwrap_or_else(|| MatvecShape::choose(self.gpu, k.div_ceil(32)));
-        let (ms, wg_rows) = if glu.is_some() {
-            (ms.for_glu(), ms.wg / ms.tpr)
-        } else {
-            (ms, ms.rows_per_wg())
-        };
-        let (gx, gy) = self.gpu.grid((out_rows as u32).div_ceil(wg_rows));
+        let (gx, gy) = self.runs_grid_shaped(ms, out_rows, glu.is_some());
+        let ms = if glu.is_some() { ms.for_glu() } else { ms };
         let src = if x_stride % 4 == 0 && k % 4 == 0 {
             XSrc::Storage4
         } else {
@@ -1185,7 +1196,32 @@ impl Batch<'_> {
         };
         let sg = self.gpu.lane_broadcast();
         let spec = matvec_spec_fused(w.ty(), runs.maxc, ms, src, glu, sg, kind);
-        self.push_ranges(&spec, &ranges, &params, [gx, gy, runs.count as u32])
+        let groups = [gx, gy, runs.count as u32];
+        match runs.indirect {
+            Some((args, at)) => {
+                self.push_ranges_indirect(&spec, &ranges, &params, groups, args, at)
+            }
+            None => self.push_ranges(&spec, &ranges, &params, groups),
+        }
+    }
+
+    /// The first two workgroup counts of [`Batch::matmul_runs`] over `w`'s
+    /// `n_mats` matrices (the third is the runs): what a kernel that
+    /// writes an indirect dispatch's counts ([`Runs::indirect`]) writes.
+    pub fn runs_grid(&self, w: &Weight, n_mats: usize, glu: bool) -> (u32, u32) {
+        let mat_rows = w.rows() / n_mats.max(1);
+        let out_rows = if glu { mat_rows / 2 } else { mat_rows };
+        let ms = MatvecShape::choose(self.gpu, w.cols().div_ceil(32));
+        self.runs_grid_shaped(ms, out_rows, glu)
+    }
+
+    fn runs_grid_shaped(&self, ms: MatvecShape, out_rows: usize, glu: bool) -> (u32, u32) {
+        let wg_rows = if glu {
+            ms.wg / ms.tpr
+        } else {
+            ms.rows_per_wg()
+        };
+        self.gpu.grid((out_rows as u32).div_ceil(wg_rows))
     }
 
     /// Row lookup: `y[i] = w[ids[i]]` dequantized to f32 (`w.cols()` values each).

@@ -53,6 +53,9 @@ struct Dispatch {
     bindings: Vec<Binding>,
     params: Vec<u8>,
     groups: [u32; 3],
+    /// Where a kernel wrote the workgroup counts (three words), if not
+    /// `groups` (an indirect dispatch: only the device knows them).
+    indirect: Option<(wgpu::Buffer, u64)>,
 }
 
 /// Kernels recorded for one submission. Nothing runs until [`Batch::submit`],
@@ -160,7 +163,28 @@ impl<'g> Batch<'g> {
                 .collect(),
             params: bytemuck::bytes_of(params).to_vec(),
             groups,
+            indirect: None,
         });
+        Ok(())
+    }
+
+    /// [`Batch::push_ranges`] with the workgroup counts read from three
+    /// words of `args` from word `at` when the dispatch runs (written by an
+    /// earlier kernel of the batch); `groups` is what the host checked as
+    /// the most they can be.
+    pub(crate) fn push_ranges_indirect<P: Pod>(
+        &mut self,
+        spec: &KernelSpec,
+        buffers: &[(&wgpu::Buffer, u64, Option<u64>)],
+        params: &P,
+        groups: [u32; 3],
+        args: &Tensor,
+        at: usize,
+    ) -> Result<(), GpuError> {
+        self.push_ranges(spec, buffers, params, groups)?;
+        if let Some(d) = self.dispatches.last_mut() {
+            d.indirect = Some((args.buf.clone(), at as u64 * 4));
+        }
         Ok(())
     }
 
@@ -301,8 +325,13 @@ impl<'g> Batch<'g> {
                             });
                             p.set_pipeline(&d.pipeline.pipeline);
                             p.set_bind_group(0, &group, &[]);
-                            let [x, y, z] = d.groups;
-                            p.dispatch_workgroups(x, y, z);
+                            match &d.indirect {
+                                Some((b, at)) => p.dispatch_workgroups_indirect(b, *at),
+                                None => {
+                                    let [x, y, z] = d.groups;
+                                    p.dispatch_workgroups(x, y, z);
+                                }
+                            }
                         }
                         let t = std::time::Instant::now();
                         gpu.queue.submit([one.finish()]);
@@ -315,8 +344,13 @@ impl<'g> Batch<'g> {
                     }
                     pass.set_pipeline(&d.pipeline.pipeline);
                     pass.set_bind_group(0, &group, &[]);
-                    let [x, y, z] = d.groups;
-                    pass.dispatch_workgroups(x, y, z);
+                    match &d.indirect {
+                        Some((b, at)) => pass.dispatch_workgroups_indirect(b, *at),
+                        None => {
+                            let [x, y, z] = d.groups;
+                            pass.dispatch_workgroups(x, y, z);
+                        }
+                    }
                 }
             }
             gpu.queue.submit([enc.finish()]);

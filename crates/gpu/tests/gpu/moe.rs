@@ -197,6 +197,7 @@ fn runs_match_each_matrix_alone_bit_for_bit() {
                     count: pairs.len(),
                     n_mats,
                     maxc: 1,
+                    indirect: None,
                 };
                 let got = after(gpu, &y, |b| {
                     b.matmul_runs_shaped(shape, &stacked, runs, &xt, k, &y, out_rows, glu)
@@ -243,6 +244,7 @@ fn runs_refuse_what_does_not_fit() {
         count: 1,
         n_mats: 3,
         maxc: 1,
+        indirect: None,
     };
     let bad = [
         Runs { n_mats: 5, ..runs },
@@ -270,4 +272,124 @@ fn runs_refuse_what_does_not_fit() {
         .batch()
         .matmul_runs(&w, runs, &x, 64, &y, 4, None)
         .is_ok());
+}
+
+/// A step's pairs packed by expert on the device (moe_pack, gather_cols,
+/// runs of up to 1, 2 and 8 columns) give the weighed sums of the router's
+/// one-column runs bit for bit; the packed rows are a permutation of the
+/// pairs, and every run names one expert's columns.
+#[test]
+fn pairs_packed_on_the_device_give_each_pair_its_bits() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(97);
+    let ty = GgmlType::Q8_0;
+    // Few experts and many tokens: most experts serve several pairs.
+    let (n, n_expert, k, e, fe) = (6, 5, 3, 64, 32);
+    let r = MoeRouting {
+        n_expert,
+        k,
+        norm: true,
+        scale: 1.0,
+    };
+    let nk = n * k;
+    let gate_up = gpu
+        .upload_weight(
+            ty,
+            n_expert * 2 * fe,
+            e,
+            &common::random_weight(&mut rng, ty, n_expert * 2 * fe, e),
+        )
+        .unwrap();
+    let down = gpu
+        .upload_weight(
+            ty,
+            n_expert * e,
+            fe,
+            &common::random_weight(&mut rng, ty, n_expert * e, fe),
+        )
+        .unwrap();
+    let h = gpu.upload_f32(&rng.vec(n * e)).unwrap();
+    let logits = gpu.upload_f32(&rng.vec(n * n_expert)).unwrap();
+    let (ea, ys, xin) = (
+        gpu.tensor(nk * fe).unwrap(),
+        gpu.tensor(nk * e).unwrap(),
+        gpu.tensor(nk * e).unwrap(),
+    );
+    fn runs(table: &Tensor, at: usize, count: usize, maxc: usize) -> Runs<'_> {
+        Runs {
+            table,
+            at,
+            count,
+            n_mats: 5,
+            maxc,
+            indirect: None,
+        }
+    }
+    // The router's one-column runs.
+    let route = gpu.tensor(r.words(n)).unwrap();
+    let out = common::poisoned(gpu, n * e);
+    let want = after(gpu, &out, |b| {
+        b.moe_route(&logits, 0, n_expert, n, r, &route).unwrap();
+        let up = runs(&route, r.runs_at(n), nk, 1);
+        b.matmul_runs(&gate_up, up, &h, e, &ea, fe, Some(Gate::Silu))
+            .unwrap();
+        let dn = runs(&route, r.down_runs_at(n), nk, 1);
+        b.matmul_runs(&down, dn, &ea, fe, &ys, e, None).unwrap();
+        b.moe_weigh(&ys, &route, &out, n, k, e, false).unwrap();
+    });
+    assert!(want.iter().all(|v| !f32::from_bits(*v).is_nan()));
+    let args = gpu.tensor(6).unwrap();
+    for maxc in [1, 2, MAX_SMALL_COLS] {
+        let route = gpu.tensor(r.words(n)).unwrap();
+        let out = common::poisoned(gpu, n * e);
+        let got = after(gpu, &out, |b| {
+            b.moe_route(&logits, 0, n_expert, n, r, &route).unwrap();
+            let grids = [
+                b.runs_grid(&gate_up, n_expert, true),
+                b.runs_grid(&down, n_expert, false),
+            ];
+            let count = b.moe_pack(&route, &args, n, r, maxc, grids).unwrap();
+            assert_eq!(count, r.max_runs(n, maxc));
+            b.gather_cols(&h, &route, r.gather_at(n), &xin, nk, e)
+                .unwrap();
+            let packed = runs(&route, r.runs_at(n), count, maxc);
+            let up = Runs {
+                indirect: Some((&args, 0)),
+                ..packed
+            };
+            b.matmul_runs(&gate_up, up, &xin, e, &ea, fe, Some(Gate::Silu))
+                .unwrap();
+            let dn = Runs {
+                indirect: Some((&args, 3)),
+                ..packed
+            };
+            b.matmul_runs(&down, dn, &ea, fe, &ys, e, None).unwrap();
+            b.moe_weigh(&ys, &route, &out, n, k, e, false).unwrap();
+        });
+        assert_eq!(got, want, "runs of up to {maxc}");
+        let words = gpu.read_u32(&route).unwrap();
+        let mut rows: Vec<u32> = words[..nk].to_vec();
+        rows.sort_unstable();
+        assert_eq!(rows, (0..nk as u32).collect::<Vec<_>>(), "maxc {maxc}");
+        // Every packed column's token, and the runs cover the columns once.
+        let mut covered = vec![0; nk];
+        for run in words[r.runs_at(n)..][..4 * r.max_runs(n, maxc)].chunks(4) {
+            assert!(run[3] as usize <= maxc);
+            assert_eq!(run[1], run[2]);
+            for c in run[1]..run[1] + run[3] {
+                covered[c as usize] += 1;
+            }
+        }
+        assert_eq!(covered, vec![1; nk], "maxc {maxc}");
+        // The dispatches took the runs that hold columns, no more.
+        let a = gpu.read_u32(&args).unwrap();
+        let held = words[r.runs_at(n)..][..4 * r.max_runs(n, maxc)]
+            .chunks(4)
+            .filter(|run| run[3] > 0)
+            .count() as u32;
+        assert_eq!((a[2], a[5]), (held, held), "maxc {maxc}");
+        for (i, &col) in words[..nk].iter().enumerate() {
+            assert_eq!(words[r.gather_at(n) + col as usize], (i / k) as u32);
+        }
+    }
 }
