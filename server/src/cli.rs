@@ -58,9 +58,9 @@ pub struct MoeFlags {
     /// Keep only the routed experts of the first N blocks in system RAM;
     /// the later offloaded blocks' go to the GPU with their block
     /// (llama.cpp's --n-cpu-moe, also -ncmoe; 0: every offloaded block's).
-    /// Their tokens are routed on the GPU: a decoding step runs their
-    /// experts without waiting for the host (a prompt waits once per block,
-    /// so each expert streams once for all its tokens).
+    /// Their tokens are routed on the GPU, where a step runs their experts
+    /// without waiting for the host (a CPU-backed device waits once per
+    /// block for a step of several tokens, to pack each expert's tokens).
     #[arg(long = "n-cpu-moe", value_name = "N")]
     pub n_cpu_moe: Option<usize>,
     /// PATTERN=CPU|GPU[,...]: place the routed experts whose tensor names
