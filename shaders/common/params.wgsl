@@ -176,3 +176,10 @@ struct GatherParams {
     table_at: u32,
     _pad: u32,
 }
+
+struct MoeSharedParams {
+    n: u32,           // tokens
+    dim: u32,
+    sy_offset: u32,   // the shared output of token t at sy_offset + t * dim
+    _pad: u32,
+}

@@ -188,6 +188,17 @@ pub(crate) struct MoePackParams {
     pub gyb: u32,
 }
 
+/// `MoeSharedParams`: a shared expert's gated output added
+/// ([`crate::Batch::moe_shared`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct MoeSharedParams {
+    pub n: u32,
+    pub dim: u32,
+    pub sy_offset: u32,
+    pub _pad: u32,
+}
+
 /// `GatherParams`: columns copied into a table's order
 /// ([`crate::Batch::gather_cols`]).
 #[repr(C)]
@@ -264,5 +275,6 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("MoeRouteParams", std::mem::size_of::<MoeRouteParams>()),
     ("MoePackParams", std::mem::size_of::<MoePackParams>()),
     ("GatherParams", std::mem::size_of::<GatherParams>()),
+    ("MoeSharedParams", std::mem::size_of::<MoeSharedParams>()),
     ("ArgmaxParams", std::mem::size_of::<ArgmaxParams>()),
 ];

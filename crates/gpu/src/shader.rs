@@ -109,6 +109,7 @@ sources!(
     "moe_weigh.wgsl",
     "moe_route.wgsl",
     "moe_pack.wgsl",
+    "moe_shared.wgsl",
     "gather_cols.wgsl",
     "argmax.wgsl",
     "common/kv_vec.wgsl",

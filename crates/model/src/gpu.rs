@@ -20,16 +20,18 @@
 //! expert matrix in one weight and routes on the device (lamina_gpu's
 //! `moe_route`, the CPU's routing to the last bits of the device's exp).
 //! A step of at most eight tokens (decoding; one on a CPU-backed device,
-//! see `route_on_device_tokens`) then runs every (token, slot)
-//! pair's products over its own expert from the router's run tables
+//! see `route_on_device_tokens`) then runs every (token, slot) pair's
+//! products over its own expert from the router's run tables
 //! (`matmul_runs`) and weighs them in slot order (`moe_weigh`), all in the
-//! same submission: no wait for the host. A larger step (a prompt) reads
-//! the device's choices back once, packs each expert's tokens together, so
-//! each expert streams once for all its tokens, and runs the same kernels
-//! over those runs in the next submission: the same choices and the same
-//! bits per column, so a token's result never depends on its step. With a
-//! shared expert (qwen2moe) the CPU routes and gates the shared output,
-//! added after the routed experts' sum; the sum feeds the residual add.
+//! same submission: no wait for the host. A larger step (a prompt) packs
+//! the pairs by expert on the device (`moe_pack`, indirect dispatches), so
+//! each expert streams once for all its tokens, still in the same
+//! submission; a CPU-backed device instead reads the device's choices back
+//! and packs on the host ([`DeviceExperts`] says why). The choices and each
+//! column's bits are the same every way, so a token's result never depends
+//! on its step. A shared expert (qwen2moe) is gated on the device too
+//! (`moe_shared`), its output added after the routed experts' sum; the sum
+//! feeds the residual add.
 //!
 //! The GPU layers' caches of sequences created together
 //! ([`HybridModel::new_caches`], as the server does for its slots) share one
@@ -205,6 +207,9 @@ enum GpuFfn {
     Split {
         router: Weight,
         shared: Option<(Stacked, Weight)>,
+        /// The shared expert's gate vector (`ffn_gate_inp_shexp`), for
+        /// its gate on the device (`moe_shared`).
+        shared_gate: Option<Tensor>,
         experts: Option<GpuExperts>,
     },
 }
@@ -425,8 +430,11 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
 /// `[gate_x; up_x]` for every expert `x` in order, then the down
 /// projections. The bytes go from the map to the device, expert by expert.
 fn upload_experts(gpu: &Gpu, ex: &crate::weights::Experts<'_>) -> Result<GpuExperts, ModelError> {
-    let one = |name: &str, ms: Vec<&Matrix<'_>>| -> Result<Weight, ModelError> {
-        let (ty, cols) = (ms[0].ty, ms[0].cols);
+    let one = |ms: Vec<&Matrix<'_>>| -> Result<Weight, ModelError> {
+        let Some(first) = ms.first() else {
+            return Err(ModelError::Gpu("a mixture without experts".into()));
+        };
+        let (name, ty, cols) = (&first.name, first.ty, first.cols);
         if ms.iter().any(|m| m.ty != ty || m.cols != cols) {
             return Err(ModelError::Gpu(format!(
                 "{name}: the routed experts on the GPU need one type and width for their \
@@ -453,8 +461,8 @@ fn upload_experts(gpu: &Gpu, ex: &crate::weights::Experts<'_>) -> Result<GpuExpe
         .flat_map(|(g, u)| [g, u])
         .collect();
     Ok(GpuExperts {
-        gate_up: one(&ex.gate[0].name, gate_up)?,
-        down: one(&ex.down[0].name, ex.down.iter().collect())?,
+        gate_up: one(gate_up)?,
+        down: one(ex.down.iter().collect())?,
     })
 }
 
@@ -474,6 +482,11 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>, experts: bool) -> Result<GpuLayer, Mod
                 }
                 None => None,
             },
+            shared_gate: ex
+                .shared
+                .as_ref()
+                .map(|(g, ..)| upload_vec(gpu, g))
+                .transpose()?,
             experts: if experts {
                 Some(upload_experts(gpu, ex)?)
             } else {
@@ -1274,7 +1287,7 @@ impl<'a> HybridModel<'a> {
                     // Routed on the device: the experts follow in the same
                     // submission.
                     (Some((r, how)), Some(gx)) => {
-                        self.record_device_experts(&mut b, gx, r, how, s, n)
+                        self.record_device_experts(&mut b, l, gx, r, how, s, n)
                             .map_err(gpu_err)?;
                     }
                     // Else the host routes (or reads the device's routes)
@@ -1844,21 +1857,25 @@ impl<'a> HybridModel<'a> {
     }
 
     /// How block `l` routes on the device, where it can: its experts are
-    /// on the GPU, it has no shared expert (whose sigmoid gate the host
-    /// computes, so its bits stay the CPU's), and the device's router holds
-    /// its experts. Every step of such a block routes with the device's
-    /// router, whatever its size, so a token's experts and weights never
-    /// depend on how many others share its step.
+    /// on the GPU (with a shared expert, its gate too) and the device's
+    /// router holds its experts. Every step of such a block routes with the
+    /// device's router and gates the shared expert on the device, whatever
+    /// its size, so a token's experts and weights never depend on how many
+    /// others share its step.
     fn device_routing(&self, l: &GpuLayer) -> Option<lamina_gpu::MoeRouting> {
         let m = self.cpu.config.moe?;
         let GpuFfn::Split {
-            shared: None,
+            shared,
+            shared_gate,
             experts: Some(_),
             ..
         } = &l.ffn
         else {
             return None;
         };
+        if shared.is_some() && shared_gate.is_none() {
+            return None;
+        }
         (m.n_expert <= lamina_gpu::MOE_ROUTE_MAX_EXPERTS && m.n_used <= m.n_expert).then_some(
             lamina_gpu::MoeRouting {
                 n_expert: m.n_expert,
@@ -1875,9 +1892,11 @@ impl<'a> HybridModel<'a> {
     /// pairs packed by expert on the device, their inputs gathered into that
     /// order ([`DeviceExperts::Packed`]); then their weighed sum into
     /// `s.o`. All in the step's submission: no wait for the host.
+    #[allow(clippy::too_many_arguments)]
     fn record_device_experts(
         &self,
         b: &mut Batch<'_>,
+        l: &GpuLayer,
         gx: &GpuExperts,
         r: lamina_gpu::MoeRouting,
         how: DeviceExperts,
@@ -1921,7 +1940,31 @@ impl<'a> HybridModel<'a> {
         };
         b.matmul_runs(&gx.gate_up, up, x, e, &s.ea, fe, Some(Gate::Silu))?;
         b.matmul_runs(&gx.down, down, &s.ea, fe, &s.ys, e, None)?;
-        b.moe_weigh(&s.ys, &s.route, &s.o, n, r.k, e, false)
+        b.moe_weigh(&s.ys, &s.route, &s.o, n, r.k, e, false)?;
+        self.record_shared_gate(b, l, r, s, n)
+    }
+
+    /// A shared expert's output under its gate, added to the routed sum in
+    /// `s.o` on the device (qwen2moe; nothing without one): the output is
+    /// where [`Self::record_split`] put it, after the input and the
+    /// router's logits in `s.moe_io`.
+    fn record_shared_gate(
+        &self,
+        b: &mut Batch<'_>,
+        l: &GpuLayer,
+        r: lamina_gpu::MoeRouting,
+        s: &Scratch,
+        n: usize,
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let GpuFfn::Split {
+            shared_gate: Some(gate),
+            ..
+        } = &l.ffn
+        else {
+            return Ok(());
+        };
+        let e = self.cpu.config.n_embd;
+        b.moe_shared(&s.h, gate, &s.moe_io, n * (e + r.n_expert), &s.o, n, e)
     }
 
     /// The host part of split block `il` over the `n` tokens of a step whose
@@ -1963,20 +2006,26 @@ impl<'a> HybridModel<'a> {
                 g.write_f32(&s.o, &out).map_err(gpu_err)
             }
             Some(gx) => {
-                // The shared expert's gated output goes into `o` first; the
-                // GPU's weighted sum adds itself to it (add_shared's order:
-                // the routed sum, plus the gated shared output).
-                let shared = ex.shared.as_ref().map(|(gate_inp, ..)| {
-                    let mut sh = vec![0.0f32; n * e];
-                    crate::cpu::add_shared(gate_inp, e, h, sy, &mut sh);
-                    sh
-                });
+                let device = self.device_routing(l);
+                // Routed on the host: the shared expert's gated output goes
+                // into `o` first, and the GPU's weighted sum adds itself to
+                // it (add_shared's order: the routed sum, plus the gated
+                // shared output).
+                let shared =
+                    ex.shared
+                        .as_ref()
+                        .filter(|_| device.is_none())
+                        .map(|(gate_inp, ..)| {
+                            let mut sh = vec![0.0f32; n * e];
+                            crate::cpu::add_shared(gate_inp, e, h, sy, &mut sh);
+                            sh
+                        });
                 if let Some(sh) = &shared {
                     g.write_f32(&s.o, sh).map_err(gpu_err)?;
                 }
                 // The device's router chose where it could (the same
                 // choices a small step makes without the host).
-                let chosen = match self.device_routing(l) {
+                let chosen = match device {
                     Some(r) => {
                         let words = g.read_u32(&s.route).map_err(gpu_err)?;
                         let nk = n * m.n_used;
@@ -1990,7 +2039,13 @@ impl<'a> HybridModel<'a> {
                     }
                     None => crate::cpu::route(&m, n, logits),
                 };
-                self.host_routed_experts(g, b, gx, &m, s, h, n, &chosen, shared.is_some())
+                self.host_routed_experts(g, b, gx, &m, s, h, n, &chosen, shared.is_some())?;
+                // Routed on the device: its gate too, as a step that does
+                // not wait gates it.
+                match device {
+                    Some(r) => self.record_shared_gate(b, l, r, s, n).map_err(gpu_err),
+                    None => Ok(()),
+                }
             }
         }
     }

@@ -571,10 +571,17 @@ fn split_mixtures_decode_the_cpu_tokens() {
 /// device's choices (a CPU-backed device). A sequence gets the same bits
 /// every way: decoding alone (a step of one token: pairs), beside two
 /// others (seven tokens) and beside a prompt of twelve (thirteen: packed),
-/// with the packing on the device and by default.
+/// with the packing on the device and by default; qwen2moe's shared expert
+/// gated on the device every way too.
 #[test]
 fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
-    let file = open(&Spec::new("qwen3moe"));
+    for arch in ["qwen3moe", "qwen2moe"] {
+        experts_routed_on_the_device(arch);
+    }
+}
+
+fn experts_routed_on_the_device(arch: &'static str) {
+    let file = open(&Spec::new(arch));
     let mut packed = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
     packed.pack_experts_on_device(true);
     let by_default = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
@@ -584,7 +591,7 @@ fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
     let long: Vec<u32> = (10..22).collect();
     let mut runs = Vec::new();
     for m in [&by_default, &packed] {
-        multi_sequence_step_is_batch_invariant(m, true, "qwen3moe, experts on the GPU");
+        multi_sequence_step_is_batch_invariant(m, true, &format!("{arch}, experts on the GPU"));
         let mut v = m.new_caches(2, 32).unwrap();
         let (mut b2, mut a2) = (v.pop().unwrap(), v.pop().unwrap());
         let mut a1 = m.new_cache(32).unwrap();
@@ -603,12 +610,12 @@ fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
             };
             assert!(
                 same(&alone, &together[0]),
-                "token {t}: differs beside a prompt"
+                "{arch} token {t}: differs beside a prompt"
             );
             if t == 40 {
                 assert!(
                     same(&prompt_alone, &together[1]),
-                    "the prompt differs beside a decoding token"
+                    "{arch}: the prompt differs beside a decoding token"
                 );
             }
             got.push(alone);
@@ -616,7 +623,10 @@ fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
         runs.push(got);
     }
     for (x, y) in runs[0].iter().zip(&runs[1]) {
-        assert!(same(x, y), "packed on the device and by default differ");
+        assert!(
+            same(x, y),
+            "{arch}: packed on the device and by default differ"
+        );
     }
 }
 

@@ -13,8 +13,8 @@ use super::{shape, to_u32, Batch};
 use crate::buffer::Tensor;
 use crate::error::GpuError;
 use crate::params::{
-    EltParams, GatherParams, HeadNormParams, MoePackParams, MoeRouteParams, MoeWeighParams,
-    NormParams, RopeKvParams,
+    EltParams, GatherParams, HeadNormParams, MoePackParams, MoeRouteParams, MoeSharedParams,
+    MoeWeighParams, NormParams, RopeKvParams,
 };
 use crate::shader::KernelSpec;
 use crate::Rope;
@@ -760,6 +760,66 @@ impl Batch<'_> {
             [1, 1, 1],
         )?;
         Ok(max_runs)
+    }
+
+    /// A shared expert's output under its gate, added to the routed
+    /// experts' sum (`shaders/moe_shared.wgsl`, qwen2moe): for each of
+    /// `n_tokens` tokens, `out[t] += sigmoid(h[t] · gate) · sy[t]`, with
+    /// token `t`'s shared output at `sy[sy_offset + t·dim ..]`. The gate's
+    /// dot product has a fixed order of the device's own.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_shared(
+        &mut self,
+        h: &Tensor,
+        gate: &Tensor,
+        sy: &Tensor,
+        sy_offset: usize,
+        out: &Tensor,
+        n_tokens: usize,
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        const OP: &str = "moe_shared";
+        let n = n_tokens.checked_mul(dim);
+        if dim == 0
+            || gate.len() != dim
+            || n.is_none_or(|n| n > h.len() || n > out.len())
+            || n.and_then(|n| n.checked_add(sy_offset))
+                .is_none_or(|e| e > sy.len())
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "{n_tokens} tokens of {dim}: h {}, gate {}, shared output {} from {sy_offset}, \
+                     out {}",
+                    h.len(),
+                    gate.len(),
+                    sy.len(),
+                    out.len()
+                ),
+            ));
+        }
+        Self::distinct(OP, out, &[h, gate, sy])?;
+        if n_tokens == 0 {
+            return Ok(());
+        }
+        let params = MoeSharedParams {
+            n: to_u32(OP, "tokens", n_tokens)?,
+            dim: to_u32(OP, "dim", dim)?,
+            sy_offset: to_u32(OP, "offset", sy_offset)?,
+            _pad: 0,
+        };
+        let (gx, gy) = self.gpu.grid(params.n);
+        self.push(
+            &KernelSpec::new("moe_shared.wgsl"),
+            &[
+                (&h.buf, None),
+                (&gate.buf, None),
+                (&sy.buf, None),
+                (&out.buf, None),
+            ],
+            &params,
+            [gx, gy, 1],
+        )
     }
 
     /// `y[j] = x[table[table_at + j]]` for `m` columns of `dim` values: the

@@ -393,3 +393,52 @@ fn pairs_packed_on_the_device_give_each_pair_its_bits() {
         }
     }
 }
+
+/// A shared expert's gated output added on the device: the CPU's
+/// `out + sy · sigmoid(h · g)` to a few ulps (the dot product's order is
+/// the kernel's), from an offset into the shared outputs; and a gate of
+/// the wrong length is refused.
+#[test]
+fn moe_shared_adds_the_gated_shared_output() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = Rng::new(99);
+    for (n, dim, off) in [(1, 64, 0), (5, 300, 7), (3, 1024, 3)] {
+        let (h, g, sy, out) = (
+            rng.vec(n * dim),
+            rng.vec(dim),
+            rng.vec(off + n * dim),
+            rng.vec(n * dim),
+        );
+        let (ht, gt, syt) = (
+            gpu.upload_f32(&h).unwrap(),
+            gpu.upload_f32(&g).unwrap(),
+            gpu.upload_f32(&sy).unwrap(),
+        );
+        let ot = gpu.upload_f32(&out).unwrap();
+        let mut b = gpu.batch();
+        b.moe_shared(&ht, &gt, &syt, off, &ot, n, dim).unwrap();
+        b.submit().unwrap();
+        let got = gpu.read_f32(&ot).unwrap();
+        for t in 0..n {
+            let z: f64 = (0..dim)
+                .map(|i| f64::from(h[t * dim + i]) * f64::from(g[i]))
+                .sum();
+            let gate = 1.0 / (1.0 + (-z).exp());
+            for i in 0..dim {
+                let want = f64::from(out[t * dim + i]) + f64::from(sy[off + t * dim + i]) * gate;
+                let e = (f64::from(got[t * dim + i]) - want).abs();
+                assert!(
+                    e < 1e-5 * (1.0 + want.abs()),
+                    "n {n} dim {dim} token {t} value {i}: {e}"
+                );
+            }
+        }
+    }
+    let t = gpu.tensor(64).unwrap();
+    let short = gpu.tensor(32).unwrap();
+    let out = gpu.tensor(64).unwrap();
+    assert!(gpu
+        .batch()
+        .moe_shared(&t, &short, &t, 0, &out, 1, 64)
+        .is_err());
+}
