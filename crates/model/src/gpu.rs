@@ -210,7 +210,7 @@ enum GpuFfn {
         /// The shared expert's gate vector (`ffn_gate_inp_shexp`), for
         /// its gate on the device (`moe_shared`).
         shared_gate: Option<Tensor>,
-        experts: Option<GpuExperts>,
+        experts: Option<Box<GpuExperts>>,
     },
 }
 
@@ -285,7 +285,7 @@ impl GpuLayer {
 
     fn gpu_experts(&self) -> Option<&GpuExperts> {
         match &self.ffn {
-            GpuFfn::Split { experts, .. } => experts.as_ref(),
+            GpuFfn::Split { experts, .. } => experts.as_deref(),
             GpuFfn::Dense { .. } => None,
         }
     }
@@ -488,7 +488,7 @@ fn upload_layer(gpu: &Gpu, l: &Layer<'_>, experts: bool) -> Result<GpuLayer, Mod
                 .map(|(g, ..)| upload_vec(gpu, g))
                 .transpose()?,
             experts: if experts {
-                Some(upload_experts(gpu, ex)?)
+                Some(Box::new(upload_experts(gpu, ex)?))
             } else {
                 None
             },
