@@ -14,8 +14,11 @@
 # (SmolLM2's shape, Q4_0 and Q8_0, SmolLM2's tokenizer) to the same tokens;
 # `bench kernels` at the models' shapes; `bench model --ngl all` on synthetic
 # 1B and 8B llamas (Q4_0, Q4_K), each decode rate also as weight bytes per
-# second and as a share of BW_GBS. Synthetic files are written on the spot
-# (`lamina synth`), so nothing large travels. Prints a markdown table.
+# second and as a share of BW_GBS; a synthetic mixture of experts with its
+# experts on the GPU, routed there (`--n-cpu-moe 0`), alone and eight at
+# once, with the submissions a token takes. Synthetic files are written on
+# the spot (`lamina synth`), so nothing large travels. Prints markdown
+# tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +29,7 @@ N_PROMPT=${N_PROMPT:-512}
 N_GEN=${N_GEN:-128}
 BW_GBS=${BW_GBS:-}
 SHAPES=${SHAPES:-1b 8b}
+MOE_SHAPES=${MOE_SHAPES:-qwen3moe-small}
 TYPES=${TYPES:-Q4_0 Q4_K}
 KERNEL_ITERS=${KERNEL_ITERS:-50}
 MATMUL_COLS=${MATMUL_COLS:-512}
@@ -91,4 +95,22 @@ for shape in $SHAPES; do
     }'
     rm -f "$f"
   done
+done
+
+# 4. A mixture of experts, its experts on the GPU and routed there: a step
+# reads nothing back (before, one wait for the device per block and step).
+echo
+echo "| mixture | pp$N_PROMPT tok/s | tg$N_GEN tok/s | tg$N_GEN ×8 tok/s | submits per token |"
+echo "| --- | --- | --- | --- | --- |"
+for shape in $MOE_SHAPES; do
+  f="$WORK/$shape.gguf"
+  log "writing $shape Q4_0"
+  "$BIN" synth --shape "$shape" --type Q4_0 -o "$f" >/dev/null
+  out=$("$BIN" bench model -m "$f" --ngl all --n-cpu-moe 0 --npl 8 -p "$N_PROMPT" -n "$N_GEN" -r 2 2>&1)
+  cell() {
+    awk -F'|' -v t="$1" '{ c = $5; gsub(/^ +| +$/, "", c) } c == t { split($6, v, " "); print v[1] }' <<<"$out"
+  }
+  subs=$(sed -n 's/.* \([0-9.]*\) submits.*/\1/p' <<<"$out" | head -1)
+  echo "| $shape Q4_0 | $(cell "pp$N_PROMPT") | $(cell "tg$N_GEN") | $(cell "tg$N_GEN ×8") | $subs |"
+  rm -f "$f"
 done
