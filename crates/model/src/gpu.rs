@@ -1280,10 +1280,7 @@ impl<'a> HybridModel<'a> {
                 )
                 .map_err(gpu_err)?;
             if l.is_moe() {
-                let device = self
-                    .device_routing(l)
-                    .and_then(|r| Some((r, DeviceExperts::choose(g, &r, n, self.pack_on_device)?)));
-                match (device, l.gpu_experts()) {
+                match (self.device_experts(g, l, n), l.gpu_experts()) {
                     // Routed on the device: the experts follow in the same
                     // submission.
                     (Some((r, how)), Some(gx)) => {
@@ -1814,8 +1811,7 @@ impl<'a> HybridModel<'a> {
         let device = self.device_routing(l);
         // The host reads the input back unless the experts follow on the
         // device in this submission.
-        let pack = self.pack_on_device;
-        if device.is_none_or(|r| DeviceExperts::choose(b.gpu(), &r, n, pack).is_none()) {
+        if self.device_experts(b.gpu(), l, n).is_none() {
             b.copy(&s.h, 0, &s.moe_io, 0, n * e)?;
         }
         let at = |y_offset, w: &Weight| Columns {
@@ -1854,6 +1850,20 @@ impl<'a> HybridModel<'a> {
     /// tests run every way a step can take, and measurements compare them.
     pub fn pack_experts_on_device(&mut self, on: bool) {
         self.pack_on_device = on;
+    }
+
+    /// How block `l` runs its experts on the device for a step of `n`
+    /// tokens, where they follow in the step's submission; `None` where the
+    /// host routes or packs them between two submissions. Recording the
+    /// block and running its experts ask the same question.
+    fn device_experts(
+        &self,
+        g: &Gpu,
+        l: &GpuLayer,
+        n: usize,
+    ) -> Option<(lamina_gpu::MoeRouting, DeviceExperts)> {
+        let r = self.device_routing(l)?;
+        Some((r, DeviceExperts::choose(g, &r, n, self.pack_on_device)?))
     }
 
     /// How block `l` routes on the device, where it can: its experts are

@@ -58,6 +58,22 @@ struct Dispatch {
     indirect: Option<(wgpu::Buffer, u64)>,
 }
 
+impl Dispatch {
+    /// Sets the pipeline and `group` on `pass` and dispatches, with the
+    /// recorded counts or the ones a kernel wrote.
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, group: &wgpu::BindGroup) {
+        pass.set_pipeline(&self.pipeline.pipeline);
+        pass.set_bind_group(0, group, &[]);
+        match &self.indirect {
+            Some((b, at)) => pass.dispatch_workgroups_indirect(b, *at),
+            None => {
+                let [x, y, z] = self.groups;
+                pass.dispatch_workgroups(x, y, z);
+            }
+        }
+    }
+}
+
 /// Kernels recorded for one submission. Nothing runs until [`Batch::submit`],
 /// which encodes every dispatch into one compute pass, with all parameters in
 /// one uniform buffer.
@@ -323,15 +339,7 @@ impl<'g> Batch<'g> {
                                 label: Some("profiled"),
                                 timestamp_writes: None,
                             });
-                            p.set_pipeline(&d.pipeline.pipeline);
-                            p.set_bind_group(0, &group, &[]);
-                            match &d.indirect {
-                                Some((b, at)) => p.dispatch_workgroups_indirect(b, *at),
-                                None => {
-                                    let [x, y, z] = d.groups;
-                                    p.dispatch_workgroups(x, y, z);
-                                }
-                            }
+                            d.encode(&mut p, &group);
                         }
                         let t = std::time::Instant::now();
                         gpu.queue.submit([one.finish()]);
@@ -342,15 +350,7 @@ impl<'g> Batch<'g> {
                         e.1 += t.elapsed().as_secs_f64();
                         continue;
                     }
-                    pass.set_pipeline(&d.pipeline.pipeline);
-                    pass.set_bind_group(0, &group, &[]);
-                    match &d.indirect {
-                        Some((b, at)) => pass.dispatch_workgroups_indirect(b, *at),
-                        None => {
-                            let [x, y, z] = d.groups;
-                            pass.dispatch_workgroups(x, y, z);
-                        }
-                    }
+                    d.encode(&mut pass, &group);
                 }
             }
             gpu.queue.submit([enc.finish()]);
