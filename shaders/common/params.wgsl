@@ -13,7 +13,7 @@ struct MatParams {
     y_stride: u32,
     eps: f32,         // the norm prologue's epsilon (NORM = on)
     runs_at: u32,     // RUNS = on: the run table's first word
-    n_mats: u32,      // RUNS = on: matrices of `rows` rows the weight holds
+    n_mats: u32,      // RUNS = on: matrices of `rows` rows the weight binding holds
     // The RoPE epilogue (ROPE = on): the QKV layout and the rotation.
     head_dim: u32,
     n_rot: u32,
@@ -25,7 +25,7 @@ struct MatParams {
     ff_at: u32,       // token table word of the RoPE pair factors (0xffffffff: none)
     freq_scale: f32,  // every RoPE angle times this
     mscale: f32,      // every RoPE cosine and sine times this
-    _pad4: u32,
+    mat_first: u32,   // RUNS = on: the first matrix the weight binding holds
     _pad5: u32,
 }
 

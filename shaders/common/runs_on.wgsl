@@ -11,13 +11,21 @@
 
 @group(0) @binding({{RB}}) var<storage, read> runs: array<u32>;
 
-// Points `p` at run z's columns (none for an empty run, after which the
-// workgroup returns at once); returns the byte offset of its matrix.
+//
+// A weight too large for one binding is split between matrices
+// (`Gpu::upload_matrices`): one dispatch per binding, which holds matrices
+// params.mat_first .. + params.n_mats, and a run naming another matrix
+// computes nothing here (it is another binding's).
+
+// Points `p` at run z's columns (none for an empty run or another
+// binding's, after which the workgroup returns at once); returns the byte
+// offset of its matrix in this binding.
 fn run_setup(z: u32) -> u32 {
     let at = params.runs_at + 4u * z;
-    let m = min(runs[at], params.n_mats - 1u);
-    p.ncols = min(runs[at + 3u], MAXC);
+    // Wraps below mat_first, so one comparison tests both ends.
+    let m = runs[at] - params.mat_first;
+    p.ncols = select(0u, min(runs[at + 3u], MAXC), m < params.n_mats);
     p.x_offset = params.x_offset + runs[at + 1u] * params.x_stride;
     p.y_offset = params.y_offset + runs[at + 2u] * params.y_stride;
-    return m * params.rows * params.row_bytes;
+    return min(m, params.n_mats - 1u) * params.rows * params.row_bytes;
 }

@@ -344,6 +344,37 @@ impl Gpu {
         cols: usize,
         parts: &[(usize, &[u8])],
     ) -> Result<Weight, GpuError> {
+        self.upload_rows(ty, cols, parts, 1)
+    }
+
+    /// Uploads a weight of several matrices of `mat_rows` rows each, their
+    /// rows one after another from `parts` as [`Gpu::upload_stacked`]
+    /// takes them (a block's routed experts), for
+    /// [`crate::Batch::matmul_runs`]: where the whole exceeds
+    /// [`Gpu::binding_limit`], its buffers split only between matrices, so
+    /// each holds whole matrices and one dispatch per buffer serves the runs
+    /// of its matrices. A model of hundreds of experts a block (whose
+    /// gate/up stack at 8 bits can pass the 4 GiB that even a desktop GPU
+    /// binds at once) runs on any device where one matrix fits a binding.
+    pub fn upload_matrices(
+        &self,
+        ty: GgmlType,
+        cols: usize,
+        parts: &[(usize, &[u8])],
+        mat_rows: usize,
+    ) -> Result<Weight, GpuError> {
+        self.upload_rows(ty, cols, parts, mat_rows)
+    }
+
+    /// [`Gpu::upload_stacked`], each buffer holding a whole multiple of
+    /// `align` rows.
+    fn upload_rows(
+        &self,
+        ty: GgmlType,
+        cols: usize,
+        parts: &[(usize, &[u8])],
+        align: usize,
+    ) -> Result<Weight, GpuError> {
         if !quant::has_kernel(ty) {
             return Err(GpuError::NoKernel {
                 ty,
@@ -367,6 +398,11 @@ impl Gpu {
         if rows == 0 || cols == 0 || parts.iter().any(|&(r, _)| r == 0) {
             return Err(shape_err(format!("empty weight {rows}×{cols}")));
         }
+        if align == 0 || rows % align != 0 {
+            return Err(shape_err(format!(
+                "{rows} rows are not a whole number of matrices of {align}"
+            )));
+        }
         if rows > u32::MAX as usize || cols > u32::MAX as usize {
             return Err(shape_err(format!("{rows}×{cols} exceeds u32 indexing")));
         }
@@ -386,11 +422,17 @@ impl Gpu {
         let ggml_row = row_bytes;
         let row_bytes = quant::gpu_row_bytes(ty, (ggml_row / ty.type_size()) as usize) as u64;
         let limit = self.binding_limit().min(MAX_CHUNK) & !3;
-        let rows_per_chunk = limit.saturating_sub(WEIGHT_PAD) / row_bytes;
+        let align = align as u64;
+        let rows_per_chunk = limit.saturating_sub(WEIGHT_PAD) / row_bytes / align * align;
         if rows_per_chunk == 0 {
+            let what = if align == 1 {
+                format!("one row of a {ty} weight")
+            } else {
+                format!("one {align}×{cols} {ty} matrix")
+            };
             return Err(GpuError::TooLarge {
-                what: format!("one row of a {ty} weight"),
-                bytes: row_bytes + WEIGHT_PAD,
+                what,
+                bytes: row_bytes * align + WEIGHT_PAD,
                 limit,
             });
         }

@@ -38,7 +38,10 @@ pub(crate) struct MatParams {
     pub ff_at: u32,
     pub freq_scale: f32,
     pub mscale: f32,
-    pub _pad3: [u32; 2],
+    /// RUNS = on: the first matrix this dispatch's weight buffer holds
+    /// (its `n_mats` matrices from here; runs naming others compute nothing).
+    pub mat_first: u32,
+    pub _pad3: u32,
 }
 
 /// `RowsParams`: row lookup from one weight chunk holding rows

@@ -216,8 +216,10 @@ enum GpuFfn {
 
 /// A block's routed experts on the GPU, each kind one weight of every
 /// expert's rows in expert order (lamina_gpu's `matmul_runs` picks an
-/// expert per run of columns): gate and up stacked per expert, `[gate_x;
-/// up_x]`, so one product gives each pair its activation; then down.
+/// expert per run of columns; a weight larger than a binding is split
+/// between experts, a dispatch each): gate and up stacked per expert,
+/// `[gate_x; up_x]`, so one product gives each pair its activation; then
+/// down.
 struct GpuExperts {
     gate_up: Weight,
     down: Weight,
@@ -426,33 +428,39 @@ fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
     ModelError::Gpu(e.to_string())
 }
 
-/// Uploads a block's routed experts as two weights, each one binding:
-/// `[gate_x; up_x]` for every expert `x` in order, then the down
-/// projections. The bytes go from the map to the device, expert by expert.
+/// Uploads a block's routed experts as two weights: `[gate_x; up_x]` for
+/// every expert `x` in order, then the down projections, each split between
+/// bindings only between experts where the device's largest binding does
+/// not hold them all (`Gpu::upload_matrices`: a dispatch per binding). The
+/// bytes go from the map to the device, expert by expert.
 fn upload_experts(gpu: &Gpu, ex: &crate::weights::Experts<'_>) -> Result<GpuExperts, ModelError> {
-    let one = |ms: Vec<&Matrix<'_>>| -> Result<Weight, ModelError> {
+    // `per`: matrices an expert stacks (gate and up: 2).
+    let stack = |ms: Vec<&Matrix<'_>>, per: usize| -> Result<Weight, ModelError> {
         let Some(first) = ms.first() else {
             return Err(ModelError::Gpu("a mixture without experts".into()));
         };
         let (name, ty, cols) = (&first.name, first.ty, first.cols);
-        if ms.iter().any(|m| m.ty != ty || m.cols != cols) {
+        let mat_rows = ms.iter().take(per).map(|m| m.rows).sum();
+        if ms.len() % per != 0
+            || ms
+                .iter()
+                .enumerate()
+                .any(|(i, m)| m.ty != ty || m.cols != cols || m.rows != ms[i % per].rows)
+        {
             return Err(ModelError::Gpu(format!(
-                "{name}: the routed experts on the GPU need one type and width for their \
+                "{name}: the routed experts on the GPU need one type and shape for their \
                  gate and up (or down) matrices; keep them on the CPU (--cpu-moe)"
             )));
         }
         let parts: Vec<(usize, &[u8])> = ms.iter().map(|m| (m.rows, m.data)).collect();
-        let w = gpu
-            .upload_stacked(ty, cols, &parts)
-            .map_err(|e| ModelError::Gpu(format!("{name}: {e}")))?;
-        if w.chunk_count() != 1 {
-            return Err(ModelError::Gpu(format!(
-                "{name}: {} MiB of experts exceed the device's largest binding; keep them \
-                 on the CPU (--cpu-moe or --n-cpu-moe)",
-                w.bytes() >> 20
-            )));
-        }
-        Ok(w)
+        gpu.upload_matrices(ty, cols, &parts, mat_rows)
+            .map_err(|e| match e {
+                lamina_gpu::GpuError::TooLarge { .. } => ModelError::Gpu(format!(
+                    "{name}: one expert exceeds the device's largest binding ({e}); keep \
+                     the experts on the CPU (--cpu-moe or --n-cpu-moe)"
+                )),
+                e => ModelError::Gpu(format!("{name}: {e}")),
+            })
     };
     let gate_up = ex
         .gate
@@ -461,8 +469,8 @@ fn upload_experts(gpu: &Gpu, ex: &crate::weights::Experts<'_>) -> Result<GpuExpe
         .flat_map(|(g, u)| [g, u])
         .collect();
     Ok(GpuExperts {
-        gate_up: one(gate_up)?,
-        down: one(ex.down.iter().collect())?,
+        gate_up: stack(gate_up, 2)?,
+        down: stack(ex.down.iter().collect(), 1)?,
     })
 }
 

@@ -572,7 +572,9 @@ fn split_mixtures_decode_the_cpu_tokens() {
 /// every way: decoding alone (a step of one token: pairs), beside two
 /// others (seven tokens) and beside a prompt of twelve (thirteen: packed),
 /// with the packing on the device and by default; qwen2moe's shared expert
-/// gated on the device every way too.
+/// gated on the device every way too. On a device whose bindings hold two
+/// experts' gate/up and four experts' down matrices (the experts split
+/// between bindings, a dispatch each), the same bits again.
 #[test]
 fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
     for arch in ["qwen3moe", "qwen2moe"] {
@@ -585,12 +587,23 @@ fn experts_routed_on_the_device(arch: &'static str) {
     let mut packed = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
     packed.pack_experts_on_device(true);
     let by_default = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
+    // Q8_0 experts of 64 wide: 4352 bytes of gate/up and 2176 of down an
+    // expert, so bindings of 2, 2, 2 and of 4, 2 experts.
+    let small = Arc::new(
+        Gpu::new(GpuOptions {
+            max_storage_buffer_binding_size: Some(10 << 10),
+            ..GpuOptions::default()
+        })
+        .unwrap(),
+    );
+    let mut split = hybrid_32(&file, LAYERS + 1, 0, Some(small));
+    split.pack_experts_on_device(arch == "qwen3moe");
     let same = |x: &[f32], y: &[f32]| {
         x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
     };
     let long: Vec<u32> = (10..22).collect();
     let mut runs = Vec::new();
-    for m in [&by_default, &packed] {
+    for m in [&by_default, &packed, &split] {
         multi_sequence_step_is_batch_invariant(m, true, &format!("{arch}, experts on the GPU"));
         let mut v = m.new_caches(2, 32).unwrap();
         let (mut b2, mut a2) = (v.pop().unwrap(), v.pop().unwrap());
@@ -627,6 +640,9 @@ fn experts_routed_on_the_device(arch: &'static str) {
             same(x, y),
             "{arch}: packed on the device and by default differ"
         );
+    }
+    for (x, y) in runs[0].iter().zip(&runs[2]) {
+        assert!(same(x, y), "{arch}: experts split between bindings differ");
     }
 }
 

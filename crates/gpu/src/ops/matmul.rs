@@ -225,8 +225,9 @@ impl Columns {
 }
 
 /// Products of a weight that holds `n_mats` matrices one after another
-/// (a block's routed experts, `rows / n_mats` rows each) with columns that
-/// each name their matrix: [`Batch::matmul_runs`]. Run `r` is the four
+/// (a block's routed experts, `rows / n_mats` rows each, uploaded with
+/// [`crate::Gpu::upload_matrices`] where they may exceed one binding) with
+/// columns that each name their matrix: [`Batch::matmul_runs`]. Run `r` is the four
 /// words of `table` from `at + 4r`: its matrix, its first column of `x`,
 /// its first column of `y`, and its column count (0 ..= `maxc`; an empty
 /// run computes nothing). A run's columns are consecutive in `x` and in
@@ -1094,12 +1095,6 @@ impl Batch<'_> {
         const OP: &str = "matmul_runs";
         type_file(w.ty(), OP)?;
         let k = w.cols();
-        let [chunk] = &w.chunks[..] else {
-            return Err(shape(
-                OP,
-                format!("a weight of {} bindings: runs need one", w.chunks.len()),
-            ));
-        };
         let n_mats = runs.n_mats;
         if n_mats == 0 || w.rows() % n_mats != 0 {
             return Err(shape(
@@ -1108,6 +1103,21 @@ impl Batch<'_> {
             ));
         }
         let mat_rows = w.rows() / n_mats;
+        // Each binding whole matrices (Gpu::upload_matrices).
+        if let Some(c) = w
+            .chunks
+            .iter()
+            .find(|c| c.first_row as usize % mat_rows != 0 || c.rows as usize % mat_rows != 0)
+        {
+            return Err(shape(
+                OP,
+                format!(
+                    "a binding of rows {} .. {} splits a matrix of {mat_rows} rows",
+                    c.first_row,
+                    c.first_row + c.rows
+                ),
+            ));
+        }
         let out_rows = if glu.is_some() {
             mat_rows / 2
         } else {
@@ -1169,19 +1179,8 @@ impl Batch<'_> {
             x_stride: to_u32(OP, "x stride", x_stride)?,
             y_stride: to_u32(OP, "y stride", y_stride)?,
             runs_at: to_u32(OP, "table offset", runs.at)?,
-            n_mats: to_u32(OP, "matrices", n_mats)?,
             ..MatParams::default()
         };
-        to_u32(OP, "weight bytes", w.bytes() as usize)?;
-        let n_bind = quant::weight_bindings(w.ty());
-        let all = [
-            (&chunk.buf, 0, None),
-            (&x.buf, 0, None),
-            (&y.buf, 0, None),
-            (&chunk.buf, 0, None),
-        ];
-        let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
-        ranges.push((&runs.table.buf, 0, None));
         let ms = forced.unwrap_or_else(|| MatvecShape::choose(self.gpu, k.div_ceil(32)));
         let (gx, gy) = self.runs_grid_shaped(ms, out_rows, glu.is_some());
         let ms = if glu.is_some() { ms.for_glu() } else { ms };
@@ -1197,12 +1196,32 @@ impl Batch<'_> {
         let sg = self.gpu.lane_broadcast();
         let spec = matvec_spec_fused(w.ty(), runs.maxc, ms, src, glu, sg, kind);
         let groups = [gx, gy, runs.count as u32];
-        match runs.indirect {
-            Some((args, at)) => {
-                self.push_ranges_indirect(&spec, &ranges, &params, groups, args, at)
+        let n_bind = quant::weight_bindings(w.ty());
+        // One dispatch per binding, each over every run: a run whose matrix
+        // another binding holds returns at once (common/runs_on.wgsl).
+        for chunk in &w.chunks {
+            let params = MatParams {
+                mat_first: chunk.first_row / params.rows,
+                n_mats: chunk.rows / params.rows,
+                ..params
+            };
+            to_u32(OP, "binding bytes", chunk.buf.size() as usize)?;
+            let all = [
+                (&chunk.buf, 0, None),
+                (&x.buf, 0, None),
+                (&y.buf, 0, None),
+                (&chunk.buf, 0, None),
+            ];
+            let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
+            ranges.push((&runs.table.buf, 0, None));
+            match runs.indirect {
+                Some((args, at)) => {
+                    self.push_ranges_indirect(&spec, &ranges, &params, groups, args, at)?
+                }
+                None => self.push_ranges(&spec, &ranges, &params, groups)?,
             }
-            None => self.push_ranges(&spec, &ranges, &params, groups),
         }
+        Ok(())
     }
 
     /// The first two workgroup counts of [`Batch::matmul_runs`] over `w`'s

@@ -274,6 +274,97 @@ fn runs_refuse_what_does_not_fit() {
         .is_ok());
 }
 
+/// A weight of matrices too large for one binding is split between them
+/// (`upload_matrices`), one dispatch a binding: every run gets the bits of
+/// the same weight in one binding, with packed runs and one-column runs
+/// over matrices of every binding, and a run naming no matrix computes
+/// nothing. A weight whose bindings split a matrix is refused, as is a
+/// matrix larger than a binding.
+#[test]
+fn runs_over_matrices_split_between_bindings_give_one_bindings_bits() {
+    let (_turn, gpu) = common::gpu();
+    // Two matrices of about 5 KiB a binding: bindings of 2, 2, 2 and 1.
+    const LIMIT: u64 = 12 << 10;
+    let small = lamina_gpu::Gpu::new(lamina_gpu::GpuOptions {
+        max_storage_buffer_binding_size: Some(LIMIT),
+        ..lamina_gpu::GpuOptions::default()
+    })
+    .unwrap();
+    let mut rng = Rng::new(99);
+    let (n_mats, rows) = (7, 32);
+    for (ty, k) in [(GgmlType::Q8_0, 160), (GgmlType::Q4K, 256)] {
+        let data = common::random_weight(&mut rng, ty, n_mats * rows, k);
+        let whole = gpu.upload_weight(ty, n_mats * rows, k, &data).unwrap();
+        let split = small
+            .upload_matrices(ty, k, &[(n_mats * rows, &data[..])], rows)
+            .unwrap();
+        assert_eq!((whole.chunk_count(), split.chunk_count()), (1, 4), "{ty}");
+        let x = rng.vec(8 * k);
+        // One-column runs over every binding's matrices, a run of matrix 9
+        // (none), then packed runs: matrices 5, 0 (three columns) and 6.
+        #[rustfmt::skip]
+        let table: Vec<u32> = vec![
+            6, 0, 0, 1,  1, 1, 1, 1,  3, 2, 2, 1,  4, 3, 3, 1,
+            9, 4, 4, 1,
+            5, 0, 0, 2,  0, 2, 2, 3,  6, 5, 5, 1,
+        ];
+        for glu in [None, Some(Gate::Silu)] {
+            let out_rows = if glu.is_some() { rows / 2 } else { rows };
+            let run = |g: &lamina_gpu::Gpu, w: &lamina_gpu::Weight| -> Vec<u32> {
+                let xt = g.upload_f32(&x).unwrap();
+                let tt = g.upload_u32(&table).unwrap();
+                let y = common::poisoned(g, 8 * out_rows);
+                let mut out = Vec::new();
+                for (at, count, maxc) in [(0, 5, 1), (20, 3, MAX_SMALL_COLS)] {
+                    let runs = Runs {
+                        table: &tt,
+                        at,
+                        count,
+                        n_mats,
+                        maxc,
+                        indirect: None,
+                    };
+                    out.extend(after(g, &y, |b| {
+                        b.matmul_runs(w, runs, &xt, k, &y, out_rows, glu).unwrap()
+                    }));
+                }
+                out
+            };
+            let (want, got) = (run(gpu, &whole), run(&small, &split));
+            assert_eq!(got, want, "{ty} glu {}", glu.is_some());
+            // Column 4 named matrix 9: still the poison.
+            let poison = f32::NAN.to_bits();
+            assert!(got[4 * out_rows..][..out_rows].iter().all(|&v| v == poison));
+            assert!(got[..4 * out_rows].iter().all(|&v| v != poison));
+        }
+        // Bindings cut between rows, not matrices; a matrix past a binding.
+        let cut = small.upload_weight(ty, n_mats * rows, k, &data).unwrap();
+        assert!(cut.chunk_count() > 1);
+        let (xt, y, tt) = (
+            small.upload_f32(&x).unwrap(),
+            small.tensor(8 * rows).unwrap(),
+            small.upload_u32(&table).unwrap(),
+        );
+        let runs = Runs {
+            table: &tt,
+            at: 0,
+            count: 5,
+            n_mats,
+            maxc: 1,
+            indirect: None,
+        };
+        let e = small
+            .batch()
+            .matmul_runs(&cut, runs, &xt, k, &y, rows, None)
+            .unwrap_err();
+        assert!(e.to_string().contains("splits a matrix"), "{e}");
+        let big = small.upload_matrices(ty, k, &[(n_mats * rows, &data[..])], n_mats * rows);
+        assert!(matches!(big, Err(lamina_gpu::GpuError::TooLarge { .. })));
+        let odd = small.upload_matrices(ty, k, &[(n_mats * rows, &data[..])], 3 * rows);
+        assert!(odd.is_err());
+    }
+}
+
 /// A step's pairs packed by expert on the device (moe_pack, gather_cols,
 /// runs of up to 1, 2 and 8 columns) give the weighed sums of the router's
 /// one-column runs bit for bit; the packed rows are a permutation of the
