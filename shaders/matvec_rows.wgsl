@@ -104,13 +104,17 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
     var o: array<f32, NO>;
     let k0 = 32u * u;
     for (var c = 0u; c < MAXC; c++) {
-        // Columns past p.ncols compute on the last column and are not
-        // written: a loop of constant trip count, which the compiler
-        // unrolls, keeping `o` and `s` in registers instead of indexing
-        // them through memory.
+        // A loop of constant trip count, which the compiler unrolls,
+        // keeping `o` and `s` in registers instead of indexing them
+        // through memory; columns past p.ncols (uniform in the workgroup)
+        // skip their body, so a run or chunk of fewer columns than the
+        // compiled MAXC costs its own columns only.
         // (The one-column kernel keeps its exit: measured faster there.)
         if (MAXC == 1u && c >= p.ncols) {
             break;
+        }
+        if (MAXC > 1u && c >= p.ncols) {
+            continue;
         }
         let cc = select(min(c, p.ncols - 1u), c, MAXC == 1u);
         let xb = p.x_offset + cc * p.x_stride + k0;

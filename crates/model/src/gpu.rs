@@ -17,7 +17,8 @@
 //! `routed_experts`): the activations cross once each way.
 //!
 //! A block whose experts are on the GPU (`--n-cpu-moe`) keeps each kind of
-//! expert matrix in one weight and routes on the device (lamina_gpu's
+//! expert matrix in one weight (split between bindings only between
+//! experts) and routes on the device (lamina_gpu's
 //! `moe_route`, the CPU's routing to the last bits of the device's exp).
 //! A step of at most eight tokens (decoding; one on a CPU-backed device,
 //! see `route_on_device_tokens`) then runs every (token, slot) pair's
@@ -26,8 +27,8 @@
 //! same submission: no wait for the host. A larger step (a prompt) packs
 //! the pairs by expert on the device (`moe_pack`, indirect dispatches), so
 //! each expert streams once for all its tokens, still in the same
-//! submission; a CPU-backed device instead reads the device's choices back
-//! and packs on the host ([`DeviceExperts`] says why). The choices and each
+//! submission ([`DeviceExperts`]; the host packs only a step too large for
+//! the packing kernel, from the device's choices read back). The choices and each
 //! column's bits are the same every way, so a token's result never depends
 //! on its step. A shared expert (qwen2moe) is gated on the device too
 //! (`moe_shared`), its output added after the routed experts' sum; the sum
@@ -226,16 +227,16 @@ struct GpuExperts {
 }
 
 /// Most tokens a step runs its experts for straight from the device's
-/// router: each (token, slot) pair then streams its expert's weights by
-/// itself, which beats a wait for the host while the pairs are few
-/// (decoding); a prompt's many tokens wait once per block instead, and each
-/// expert streams once for all its tokens. On a CPU-backed device, whose
-/// products are bound by arithmetic rather than by the weight reads, two
-/// pairs that chose one expert cost twice its work unless packed together:
-/// there only a lone token (whose experts are distinct) skips the wait.
-/// Measured on lavapipe with a synthetic qwen3moe (32 experts, 4 used):
-/// one sequence decodes 19–23 → 23–24 tokens/s without the waits, four
-/// 44–46 → 35–37 unpacked. Either way the bits are the same.
+/// router's one-column runs: each (token, slot) pair then streams its
+/// expert's weights by itself, which costs a GPU no more than packing
+/// while the pairs are few (decoding); more tokens are packed by expert,
+/// so each expert streams once for all its tokens. On a CPU-backed device,
+/// whose products are bound by arithmetic rather than by the weight reads,
+/// two pairs that chose one expert cost twice its work unless packed
+/// together: there only a lone token (whose experts are distinct) skips
+/// the packing. Measured on lavapipe with a synthetic qwen3moe (32
+/// experts, 4 used), four sequences decode 44–46 tokens/s packed, 35–37
+/// unpacked. Either way the bits are the same.
 fn route_on_device_tokens(g: &Gpu) -> usize {
     if g.adapter_info().device_type == "cpu" {
         1
@@ -246,13 +247,14 @@ fn route_on_device_tokens(g: &Gpu) -> usize {
 
 /// How a block that routes on the device runs its experts in a step.
 ///
-/// A larger step packs its pairs by expert on the device on a GPU. A
-/// CPU-backed device has the host pack them (reading the device's choices
-/// back, a wait that costs it little): its packed products cost by the
-/// run and by the compiled column count, and the host's exact runs of up
-/// to eight beat the device's (lavapipe, the synthetic qwen3moe, pp32
-/// about 95 tokens/s packed by the host against 77–90 on the device in
-/// runs of four, four sequences 45 against 38–42 in runs of one).
+/// A larger step packs its pairs by expert on the device, on a CPU-backed
+/// device too: there a packed product's workgroup skips the columns its run
+/// lacks (`matvec_rows.wgsl`), so the device's runs cost what the host's
+/// exact runs cost without the readback (lavapipe, the synthetic qwen3moe,
+/// pp32 97–105 tokens/s packed on the device against 100–104 on the host,
+/// four sequences 46–48 against 47–49; 77–90 and 38–42 before the kernel
+/// skipped those columns). The host packs only what the packing kernel
+/// cannot hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DeviceExperts {
     /// Each (token, slot) pair from the router's own one-column runs.
@@ -264,15 +266,16 @@ enum DeviceExperts {
 
 impl DeviceExperts {
     /// The way for `n` tokens routed as `r`; `None` where only the host can
-    /// pack them (more pairs or runs than the packing kernel holds).
-    fn choose(g: &Gpu, r: &lamina_gpu::MoeRouting, n: usize, pack: bool) -> Option<Self> {
+    /// pack them (more pairs or runs than the packing kernel holds), or
+    /// where `host_packs` asks for the host's packing.
+    fn choose(g: &Gpu, r: &lamina_gpu::MoeRouting, n: usize, host_packs: bool) -> Option<Self> {
         if n <= route_on_device_tokens(g) {
             return Some(DeviceExperts::Pairs);
         }
-        if g.adapter_info().device_type == "cpu" && !pack {
+        if host_packs {
             return None;
         }
-        // Runs of eight: a GPU's workgroup skips the columns a run lacks.
+        // Runs of eight: a workgroup skips the columns a run lacks.
         let (nk, maxc) = (n * r.k, lamina_gpu::MAX_SMALL_COLS);
         (nk < 1 << 21 && r.max_runs(n, maxc) <= u16::MAX as usize)
             .then_some(DeviceExperts::Packed(maxc))
@@ -315,10 +318,9 @@ pub struct HybridModel<'a> {
     /// step's are the first norm and the head): `bench model` prints the
     /// per-block count from it.
     block_dispatches: std::sync::atomic::AtomicU64,
-    /// Pack a larger step's experts on the device even on a CPU-backed
-    /// device, where the host packs them by default
-    /// ([`HybridModel::pack_experts_on_device`]).
-    pack_on_device: bool,
+    /// Pack a larger step's experts on the host from the device's choices
+    /// ([`HybridModel::pack_experts_on_host`]).
+    host_packs: bool,
     /// How the GPU layers' caches store keys and values ([`gpu_kv`]).
     gpu_kv: KvElem,
 }
@@ -655,7 +657,7 @@ impl<'a> HybridModel<'a> {
             head,
             scratch: Mutex::new(None),
             block_dispatches: Default::default(),
-            pack_on_device: false,
+            host_packs: false,
             gpu_kv: kv,
         })
     }
@@ -1853,11 +1855,12 @@ impl<'a> HybridModel<'a> {
         Ok(())
     }
 
-    /// Packs a larger step's routed experts on the device (`moe_pack`) even
-    /// on a CPU-backed device, where the host packs them by default: the
-    /// tests run every way a step can take, and measurements compare them.
-    pub fn pack_experts_on_device(&mut self, on: bool) {
-        self.pack_on_device = on;
+    /// Packs a larger step's routed experts on the host from the device's
+    /// choices (read back), where the device packs them (`moe_pack`)
+    /// unless the packing kernel cannot hold them: the tests run every way
+    /// a step can take, and measurements compare them.
+    pub fn pack_experts_on_host(&mut self, on: bool) {
+        self.host_packs = on;
     }
 
     /// How block `l` runs its experts on the device for a step of `n`
@@ -1871,7 +1874,7 @@ impl<'a> HybridModel<'a> {
         n: usize,
     ) -> Option<(lamina_gpu::MoeRouting, DeviceExperts)> {
         let r = self.device_routing(l)?;
-        Some((r, DeviceExperts::choose(g, &r, n, self.pack_on_device)?))
+        Some((r, DeviceExperts::choose(g, &r, n, self.host_packs)?))
     }
 
     /// How block `l` routes on the device, where it can: its experts are
@@ -2131,8 +2134,8 @@ impl<'a> HybridModel<'a> {
             at: 2 * n * k,
             count: (words.len() - 2 * n * k) / 4,
             n_mats: m.n_expert,
-            // The kernel computes this many columns a run (a CPU-backed
-            // device all of them): no more than the longest run needs.
+            // The kernel's compiled column count: no more than the longest
+            // run needs (its arrays stay smaller).
             maxc: longest.next_power_of_two(),
             indirect: None,
         };

@@ -567,11 +567,11 @@ fn split_mixtures_decode_the_cpu_tokens() {
 /// Routed experts on the GPU (`--n-cpu-moe 0`) route on the device: a step
 /// of few tokens (one on a CPU-backed device, eight on others) runs each
 /// pair from the router's one-column runs; a larger one packs the pairs by
-/// expert, on the device (a GPU, or when asked) or on the host from the
-/// device's choices (a CPU-backed device). A sequence gets the same bits
-/// every way: decoding alone (a step of one token: pairs), beside two
-/// others (seven tokens) and beside a prompt of twelve (thirteen: packed),
-/// with the packing on the device and by default; qwen2moe's shared expert
+/// expert, on the device (by default) or on the host from the device's
+/// choices (when asked, and where the packing kernel cannot hold a step).
+/// A sequence gets the same bits every way: decoding alone (a step of one
+/// token: pairs), beside two others (seven tokens) and beside a prompt of
+/// twelve (thirteen: packed), packed on the host and by default; qwen2moe's shared expert
 /// gated on the device every way too. On a device whose bindings hold two
 /// experts' gate/up and four experts' down matrices (the experts split
 /// between bindings, a dispatch each), the same bits again.
@@ -584,8 +584,8 @@ fn experts_routed_on_the_device_give_a_sequence_its_bits_at_any_step_size() {
 
 fn experts_routed_on_the_device(arch: &'static str) {
     let file = open(&Spec::new(arch));
-    let mut packed = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
-    packed.pack_experts_on_device(true);
+    let mut on_host = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
+    on_host.pack_experts_on_host(true);
     let by_default = hybrid_32(&file, LAYERS + 1, 0, Some(gpu()));
     // Q8_0 experts of 64 wide: 4352 bytes of gate/up and 2176 of down an
     // expert, so bindings of 2, 2, 2 and of 4, 2 experts.
@@ -597,13 +597,13 @@ fn experts_routed_on_the_device(arch: &'static str) {
         .unwrap(),
     );
     let mut split = hybrid_32(&file, LAYERS + 1, 0, Some(small));
-    split.pack_experts_on_device(arch == "qwen3moe");
+    split.pack_experts_on_host(arch == "qwen2moe");
     let same = |x: &[f32], y: &[f32]| {
         x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
     };
     let long: Vec<u32> = (10..22).collect();
     let mut runs = Vec::new();
-    for m in [&by_default, &packed, &split] {
+    for m in [&by_default, &on_host, &split] {
         multi_sequence_step_is_batch_invariant(m, true, &format!("{arch}, experts on the GPU"));
         let mut v = m.new_caches(2, 32).unwrap();
         let (mut b2, mut a2) = (v.pop().unwrap(), v.pop().unwrap());
@@ -638,7 +638,7 @@ fn experts_routed_on_the_device(arch: &'static str) {
     for (x, y) in runs[0].iter().zip(&runs[1]) {
         assert!(
             same(x, y),
-            "{arch}: packed on the device and by default differ"
+            "{arch}: packed on the host and by default differ"
         );
     }
     for (x, y) in runs[0].iter().zip(&runs[2]) {
