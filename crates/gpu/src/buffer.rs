@@ -11,9 +11,12 @@
 
 use lamina_gguf::GgmlType;
 
-use crate::device::Gpu;
+use crate::device::{lock, Gpu};
 use crate::error::GpuError;
 use crate::quant;
+
+/// Readback buffers a device keeps between readbacks.
+const STAGING_KEPT: usize = 4;
 
 /// Bytes after the last row of every weight chunk (see module docs).
 pub const WEIGHT_PAD: u64 = 128;
@@ -272,11 +275,10 @@ impl Gpu {
         if size == 0 {
             return Ok(Vec::new());
         }
-        let staging = self.create_buffer(
-            "readback",
-            size,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
+        let staging = self.take_staging(size)?;
+        // A submission of its own: counted with the batches'.
+        self.submitted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.scoped(what, size, || {
             let mut enc = self
                 .device
@@ -286,8 +288,58 @@ impl Gpu {
             enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
             self.queue.submit([enc.finish()]);
         })?;
+        self.map_staging(staging, size, what)
+    }
+
+    /// A mappable buffer of at least `size` bytes for a readback: the
+    /// smallest kept one that holds it, else a new one (a power of two, so
+    /// a model's few readback sizes settle on a few buffers). Give it back
+    /// with [`Gpu::map_staging`].
+    pub(crate) fn take_staging(&self, size: u64) -> Result<wgpu::Buffer, GpuError> {
+        {
+            let mut pool = lock(&self.staging);
+            let best = pool
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.size() >= size)
+                .min_by_key(|(_, b)| b.size())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return Ok(pool.swap_remove(i));
+            }
+        }
+        let rounded = size.checked_next_power_of_two().unwrap_or(size).max(4096);
+        self.create_buffer(
+            "readback",
+            rounded,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )
+    }
+
+    /// Waits for the work submitted so far (which copies into `staging`),
+    /// returns the first `size` bytes of `staging` and keeps the buffer for
+    /// the next readback.
+    pub(crate) fn map_staging(
+        &self,
+        staging: wgpu::Buffer,
+        size: u64,
+        what: &str,
+    ) -> Result<Vec<u8>, GpuError> {
+        let data = self.map_read(&staging, size, what)?;
+        let mut pool = lock(&self.staging);
+        pool.push(staging);
+        // A few sizes at most (a step's logits, picks, a split block's
+        // inputs): past that, the smallest go.
+        if pool.len() > STAGING_KEPT {
+            pool.sort_by_key(|b| std::cmp::Reverse(b.size()));
+            pool.truncate(STAGING_KEPT);
+        }
+        Ok(data)
+    }
+
+    fn map_read(&self, staging: &wgpu::Buffer, size: u64, what: &str) -> Result<Vec<u8>, GpuError> {
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        staging.map_async(wgpu::MapMode::Read, ..size, move |r| {
             // The receiver outlives the wait below; a failed send cannot happen.
             let _ = tx.send(r);
         });
@@ -308,7 +360,7 @@ impl Gpu {
             }
         }
         let data = staging
-            .get_mapped_range(..)
+            .get_mapped_range(..size)
             .map_err(|e| GpuError::Readback {
                 what: what.to_string(),
                 message: e.to_string(),

@@ -304,6 +304,9 @@ pub struct Gpu {
     pub(crate) pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     /// The parameter buffer and recent bind groups, shared by submissions.
     pub(crate) binds: Mutex<crate::ops::BindCache>,
+    /// Mappable buffers kept for readbacks ([`Gpu::take_staging`]), so a
+    /// step's logits or picks come back without a buffer made for them.
+    pub(crate) staging: Mutex<Vec<wgpu::Buffer>>,
 }
 
 /// Host-side work of the submissions since the device was opened.
@@ -464,6 +467,7 @@ impl Gpu {
             profile: std::env::var_os("LAMINA_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
             pipelines: Mutex::new(HashMap::new()),
             binds: Default::default(),
+            staging: Mutex::new(Vec::new()),
         })
     }
 

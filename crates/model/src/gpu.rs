@@ -1300,12 +1300,15 @@ impl<'a> HybridModel<'a> {
                     // Else the host routes (or reads the device's routes)
                     // between two submissions; the sum comes back in `o`
                     // for the residual add.
+                    // One readback, in the same submission: the input,
+                    // the router's logits, the shared output.
                     _ => {
                         dispatched += b.len() - before;
-                        std::mem::replace(&mut b, g.batch())
-                            .submit()
+                        let width = c.moe.map_or(0, |m| moe_io_width(c, &m));
+                        let io = std::mem::replace(&mut b, g.batch())
+                            .submit_read_f32(&s.moe_io, 0, n * width)
                             .map_err(gpu_err)?;
-                        self.run_split_experts(g, &mut b, il, l, s, n)?;
+                        self.run_split_experts(g, &mut b, il, l, s, n, io)?;
                         before = 0;
                     }
                 }
@@ -1330,9 +1333,8 @@ impl<'a> HybridModel<'a> {
                     "hidden states are read for one sequence at a time".into(),
                 ));
             }
-            b.submit().map_err(gpu_err)?;
-            return g
-                .read_f32_range(&s.h, 0, n * e)
+            return b
+                .submit_read_f32(&s.h, 0, n * e)
                 .map(Stepped::Logits)
                 .map_err(gpu_err);
         }
@@ -1392,8 +1394,9 @@ impl<'a> HybridModel<'a> {
             let v = c.n_vocab;
             b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)
                 .map_err(gpu_err)?;
-            b.submit().map_err(gpu_err)?;
-            let pairs = g.read_u32(&s.picks).map_err(gpu_err)?;
+            let pairs = b
+                .submit_read_u32(&s.picks, 0, s.picks.len())
+                .map_err(gpu_err)?;
             // A row of NaN only: the host's argmax gives 0.
             let picks = pairs
                 .chunks_exact(2)
@@ -1402,8 +1405,7 @@ impl<'a> HybridModel<'a> {
                 .collect();
             return Ok(Stepped::Picks(picks));
         }
-        b.submit().map_err(gpu_err)?;
-        g.read_f32_range(logits, 0, m * c.n_vocab)
+        b.submit_read_f32(logits, 0, m * c.n_vocab)
             .map(Stepped::Logits)
             .map_err(gpu_err)
     }
@@ -1989,12 +1991,14 @@ impl<'a> HybridModel<'a> {
     }
 
     /// The host part of split block `il` over the `n` tokens of a step whose
-    /// submission [`Self::record_split`] ended: reads back the normed
-    /// input, the router's logits and the shared expert's output, routes
+    /// submission [`Self::record_split`] ended: from `io`, that
+    /// submission's readback of the normed input, the router's logits and
+    /// the shared expert's output (`Scratch::moe_io`), routes
     /// the tokens, and leaves the block's feed-forward output in `s.o`:
     /// computed here when the routed experts are on the CPU, recorded into
     /// `b` (the step's next submission) when they are on the GPU, so such
     /// a block waits for the device once, not twice.
+    #[allow(clippy::too_many_arguments)]
     fn run_split_experts(
         &self,
         g: &Gpu,
@@ -2003,6 +2007,7 @@ impl<'a> HybridModel<'a> {
         l: &GpuLayer,
         s: &Scratch,
         n: usize,
+        mut io: Vec<f32>,
     ) -> Result<(), ModelError> {
         let c = &self.cpu.config;
         let e = c.n_embd;
@@ -2011,10 +2016,12 @@ impl<'a> HybridModel<'a> {
                 "blk.{il} was split but has no experts"
             )));
         };
-        // One readback: the input, the logits, the shared output.
-        let mut io = g
-            .read_f32_range(&s.moe_io, 0, n * moe_io_width(c, &m))
-            .map_err(gpu_err)?;
+        if io.len() != n * moe_io_width(c, &m) {
+            return Err(ModelError::Gpu(format!(
+                "blk.{il}: {} values read back for {n} tokens",
+                io.len()
+            )));
+        }
         let (h, rest) = io.split_at_mut(n * e);
         let (logits, sy) = rest.split_at_mut(n * m.n_expert);
         match l.gpu_experts() {

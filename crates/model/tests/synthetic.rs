@@ -779,6 +779,14 @@ fn folded_norms_give_the_bits_of_separate_norm_kernels() {
         hybrid_logits_on(&file, LAYERS + 1, gpu.clone());
         gpu.counters().0 - before
     };
+    // A step (the prompt, then two decode steps) is one submission, its
+    // logits' readback copied in it.
+    let submits = |gpu: &Arc<Gpu>| {
+        let before = gpu.counters().1;
+        hybrid_logits_on(&file, LAYERS + 1, gpu.clone());
+        gpu.counters().1 - before
+    };
+    assert_eq!(submits(&separate), 3, "submissions for three steps");
     let cpu_backed = after.norm_epilogue();
     let (f, e, s) = (count(folded), count(after), count(separate));
     assert!(f < s, "folded {f} dispatches, separate {s}");

@@ -85,6 +85,15 @@ pub struct Batch<'g> {
     started: std::time::Instant,
 }
 
+/// A copy a submission ends with: `size` bytes of `src` from `offset` to
+/// the start of `dst` (a readback buffer).
+struct ReadbackCopy {
+    src: wgpu::Buffer,
+    offset: u64,
+    dst: wgpu::Buffer,
+    size: u64,
+}
+
 /// Submissions a bind group may go unused before [`BindCache`] drops it
 /// (and with it its hold on the buffers it binds).
 const BIND_GROUP_TTL: u64 = 4;
@@ -245,8 +254,79 @@ impl<'g> Batch<'g> {
     /// Encodes every recorded dispatch into one compute pass and submits it.
     /// Returns once submitted; [`Gpu::wait`] or a read blocks until done.
     pub fn submit(self) -> Result<(), GpuError> {
+        self.submit_copying(None)
+    }
+
+    /// [`Batch::submit`], then elements `offset .. offset + len` of `t`
+    /// back to the host as f32 values, copied in the same submission (a
+    /// step's logits or hidden states: one submission and one wait a step,
+    /// into a readback buffer the device keeps).
+    pub fn submit_read_f32(
+        self,
+        t: &Tensor,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        Ok(bytemuck::pod_collect_to_vec(
+            &self.submit_read(t, offset, len)?,
+        ))
+    }
+
+    /// [`Batch::submit_read_f32`] for u32 values (a step's picks).
+    pub fn submit_read_u32(
+        self,
+        t: &Tensor,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<u32>, GpuError> {
+        Ok(bytemuck::pod_collect_to_vec(
+            &self.submit_read(t, offset, len)?,
+        ))
+    }
+
+    fn submit_read(self, t: &Tensor, offset: usize, len: usize) -> Result<Vec<u8>, GpuError> {
+        if offset.checked_add(len).is_none_or(|end| end > t.len()) {
+            return Err(GpuError::Shape {
+                op: "read",
+                message: format!("elements {offset}..+{len} of a tensor of {}", t.len()),
+            });
+        }
+        let gpu = self.gpu;
+        let size = len as u64 * 4;
+        if size == 0 {
+            self.submit()?;
+            return Ok(Vec::new());
+        }
+        let staging = gpu.take_staging(size)?;
+        let copy = ReadbackCopy {
+            src: t.buf.clone(),
+            offset: offset as u64 * 4,
+            dst: staging.clone(),
+            size,
+        };
+        // A failed submission returns nothing to map: the buffer is dropped.
+        self.submit_copying(Some(copy))?;
+        gpu.map_staging(staging, size, "tensor")
+    }
+
+    /// Encodes the dispatches (and then `copy`, in the same command
+    /// buffer) and submits them.
+    fn submit_copying(self, copy: Option<ReadbackCopy>) -> Result<(), GpuError> {
         let gpu = self.gpu;
         if self.dispatches.is_empty() {
+            if let Some(c) = copy {
+                gpu.submitted
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return gpu.scoped("readback", c.size, || {
+                    let mut enc =
+                        gpu.device
+                            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                                label: Some("readback"),
+                            });
+                    enc.copy_buffer_to_buffer(&c.src, c.offset, &c.dst, 0, c.size);
+                    gpu.queue.submit([enc.finish()]);
+                });
+            }
             return Ok(());
         }
         {
@@ -352,6 +432,9 @@ impl<'g> Batch<'g> {
                     }
                     d.encode(&mut pass, &group);
                 }
+            }
+            if let Some(c) = &copy {
+                enc.copy_buffer_to_buffer(&c.src, c.offset, &c.dst, 0, c.size);
             }
             gpu.queue.submit([enc.finish()]);
         });

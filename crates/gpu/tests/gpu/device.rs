@@ -102,3 +102,42 @@ fn bad_shapes_and_oversized_buffers_are_errors() {
     let t = gpu.upload_f32(&[3.0]).unwrap();
     assert_eq!(gpu.read_f32(&t).unwrap(), [3.0]);
 }
+
+/// A batch's readback is copied in its own submission, after its kernels:
+/// the values a kernel just wrote, the range asked for and no more, through
+/// readback buffers the device keeps between reads (a smaller read after a
+/// larger one gets its own values only), with or without kernels before it.
+#[test]
+fn a_batch_reads_back_what_its_kernels_wrote() {
+    let (_turn, gpu) = common::gpu();
+    let mut rng = common::Rng::new(17);
+    let a = rng.vec(5000);
+    let src = gpu.upload_f32(&a).unwrap();
+    let dst = common::poisoned(gpu, 5000);
+    for (at, len) in [(0, 5000), (3, 7), (4000, 1000), (9, 1)] {
+        let mut b = gpu.batch();
+        b.copy(&src, at, &dst, at, len).unwrap();
+        let got = b.submit_read_f32(&dst, at, len).unwrap();
+        let want = &a[at..at + len];
+        assert_eq!(got.len(), len);
+        assert!(got
+            .iter()
+            .zip(want)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    // No kernels: the copy alone; u32 words as written.
+    let words = gpu.upload_u32(&[1, 2, 3, 0xdead_beef]).unwrap();
+    assert_eq!(
+        gpu.batch().submit_read_u32(&words, 2, 2).unwrap(),
+        [3, 0xdead_beef]
+    );
+    assert!(gpu
+        .batch()
+        .submit_read_u32(&words, 0, 0)
+        .unwrap()
+        .is_empty());
+    let e = gpu.batch().submit_read_u32(&words, 3, 2).unwrap_err();
+    assert!(matches!(e, GpuError::Shape { .. }), "{e}");
+    // The plain reads share the kept buffers and agree.
+    assert_eq!(gpu.read_u32(&words).unwrap(), [1, 2, 3, 0xdead_beef]);
+}
