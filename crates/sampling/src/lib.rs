@@ -345,39 +345,97 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// (ties go to the lower id), so the set and its order are those of
 /// sorting every candidate.
 fn best(logits: &[f32], k: usize, keep: impl Fn(f32) -> bool) -> Vec<Candidate> {
-    let all = logits
-        .iter()
-        .enumerate()
-        .filter(|&(_, &l)| keep(l))
-        .map(|(i, &logit)| Candidate {
-            id: i as u32,
-            logit,
-        });
     if k == 0 || k >= logits.len() {
-        let mut cands: Vec<Candidate> = all.collect();
+        let mut cands: Vec<Candidate> = logits
+            .iter()
+            .enumerate()
+            .filter(|&(_, &l)| keep(l))
+            .map(|(i, &logit)| Candidate {
+                id: i as u32,
+                logit,
+            })
+            .collect();
         cands.sort_unstable_by(by_logit_desc);
         return cands;
     }
     // A max-heap under by_logit_desc: its top is the worst kept.
     let mut heap: BinaryHeap<Ranked> = BinaryHeap::with_capacity(k);
-    for c in all {
-        if heap.len() < k {
-            heap.push(Ranked(c));
-            continue;
+    // Once the heap is full, the worst kept logit: anything below it is
+    // out, so a block whose kept logits all are is skipped after one pass
+    // that the compiler vectorises (a 262144-token vocabulary is otherwise
+    // a heap comparison per token, most of a sampled step's host time).
+    let mut floor: Option<f32> = None;
+    for (b, block) in logits.chunks(BLOCK).enumerate() {
+        if let Some(f) = floor {
+            let max = block_max(block, &keep);
+            // Strictly below: an equal float may still rank above the
+            // worst in the total order (+0 over -0). (A true tie loses:
+            // its id is later than every kept one.)
+            if max < f {
+                continue;
+            }
         }
-        let Some(mut worst) = heap.peek_mut() else {
-            continue;
-        };
-        // A smaller float is worse in the total order too (no NaN here
-        // that `keep` let through is compared before by_logit_desc).
-        if c.logit < worst.0.logit {
-            continue;
-        }
-        if by_logit_desc(&c, &worst.0) == Ordering::Less {
-            *worst = Ranked(c);
+        for (j, &logit) in block.iter().enumerate() {
+            if !keep(logit) {
+                continue;
+            }
+            let c = Candidate {
+                id: (b * BLOCK + j) as u32,
+                logit,
+            };
+            if heap.len() < k {
+                heap.push(Ranked(c));
+                if heap.len() == k {
+                    floor = heap.peek().map(|w| w.0.logit);
+                }
+                continue;
+            }
+            // A smaller float is worse in the total order too (no NaN here
+            // that `keep` let through is compared before by_logit_desc).
+            if floor.is_some_and(|f| logit < f) {
+                continue;
+            }
+            let Some(mut worst) = heap.peek_mut() else {
+                continue;
+            };
+            if by_logit_desc(&c, &worst.0) == Ordering::Less {
+                *worst = Ranked(c);
+                drop(worst);
+                floor = heap.peek().map(|w| w.0.logit);
+            }
         }
     }
     heap.into_sorted_vec().into_iter().map(|r| r.0).collect()
+}
+
+/// Logits [`best`] checks against its floor at once.
+const BLOCK: usize = 64;
+
+/// The largest logit of `block` that `keep` accepts (a kept NaN counts as
+/// +inf, so its block is never skipped), in eight lanes of plain compares
+/// and selects, which the compiler turns into vector instructions where
+/// `f32::max`'s NaN rules would keep it scalar.
+fn block_max(block: &[f32], keep: &impl Fn(f32) -> bool) -> f32 {
+    let lane = |l: f32| match (keep(l), l.is_nan()) {
+        (false, _) => f32::NEG_INFINITY,
+        (true, true) => f32::INFINITY,
+        (true, false) => l,
+    };
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = block.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &l) in acc.iter_mut().zip(c) {
+            let v = lane(l);
+            *a = if v > *a { v } else { *a };
+        }
+    }
+    for (a, &l) in acc.iter_mut().zip(tail) {
+        let v = lane(l);
+        *a = if v > *a { v } else { *a };
+    }
+    acc.into_iter()
+        .fold(f32::NEG_INFINITY, |m, v| if v > m { v } else { m })
 }
 
 /// A candidate ordered by [`by_logit_desc`] (best first, so a max-heap

@@ -443,12 +443,14 @@ fn plain_greedy_is_the_raw_argmax_and_nothing_else_claims_it() {
 /// The one-pass selection keeps exactly the candidates, in exactly the
 /// order, that sorting every accepted logit and keeping the first `k`
 /// gives: on ties, signed zeros, infinities and NaN, for `k` from 0 past
-/// the vocabulary.
+/// the vocabulary, and over vocabularies of many blocks, where whole
+/// blocks are skipped against the worst kept logit (ties with it kept
+/// where their id wins).
 #[test]
 fn best_equals_sorting_everything() {
     let mut rng = Xoshiro256::seed_from_u64(7);
     let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0];
-    for n in [1usize, 2, 7, 100, 5000] {
+    for n in [1usize, 2, 7, 100, 5000, 70_001] {
         let logits: Vec<f32> = (0..n)
             .map(|_| {
                 let u = rng.next_f64();
@@ -488,4 +490,12 @@ fn best_equals_sorting_everything() {
             }
         }
     }
+    // +0 ranks above -0: blocks of +0 after a heap of -0 are not skipped.
+    let mut zeros = vec![-0.0f32; 200];
+    zeros[130..].fill(0.0);
+    let got: Vec<u32> = best(&zeros, 10, |l| !l.is_nan())
+        .iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(got, (130..140).collect::<Vec<u32>>());
 }
