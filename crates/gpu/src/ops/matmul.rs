@@ -304,6 +304,24 @@ impl Fuse<'_> {
     }
 }
 
+/// A product's first bindings: the weight chunk, x and y, then the chunk
+/// again where its type's decoder reads it as vec4 words
+/// (`quant::weight_bindings`).
+fn product_ranges<'b>(
+    ty: GgmlType,
+    chunk: &'b wgpu::Buffer,
+    x: &'b wgpu::Buffer,
+    y: &'b wgpu::Buffer,
+) -> Vec<(&'b wgpu::Buffer, u64, Option<u64>)> {
+    let all = [
+        (chunk, 0, None),
+        (x, 0, None),
+        (y, 0, None),
+        (chunk, 0, None),
+    ];
+    all[..quant::weight_bindings(ty)].to_vec()
+}
+
 pub(crate) fn type_file(ty: GgmlType, op: &'static str) -> Result<&'static str, GpuError> {
     quant::shader_file(ty).ok_or(GpuError::NoKernel { ty, op })
 }
@@ -975,16 +993,8 @@ impl Batch<'_> {
                     },
                     None => params,
                 };
-                // A weight whose decoder reads vec4 words is bound a second
-                // time, as those (quant::binds_twice); the norm weight after.
-                let n_bind = quant::weight_bindings(w.ty());
-                let all = [
-                    (&chunk.buf, 0, None),
-                    (&x.buf, 0, None),
-                    (&y.buf, 0, None),
-                    (&chunk.buf, 0, None),
-                ];
-                let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
+                // The norm weight after the product's own bindings.
+                let mut ranges = product_ranges(w.ty(), &chunk.buf, &x.buf, &y.buf);
                 if let Some((nw, _)) = fuse.norm {
                     ranges.push((&nw.buf, 0, None));
                 }
@@ -1196,7 +1206,6 @@ impl Batch<'_> {
         let sg = self.gpu.lane_broadcast();
         let spec = matvec_spec_fused(w.ty(), runs.maxc, ms, src, glu, sg, kind);
         let groups = [gx, gy, runs.count as u32];
-        let n_bind = quant::weight_bindings(w.ty());
         // One dispatch per binding, each over every run: a run whose matrix
         // another binding holds returns at once (common/runs_on.wgsl).
         for chunk in &w.chunks {
@@ -1206,13 +1215,7 @@ impl Batch<'_> {
                 ..params
             };
             to_u32(OP, "binding bytes", chunk.buf.size() as usize)?;
-            let all = [
-                (&chunk.buf, 0, None),
-                (&x.buf, 0, None),
-                (&y.buf, 0, None),
-                (&chunk.buf, 0, None),
-            ];
-            let mut ranges: Vec<(&wgpu::Buffer, u64, Option<u64>)> = all[..n_bind].to_vec();
+            let mut ranges = product_ranges(w.ty(), &chunk.buf, &x.buf, &y.buf);
             ranges.push((&runs.table.buf, 0, None));
             match runs.indirect {
                 Some((args, at)) => {
