@@ -848,6 +848,10 @@ fn step<B: Backend>(
     // a truncation cut pages off (see lamina_gguf::mapping): discard it all.
     unchanged()?;
 
+    // Each sequence's bookkeeping in slot order; those that sample then
+    // choose their tokens together (`choose_all`) and stream them in the
+    // same order.
+    let mut sampling: Vec<(usize, Next)> = Vec::with_capacity(inputs.len());
     for ((i, input), result) in inputs.into_iter().zip(results) {
         let slot = &mut slots[i];
         let next = match result {
@@ -875,12 +879,57 @@ fn step<B: Backend>(
             ctx.metrics
                 .first_token(t.duration_since(seq.submitted).as_secs_f64() * 1e3);
         }
-        let exit = sample_one(seq, next, slot.cache.len(), slot.cache.capacity(), ctx);
+        sampling.push((i, next));
+    }
+    for (i, chosen) in choose_all(slots, sampling) {
+        let slot = &mut slots[i];
+        let Some(seq) = slot.seq.as_mut() else {
+            continue;
+        };
+        let exit = sample_one(seq, chosen, slot.cache.len(), slot.cache.capacity(), ctx);
         if let Some(exit) = exit {
             finish(slot, exit, ctx);
         }
     }
     Ok(())
+}
+
+/// A token and where its log-probability comes from, or why the sequence
+/// ends instead ([`choose`]).
+type Chosen = Result<(u32, Option<LogprobFrom>), Exit>;
+
+/// Chooses the next token of every sequence in `work` (its slot and what
+/// the step gave it), each from its own logits, mask and sampler, so the
+/// choices are the same in any order: in parallel where several need the
+/// logits (a sampled step over a 262144-token vocabulary is about 0.1 ms a
+/// sequence on the host, which a GPU step's other work does not hide).
+fn choose_all<C>(slots: &mut [Slot<C>], work: Vec<(usize, Next)>) -> Vec<(usize, Chosen)> {
+    let parallel = work
+        .iter()
+        .filter(|(_, n)| matches!(n, Next::Logits(_)))
+        .nth(1)
+        .is_some();
+    let mut seqs: Vec<Option<&mut Sequence>> = slots.iter_mut().map(|s| s.seq.as_mut()).collect();
+    let jobs: Vec<(usize, Option<&mut Sequence>, Next)> = work
+        .into_iter()
+        .map(|(i, next)| (i, seqs.get_mut(i).and_then(Option::take), next))
+        .collect();
+    let one = |(i, seq, next): (usize, Option<&mut Sequence>, Next)| {
+        let chosen = match (seq, next) {
+            (Some(seq), Next::Logits(logits)) => choose(seq, logits),
+            // The step asked for picks only when nothing else was wanted.
+            (_, Next::Pick(id)) => Ok((id, None)),
+            // Not reached: every entry's slot holds its sequence.
+            (None, Next::Logits(_)) => Err(Exit::Dropped),
+        };
+        (i, chosen)
+    };
+    if parallel {
+        use rayon::prelude::*;
+        jobs.into_par_iter().map(one).collect()
+    } else {
+        jobs.into_iter().map(one).collect()
+    }
 }
 
 /// What a step gave a sequence: its last logits, or (a step of greedy
@@ -936,21 +985,18 @@ fn choose(seq: &mut Sequence, mut logits: Vec<f32>) -> Result<(u32, Option<Logpr
     Ok((id, from))
 }
 
-/// Samples, streams and checks the end conditions for one sequence.
+/// Streams the token [`choose_all`] chose for one sequence and checks the
+/// end conditions.
 fn sample_one(
     seq: &mut Sequence,
-    next: Next,
+    chosen: Chosen,
     cache_len: usize,
     cache_cap: usize,
     ctx: &Ctx<'_>,
 ) -> Option<Exit> {
-    let (id, from) = match next {
-        Next::Logits(logits) => match choose(seq, logits) {
-            Ok(chosen) => chosen,
-            Err(exit) => return Some(exit),
-        },
-        // The step asked for picks only when nothing else was wanted.
-        Next::Pick(id) => (id, None),
+    let (id, from) = match chosen {
+        Ok(chosen) => chosen,
+        Err(exit) => return Some(exit),
     };
     // The end-of-generation token counts as generated, as llama-server
     // counts it (`predicted_n`, `completion_tokens`), though it is not shown.

@@ -139,6 +139,48 @@ fn greedy_alone_and_among_others_equals_the_plain_loop() {
     }
 }
 
+/// Sampled requests with seeds draw the same tokens alone as four at
+/// once, where a step's sequences choose their tokens in parallel: each
+/// draw depends on its own logits, sampler and random stream only.
+#[test]
+fn seeded_sampling_alone_and_among_others_draws_the_same() {
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ];
+    let sampled = |p: &str, seed: u64| GenerateParams {
+        sampler: SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(seed),
+            ..SamplerConfig::default()
+        },
+        ..params(tokenize(p), 12)
+    };
+    let engine = start(4, 4);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(1..)
+        .map(|(p, seed)| collect(engine.submit(sampled(p, seed)).unwrap()).0)
+        .collect();
+    let rxs: Vec<_> = prompts
+        .iter()
+        .zip(1..)
+        .map(|(p, seed)| engine.submit(sampled(p, seed)).unwrap())
+        .collect();
+    let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| collect(rx).0).collect();
+    assert_eq!(together, alone);
+    // Sampled at temperature 1 over the whole vocabulary: not the greedy
+    // tokens (so the draws were made), and different across the seeds.
+    assert_ne!(alone[0], plain_greedy(&tokenize(prompts[0]), 12));
+    let again = collect(engine.submit(sampled(prompts[0], 99)).unwrap()).0;
+    assert_ne!(again, alone[0]);
+}
+
 /// Every layer and the head on the (software) GPU: plain greedy requests
 /// run steps that read back each sequence's pick, and produce the tokens
 /// the same requests produce when they ask for a log-probability, which
