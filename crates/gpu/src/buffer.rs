@@ -18,6 +18,11 @@ use crate::quant;
 /// Readback buffers a device keeps between readbacks.
 const STAGING_KEPT: usize = 4;
 
+/// Largest readback buffer kept: a step's logits (64 sequences of a
+/// 262144-token vocabulary). A larger readback (a slot's saved cache) gets
+/// a buffer of its own size, freed after it.
+const STAGING_KEPT_BYTES: u64 = 64 << 20;
+
 /// Bytes after the last row of every weight chunk (see module docs).
 pub const WEIGHT_PAD: u64 = 128;
 
@@ -291,10 +296,16 @@ impl Gpu {
         self.map_staging(staging, size, what)
     }
 
+    /// Bytes of the readback buffers the device keeps between readbacks
+    /// (host-visible memory it holds while idle).
+    pub fn readback_bytes_kept(&self) -> u64 {
+        lock(&self.staging).iter().map(wgpu::Buffer::size).sum()
+    }
+
     /// A mappable buffer of at least `size` bytes for a readback: the
-    /// smallest kept one that holds it, else a new one (a power of two, so
-    /// a model's few readback sizes settle on a few buffers). Give it back
-    /// with [`Gpu::map_staging`].
+    /// smallest kept one that holds it, else a new one (a power of two up
+    /// to [`STAGING_KEPT_BYTES`], so a model's few readback sizes settle on
+    /// a few buffers). Give it back with [`Gpu::map_staging`].
     pub(crate) fn take_staging(&self, size: u64) -> Result<wgpu::Buffer, GpuError> {
         {
             let mut pool = lock(&self.staging);
@@ -308,7 +319,11 @@ impl Gpu {
                 return Ok(pool.swap_remove(i));
             }
         }
-        let rounded = size.checked_next_power_of_two().unwrap_or(size).max(4096);
+        let rounded = if size > STAGING_KEPT_BYTES {
+            size
+        } else {
+            size.next_power_of_two().max(4096)
+        };
         self.create_buffer(
             "readback",
             rounded,
@@ -318,7 +333,7 @@ impl Gpu {
 
     /// Waits for the work submitted so far (which copies into `staging`),
     /// returns the first `size` bytes of `staging` and keeps the buffer for
-    /// the next readback.
+    /// the next readback (unless it is larger than [`STAGING_KEPT_BYTES`]).
     pub(crate) fn map_staging(
         &self,
         staging: wgpu::Buffer,
@@ -326,6 +341,9 @@ impl Gpu {
         what: &str,
     ) -> Result<Vec<u8>, GpuError> {
         let data = self.map_read(&staging, size, what)?;
+        if staging.size() > STAGING_KEPT_BYTES {
+            return Ok(data);
+        }
         let mut pool = lock(&self.staging);
         pool.push(staging);
         // A few sizes at most (a step's logits, picks, a split block's

@@ -140,4 +140,13 @@ fn a_batch_reads_back_what_its_kernels_wrote() {
     assert!(matches!(e, GpuError::Shape { .. }), "{e}");
     // The plain reads share the kept buffers and agree.
     assert_eq!(gpu.read_u32(&words).unwrap(), [1, 2, 3, 0xdead_beef]);
+    // A few small buffers are kept; a readback past 64 MiB (a slot's saved
+    // cache) gets its own buffer, read right and not kept.
+    let kept = gpu.readback_bytes_kept();
+    assert!(kept > 0 && kept <= 4 << 26, "{kept}");
+    let n = (65 << 20) / 4;
+    let big = gpu.upload_u32(&(0..n as u32).collect::<Vec<_>>()).unwrap();
+    let back = gpu.read_u32(&big).unwrap();
+    assert!(back.len() == n && back.iter().enumerate().all(|(i, &v)| v == i as u32));
+    assert_eq!(gpu.readback_bytes_kept(), kept);
 }
