@@ -1207,14 +1207,15 @@ impl Batch<'_> {
         let spec = matvec_spec_fused(w.ty(), runs.maxc, ms, src, glu, sg, kind);
         let groups = [gx, gy, runs.count as u32];
         // One dispatch per binding, each over every run: a run whose matrix
-        // another binding holds returns at once (common/runs_on.wgsl).
+        // another binding holds returns at once (common/runs_on.wgsl). A
+        // binding's byte offsets fit the kernel's u32 (the upload bounds
+        // every chunk).
         for chunk in &w.chunks {
             let params = MatParams {
                 mat_first: chunk.first_row / params.rows,
                 n_mats: chunk.rows / params.rows,
                 ..params
             };
-            to_u32(OP, "binding bytes", chunk.buf.size() as usize)?;
             let mut ranges = product_ranges(w.ty(), &chunk.buf, &x.buf, &y.buf);
             ranges.push((&runs.table.buf, 0, None));
             match runs.indirect {

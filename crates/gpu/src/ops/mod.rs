@@ -293,6 +293,10 @@ impl<'g> Batch<'g> {
         }
         let gpu = self.gpu;
         let size = len as u64 * 4;
+        // No kernels: the plain readback, a copy of its own.
+        if self.dispatches.is_empty() {
+            return gpu.read_bytes(&t.buf, offset as u64 * 4, size, "tensor");
+        }
         if size == 0 {
             self.submit()?;
             return Ok(Vec::new());
@@ -310,23 +314,11 @@ impl<'g> Batch<'g> {
     }
 
     /// Encodes the dispatches (and then `copy`, in the same command
-    /// buffer) and submits them.
+    /// buffer) and submits them; nothing without dispatches (a readback
+    /// alone goes through `Gpu::read_bytes`).
     fn submit_copying(self, copy: Option<ReadbackCopy>) -> Result<(), GpuError> {
         let gpu = self.gpu;
         if self.dispatches.is_empty() {
-            if let Some(c) = copy {
-                gpu.submitted
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return gpu.scoped("readback", c.size, || {
-                    let mut enc =
-                        gpu.device
-                            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                                label: Some("readback"),
-                            });
-                    enc.copy_buffer_to_buffer(&c.src, c.offset, &c.dst, 0, c.size);
-                    gpu.queue.submit([enc.finish()]);
-                });
-            }
             return Ok(());
         }
         {
