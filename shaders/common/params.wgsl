@@ -142,6 +142,17 @@ struct ArgmaxParams {
     _pad2: u32,
 }
 
+struct TopkParams {
+    rows: u32,
+    len: u32,         // items per row in this stage's input
+    stride: u32,      // items between the starts of two input rows
+    chunks: u32,      // workgroups per row (each writes k pairs)
+    pairs: u32,       // 0: the input is f32 values; 1: (key, index) pairs
+    k: u32,           // pairs each workgroup writes
+    _pad0: u32,
+    _pad1: u32,
+}
+
 struct MoeRouteParams {
     n: u32,           // tokens
     n_expert: u32,

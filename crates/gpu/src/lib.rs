@@ -47,4 +47,5 @@ pub use ops::{
     TokenTable, ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK, KV_Q8_BLOCK, KV_Q8_WORDS, LANES,
     MAX_SMALL_COLS, MOE_ROUTE_MAX_EXPERTS,
 };
+pub use ops::{topk_scratch_len, topk_value, TOPK_MAX, TOPK_NONE};
 pub use quant::{has_kernel, SUPPORTED};

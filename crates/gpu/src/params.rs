@@ -261,6 +261,24 @@ pub(crate) struct ArgmaxParams {
     pub _pad: [u32; 3],
 }
 
+/// `TopkParams`: one stage of each row's best values
+/// ([`crate::Batch::topk_rows`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct TopkParams {
+    pub rows: u32,
+    /// Items per row in this stage's input.
+    pub len: u32,
+    /// Items between the starts of two input rows.
+    pub stride: u32,
+    /// Workgroups per row, each writing `k` pairs.
+    pub chunks: u32,
+    /// 0: the input is f32 values; 1: (key, index) pairs.
+    pub pairs: u32,
+    pub k: u32,
+    pub _pad: [u32; 2],
+}
+
 /// Sizes naga must report for the WGSL structs of the same names.
 #[cfg(test)]
 pub(crate) const SIZES: &[(&str, usize)] = &[
@@ -280,4 +298,5 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("GatherParams", std::mem::size_of::<GatherParams>()),
     ("MoeSharedParams", std::mem::size_of::<MoeSharedParams>()),
     ("ArgmaxParams", std::mem::size_of::<ArgmaxParams>()),
+    ("TopkParams", std::mem::size_of::<TopkParams>()),
 ];

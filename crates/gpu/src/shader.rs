@@ -112,6 +112,7 @@ sources!(
     "moe_shared.wgsl",
     "gather_cols.wgsl",
     "argmax.wgsl",
+    "topk.wgsl",
     "common/kv_vec.wgsl",
     "common/kv_q8.wgsl",
 );
@@ -321,6 +322,7 @@ pub(crate) fn all_kernels() -> Vec<KernelSpec> {
     }
     v.extend(crate::ops::elementwise_specs());
     v.extend(crate::ops::fused_specs());
+    v.extend(crate::ops::topk_specs());
     v
 }
 

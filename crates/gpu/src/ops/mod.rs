@@ -6,6 +6,7 @@
 //!   invariant.
 //! * `elementwise`: RMSNorm, RoPE, softmax, attention, gated activations,
 //!   add, bias rows, scale, copy, each row's argmax.
+//! * `topk`: each row's best values, a top-k sampler's candidates.
 //! * `fused`: the decode path's fusions: residual add + RMSNorm, RoPE + KV
 //!   cache writes, per-head norms and the gated activation over stacked
 //!   QKV and gate/up products.
@@ -13,6 +14,7 @@
 mod elementwise;
 mod fused;
 pub mod matmul;
+mod topk;
 
 pub use elementwise::{
     argmax_scratch_len, attention_scratch_len, Attention, Rope, TokenRow, TokenTable,
@@ -30,6 +32,9 @@ pub(crate) use matmul::{get_rows_spec, matvec_spec, matvec_variants, tiled_spec}
 pub use matmul::{
     Columns, Fuse, MatmulKernel, MatvecShape, NormAfter, RopeOut, Runs, LANES, MAX_SMALL_COLS,
 };
+#[cfg(test)]
+pub(crate) use topk::topk_specs;
+pub use topk::{topk_scratch_len, topk_value, TOPK_MAX, TOPK_NONE};
 
 use std::sync::Arc;
 

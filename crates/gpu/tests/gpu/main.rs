@@ -14,3 +14,4 @@ mod moe;
 mod q8_cache;
 mod rows;
 mod split;
+mod topk;
