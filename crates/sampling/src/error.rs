@@ -20,4 +20,6 @@ pub enum SamplingError {
     FrequencyPenalty(f32),
     #[error("logit_bias for token {token} must be a number or -inf (got {bias})")]
     LogitBias { token: u32, bias: f32 },
+    #[error("this sampler's draw needs the whole vocabulary's logits, not its top-k candidates")]
+    NeedsLogits,
 }

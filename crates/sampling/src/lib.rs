@@ -172,6 +172,42 @@ impl Sampler {
         c.temperature <= 0.0 && c.logit_bias.is_empty() && self.penalties_off()
     }
 
+    /// `Some(top_k)` when every token this sampler draws depends only on the
+    /// `top_k` best raw logits ([`top_entries`]): it samples (temperature
+    /// above 0) with a top-k, and no bias or penalty moves a logit before
+    /// the top-k cut. Such a sequence needs only those candidates, which a
+    /// backend may select where the logits are (a GPU then reads back `k`
+    /// pairs, not the vocabulary); [`Self::sample_top`] draws from them.
+    pub fn top_k_only(&self) -> Option<usize> {
+        let c = &self.cfg;
+        (c.temperature > 0.0 && c.top_k > 0 && c.logit_bias.is_empty() && self.penalties_off())
+            .then_some(c.top_k)
+    }
+
+    /// [`Self::sample`] from the best raw logits alone: `top` holds at
+    /// least the first `min(top_k, n)` of [`top_entries`]' list for the
+    /// step's logits (`n` the number that are not NaN), in its order; more
+    /// is ignored. The same token and the same random stream as `sample`
+    /// on the whole vector. Refused unless [`Self::top_k_only`].
+    pub fn sample_top(&mut self, top: &[(u32, f32)]) -> Result<u32, SamplingError> {
+        let Some(k) = self.top_k_only() else {
+            return Err(SamplingError::NeedsLogits);
+        };
+        // `best`'s filter: NaN and -inf are never candidates.
+        let cands: Vec<Candidate> = top
+            .iter()
+            .filter(|(_, l)| !l.is_nan() && *l != f32::NEG_INFINITY)
+            .take(k)
+            .map(|&(id, logit)| Candidate { id, logit })
+            .collect();
+        if cands.is_empty() {
+            // Every logit NaN or -inf: `sample`'s fallback, the argmax,
+            // which is the lowest id of the -inf (the list's first), or 0.
+            return Ok(top.first().map_or(0, |&(id, _)| id));
+        }
+        Ok(self.chain(cands, None).0)
+    }
+
     /// Whether the penalties leave every logit as it is.
     fn penalties_off(&self) -> bool {
         let c = &self.cfg;
@@ -214,13 +250,23 @@ impl Sampler {
             return certain(argmax(logits));
         }
 
-        let mut cands = best(logits, self.cfg.top_k, |l| {
+        let cands = best(logits, self.cfg.top_k, |l| {
             !l.is_nan() && l != f32::NEG_INFINITY
         });
         if cands.is_empty() {
             // Everything banned: fall back to the (penalised) argmax.
             return certain(argmax(logits));
         }
+        self.chain(cands, report)
+    }
+
+    /// The chain after top-k: top-p, min-p, temperature and the draw, over
+    /// candidates in [`by_logit_desc`] order (at least one).
+    fn chain(
+        &mut self,
+        mut cands: Vec<Candidate>,
+        report: Option<usize>,
+    ) -> (u32, Option<PostProbs>) {
         top_p(&mut cands, self.cfg.top_p);
         min_p(&mut cands, self.cfg.min_p);
         for c in &mut cands {
@@ -501,6 +547,20 @@ fn min_p(cands: &mut Vec<Candidate>, p: f32) {
     let floor = top + p.ln();
     let keep = cands.iter().take_while(|c| c.logit >= floor).count().max(1);
     cands.truncate(keep);
+}
+
+/// The `k` best logits with their ids, best first: higher first in IEEE
+/// total order (+0 above -0), ties to the lower id, NaN left out (-inf
+/// kept, last). What [`Sampler::sample_top`] draws from, and what a
+/// backend that selects them where the logits are must give.
+pub fn top_entries(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    best(logits, k, |l| !l.is_nan())
+        .into_iter()
+        .map(|c| (c.id, c.logit))
+        .collect()
 }
 
 /// The `n` most likely tokens of a logits vector with their log-probability

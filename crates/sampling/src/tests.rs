@@ -499,3 +499,96 @@ fn best_equals_sorting_everything() {
         .collect();
     assert_eq!(got, (130..140).collect::<Vec<u32>>());
 }
+
+/// Drawing from the best logits alone gives `sample`'s token and leaves the
+/// random stream where `sample` leaves it: on ties, signed zeros,
+/// infinities and NaN, rows of only -inf or NaN, with exactly the `top_k`
+/// candidates and with more than it, step after step.
+#[test]
+fn sample_top_draws_what_sample_draws() {
+    let mut rng = Xoshiro256::seed_from_u64(11);
+    let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0];
+    for (n, top_k, top_p, min_p, extra) in [
+        (1000usize, 40usize, 0.95f32, 0.05f32, 0usize),
+        (1000, 40, 0.95, 0.05, 17),
+        (50, 64, 1.0, 0.0, 0),
+        (3000, 1, 1.0, 0.0, 3),
+        (5, 10, 0.5, 0.1, 0),
+    ] {
+        let c = SamplerConfig {
+            temperature: 0.7,
+            top_k,
+            top_p,
+            min_p,
+            seed: Some(5),
+            ..SamplerConfig::default()
+        };
+        let (mut whole, mut part) = (sampler(c.clone()), sampler(c));
+        for step in 0..60 {
+            let logits: Vec<f32> = (0..n)
+                .map(|i| match step % 6 {
+                    4 => f32::NEG_INFINITY,
+                    5 if i % 2 == 0 => f32::NAN,
+                    5 => f32::NEG_INFINITY,
+                    // +inf (which makes every draw its first) in one step of six.
+                    3 if rng.next_f64() < 0.05 => specials[(rng.next_u64() % 5) as usize],
+                    _ if rng.next_f64() < 0.05 => {
+                        [f32::NAN, f32::NEG_INFINITY, 0.0, -0.0][(rng.next_u64() % 4) as usize]
+                    }
+                    _ => ((rng.next_f64() * 96.0).floor() / 16.0 - 3.0) as f32,
+                })
+                .collect();
+            let top = top_entries(&logits, top_k + extra);
+            let want = whole.sample(&mut logits.clone(), &[]);
+            assert_eq!(
+                part.sample_top(&top),
+                Ok(want),
+                "n {n}, top_k {top_k}, step {step}"
+            );
+        }
+    }
+    // Only NaN: no entries, and 0 as `sample` gives.
+    let mut s = sampler(SamplerConfig { top_k: 40, ..cfg() });
+    assert!(top_entries(&[f32::NAN; 3], 40).is_empty());
+    assert_eq!(s.sample_top(&[]), Ok(0));
+}
+
+#[test]
+fn only_a_top_k_sampler_without_bias_or_penalties_draws_from_its_candidates() {
+    let base = SamplerConfig { top_k: 40, ..cfg() };
+    assert_eq!(sampler(base.clone()).top_k_only(), Some(40));
+    let no = [
+        SamplerConfig {
+            top_k: 0,
+            ..base.clone()
+        },
+        SamplerConfig {
+            temperature: 0.0,
+            ..base.clone()
+        },
+        SamplerConfig {
+            logit_bias: vec![(3, 1.0)],
+            ..base.clone()
+        },
+        SamplerConfig {
+            repeat_penalty: 1.1,
+            ..base.clone()
+        },
+        SamplerConfig {
+            presence_penalty: 0.5,
+            ..base.clone()
+        },
+    ];
+    for c in no {
+        let mut s = sampler(c.clone());
+        assert_eq!(s.top_k_only(), None, "{c:?}");
+        assert_eq!(s.sample_top(&[(1, 2.0)]), Err(SamplingError::NeedsLogits));
+    }
+    // Penalties that look at no token leave the logits alone.
+    let off = SamplerConfig {
+        repeat_penalty: 1.3,
+        repeat_last_n: 0,
+        ..base
+    };
+    assert_eq!(sampler(off).top_k_only(), Some(40));
+}

@@ -91,11 +91,12 @@ pub struct Batch<'g> {
 }
 
 /// A copy a submission ends with: `size` bytes of `src` from `offset` to
-/// the start of `dst` (a readback buffer).
+/// `dst_offset` of `dst` (a readback buffer).
 struct ReadbackCopy {
     src: wgpu::Buffer,
     offset: u64,
     dst: wgpu::Buffer,
+    dst_offset: u64,
     size: u64,
 }
 
@@ -259,7 +260,7 @@ impl<'g> Batch<'g> {
     /// Encodes every recorded dispatch into one compute pass and submits it.
     /// Returns once submitted; [`Gpu::wait`] or a read blocks until done.
     pub fn submit(self) -> Result<(), GpuError> {
-        self.submit_copying(None)
+        self.submit_copying(&[])
     }
 
     /// [`Batch::submit`], then elements `offset .. offset + len` of `t`
@@ -289,39 +290,73 @@ impl<'g> Batch<'g> {
         ))
     }
 
+    /// [`Batch::submit_read_u32`] for several ranges, each of its own
+    /// tensor, copied into one readback buffer in the same submission (a
+    /// step's candidates and its greedy picks).
+    pub fn submit_read_u32_parts(
+        self,
+        parts: &[(&Tensor, usize, usize)],
+    ) -> Result<Vec<Vec<u32>>, GpuError> {
+        let bytes = self.submit_read_ranges(parts)?;
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for &(_, _, len) in parts {
+            out.push(bytemuck::pod_collect_to_vec(&bytes[at..at + 4 * len]));
+            at += 4 * len;
+        }
+        Ok(out)
+    }
+
     fn submit_read(self, t: &Tensor, offset: usize, len: usize) -> Result<Vec<u8>, GpuError> {
-        if offset.checked_add(len).is_none_or(|end| end > t.len()) {
-            return Err(GpuError::Shape {
-                op: "read",
-                message: format!("elements {offset}..+{len} of a tensor of {}", t.len()),
-            });
+        self.submit_read_ranges(&[(t, offset, len)])
+    }
+
+    /// The bytes of every range, one after another.
+    fn submit_read_ranges(self, parts: &[(&Tensor, usize, usize)]) -> Result<Vec<u8>, GpuError> {
+        for &(t, offset, len) in parts {
+            if offset.checked_add(len).is_none_or(|end| end > t.len()) {
+                return Err(GpuError::Shape {
+                    op: "read",
+                    message: format!("elements {offset}..+{len} of a tensor of {}", t.len()),
+                });
+            }
         }
         let gpu = self.gpu;
-        let size = len as u64 * 4;
-        // No kernels: the plain readback, a copy of its own.
+        // No kernels: the plain readbacks, a copy each.
         if self.dispatches.is_empty() {
-            return gpu.read_bytes(&t.buf, offset as u64 * 4, size, "tensor");
+            let mut out = Vec::new();
+            for &(t, offset, len) in parts {
+                out.extend(gpu.read_bytes(&t.buf, offset as u64 * 4, len as u64 * 4, "tensor")?);
+            }
+            return Ok(out);
         }
+        let size: u64 = parts.iter().map(|&(_, _, len)| len as u64 * 4).sum();
         if size == 0 {
             self.submit()?;
             return Ok(Vec::new());
         }
         let staging = gpu.take_staging(size)?;
-        let copy = ReadbackCopy {
-            src: t.buf.clone(),
-            offset: offset as u64 * 4,
-            dst: staging.clone(),
-            size,
-        };
+        let mut copies = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for &(t, offset, len) in parts {
+            copies.push(ReadbackCopy {
+                src: t.buf.clone(),
+                offset: offset as u64 * 4,
+                dst: staging.clone(),
+                dst_offset: at,
+                size: len as u64 * 4,
+            });
+            at += len as u64 * 4;
+        }
         // A failed submission returns nothing to map: the buffer is dropped.
-        self.submit_copying(Some(copy))?;
+        self.submit_copying(&copies)?;
         gpu.map_staging(staging, size, "tensor")
     }
 
-    /// Encodes the dispatches (and then `copy`, in the same command
+    /// Encodes the dispatches (and then `copies`, in the same command
     /// buffer) and submits them; nothing without dispatches (a readback
     /// alone goes through `Gpu::read_bytes`).
-    fn submit_copying(self, copy: Option<ReadbackCopy>) -> Result<(), GpuError> {
+    fn submit_copying(self, copies: &[ReadbackCopy]) -> Result<(), GpuError> {
         let gpu = self.gpu;
         if self.dispatches.is_empty() {
             return Ok(());
@@ -430,8 +465,10 @@ impl<'g> Batch<'g> {
                     d.encode(&mut pass, &group);
                 }
             }
-            if let Some(c) = &copy {
-                enc.copy_buffer_to_buffer(&c.src, c.offset, &c.dst, 0, c.size);
+            for c in copies {
+                if c.size > 0 {
+                    enc.copy_buffer_to_buffer(&c.src, c.offset, &c.dst, c.dst_offset, c.size);
+                }
             }
             gpu.queue.submit([enc.finish()]);
         });

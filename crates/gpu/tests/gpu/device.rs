@@ -127,6 +127,26 @@ fn a_batch_reads_back_what_its_kernels_wrote() {
     }
     // No kernels: the copy alone; u32 words as written.
     let words = gpu.upload_u32(&[1, 2, 3, 0xdead_beef]).unwrap();
+    // Ranges of two tensors, after kernels and without them, each part in
+    // its place; an empty part; a range past its tensor refused.
+    let bits: Vec<u32> = a.iter().map(|x| x.to_bits()).collect();
+    for kernels in [true, false] {
+        let mut b = gpu.batch();
+        if kernels {
+            b.copy(&src, 0, &dst, 0, 5000).unwrap();
+        }
+        let parts = b
+            .submit_read_u32_parts(&[(&words, 1, 3), (&dst, 10, 6), (&words, 0, 0)])
+            .unwrap();
+        assert_eq!(parts[0], [2, 3, 0xdead_beef]);
+        assert_eq!(parts[1], bits[10..16]);
+        assert!(parts[2].is_empty());
+    }
+    let e = gpu
+        .batch()
+        .submit_read_u32_parts(&[(&words, 0, 1), (&words, 3, 2)])
+        .unwrap_err();
+    assert!(matches!(e, GpuError::Shape { .. }), "{e}");
     assert_eq!(
         gpu.batch().submit_read_u32(&words, 2, 2).unwrap(),
         [3, 0xdead_beef]
