@@ -43,9 +43,9 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    argmax_scratch_len, Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel,
-    NormAfter, QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable, Weight,
-    ARGMAX_MAX_LEN, ARGMAX_NONE,
+    argmax_scratch_len, topk_scratch_len, topk_value, Attention, Batch, Columns, Fuse, Gate, Gpu,
+    KvElem, MatmulKernel, NormAfter, QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable,
+    Weight, ARGMAX_MAX_LEN, ARGMAX_NONE, TOPK_MAX, TOPK_NONE,
 };
 
 use crate::block::Block;
@@ -56,20 +56,24 @@ use crate::kv::KvType;
 use crate::plan::{Device, Plan};
 use crate::weights::{Ffn, Layer, Matrix};
 
-/// What a step reads back from the GPU: the logits, or only each
-/// sequence's argmax of them (greedy decoding).
+/// What a step reads back from the GPU: the logits, only each sequence's
+/// argmax of them (greedy decoding), or its argmax and its `k` best logits
+/// (top-k sampling, [`HybridModel::forward_multi_top`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Readback {
     Logits,
     Argmax,
+    Top(usize),
 }
 
 /// A GPU step's result, as [`Readback`] asked: logits (one sequence's, or
-/// several packed one after another), or each sequence's pick.
+/// several packed one after another), each sequence's pick, or its pick
+/// and candidates.
 #[derive(Debug)]
 enum Stepped {
     Logits(Vec<f32>),
     Picks(Vec<u32>),
+    Top(Vec<Candidates>),
 }
 
 /// One sequence's result of a step, as [`Readback`] asked.
@@ -77,6 +81,21 @@ enum Stepped {
 enum Next {
     Logits(Vec<f32>),
     Pick(u32),
+    Top(Candidates),
+}
+
+/// A sequence's next-token candidates from a step of
+/// [`HybridModel::forward_multi_top`]: what a greedy or a top-k sampler
+/// needs of its logits.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Candidates {
+    /// The argmax of the logits, as lamina_sampling's `argmax` (ties to the
+    /// lowest id, NaN never chosen, 0 when every logit is NaN).
+    pub argmax: u32,
+    /// The best logits with their ids, as lamina_sampling's `top_entries`
+    /// gives them: best first in IEEE total order, ties to the lower id,
+    /// NaN left out; fewer than asked where the row has fewer numbers.
+    pub best: Vec<(u32, f32)>,
 }
 
 /// The error for a step that read back another thing than was asked: a
@@ -89,7 +108,7 @@ impl Stepped {
     fn into_logits(self) -> Result<Vec<f32>, ModelError> {
         match self {
             Stepped::Logits(l) => Ok(l),
-            Stepped::Picks(_) => Err(misread()),
+            Stepped::Picks(_) | Stepped::Top(_) => Err(misread()),
         }
     }
 }
@@ -98,14 +117,21 @@ impl Next {
     fn into_logits(self) -> Result<Vec<f32>, ModelError> {
         match self {
             Next::Logits(l) => Ok(l),
-            Next::Pick(_) => Err(misread()),
+            Next::Pick(_) | Next::Top(_) => Err(misread()),
         }
     }
 
     fn into_pick(self) -> Result<u32, ModelError> {
         match self {
             Next::Pick(p) => Ok(p),
-            Next::Logits(_) => Err(misread()),
+            Next::Logits(_) | Next::Top(_) => Err(misread()),
+        }
+    }
+
+    fn into_top(self) -> Result<Candidates, ModelError> {
+        match self {
+            Next::Top(t) => Ok(t),
+            Next::Logits(_) | Next::Pick(_) => Err(misread()),
         }
     }
 }
@@ -321,6 +347,9 @@ pub struct HybridModel<'a> {
     /// Pack a larger step's experts on the host from the device's choices
     /// ([`HybridModel::pack_experts_on_host`]).
     host_packs: bool,
+    /// Select top-k candidates on a CPU-backed device too
+    /// ([`HybridModel::select_top_on_any_device`]).
+    top_on_cpu_device: bool,
     /// How the GPU layers' caches store keys and values ([`gpu_kv`]).
     gpu_kv: KvElem,
 }
@@ -542,6 +571,10 @@ struct Scratch {
     /// stage of its reduction (`lamina_gpu`'s `argmax_rows`).
     picks: Tensor,
     pick_pairs: Tensor,
+    /// Each sequence's best logits ((key, index) pairs, [`TOPK_MAX`] a
+    /// sequence) and the two tensors of their stages (`lamina_gpu`'s
+    /// `topk_rows`): made by the first step that asks for them.
+    top: Option<[Tensor; 3]>,
     /// The last hidden state of each sequence (multi-sequence steps).
     last: Tensor,
     /// The token table of the step (`TokenRow`s) and its host copy.
@@ -658,6 +691,7 @@ impl<'a> HybridModel<'a> {
             scratch: Mutex::new(None),
             block_dispatches: Default::default(),
             host_packs: false,
+            top_on_cpu_device: false,
             gpu_kv: kv,
         })
     }
@@ -995,6 +1029,45 @@ impl<'a> HybridModel<'a> {
         self.run_multi(work, Readback::Argmax, Next::into_pick)
     }
 
+    /// The largest `k` [`HybridModel::forward_multi_top`] takes, where it
+    /// runs: the head is on the GPU, and the device is one whose readback
+    /// costs what a selection there saves. A CPU-backed device (lavapipe)
+    /// copies the logits at memory speed and the host selects 0.1 ms a
+    /// sequence at Gemma 3's vocabulary, far less than its sorting network
+    /// ([`HybridModel::select_top_on_any_device`] runs it there anyway,
+    /// for the tests).
+    pub fn top_on_gpu(&self) -> Option<usize> {
+        let g = self.gpu.as_deref()?;
+        let cpu_backed = g.adapter_info().device_type == "cpu";
+        (self.argmax_on_gpu() && (!cpu_backed || self.top_on_cpu_device)).then_some(TOPK_MAX)
+    }
+
+    /// Lets [`HybridModel::top_on_gpu`] answer on a CPU-backed device too.
+    pub fn select_top_on_any_device(&mut self, on: bool) {
+        self.top_on_cpu_device = on;
+    }
+
+    /// [`HybridModel::forward_multi`] for sequences that need only their
+    /// argmax or their `k` best logits (greedy and top-k samplers with no
+    /// bias or penalty): both, selected on the GPU, so the step reads back
+    /// `2 + 2k` words per sequence instead of its `n_vocab` logits (a
+    /// megabyte at Gemma 3's vocabulary). The same ids and bits the host
+    /// gets from the logits. Fails without running anything unless
+    /// [`HybridModel::top_on_gpu`] takes `k`.
+    pub fn forward_multi_top(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        k: usize,
+    ) -> Result<Vec<Candidates>, ModelError> {
+        if self.top_on_gpu().is_none_or(|max| !(1..=max).contains(&k)) {
+            return Err(ModelError::Gpu(format!(
+                "top-{k} candidates are selected on a GPU that holds the head, for k up to \
+                 {TOPK_MAX}"
+            )));
+        }
+        self.run_multi(work, Readback::Top(k), Next::into_top)
+    }
+
     /// A multi-sequence step in rounds no cache's limit exceeds, each
     /// sequence's result taken out of its [`Next`] by `take`.
     fn run_multi<T: Default + Send>(
@@ -1076,6 +1149,7 @@ impl<'a> HybridModel<'a> {
                 .map(|l| Next::Logits(l.to_vec()))
                 .collect(),
             Stepped::Picks(picks) => picks.into_iter().map(Next::Pick).collect(),
+            Stepped::Top(rows) => rows.into_iter().map(Next::Top).collect(),
         })
     }
 
@@ -1107,6 +1181,7 @@ impl<'a> HybridModel<'a> {
             logits: t(seqs.max(1) * c.n_vocab)?,
             picks: t(2 * seqs.max(1))?,
             pick_pairs: t(argmax_scratch_len(seqs.max(1), c.n_vocab).max(1))?,
+            top: None,
             last: t(seqs * e)?,
             // Each table holds its entries, then the RoPE pair factors at
             // word 2n (see `Self::rope_factors_at`).
@@ -1177,9 +1252,9 @@ impl<'a> HybridModel<'a> {
         which: Logits,
         read: Readback,
     ) -> Result<Stepped, ModelError> {
-        if read == Readback::Argmax && which != Logits::Last {
+        if read != Readback::Logits && which != Logits::Last {
             return Err(ModelError::Gpu(
-                "a greedy pick is made from the last logits only".into(),
+                "a greedy pick or top-k is made from the last logits only".into(),
             ));
         }
         let c = &self.cpu.config;
@@ -1209,6 +1284,12 @@ impl<'a> HybridModel<'a> {
         let Some(s) = held.as_mut() else {
             return Err(ModelError::Gpu("scratch buffers missing".into()));
         };
+        if matches!(read, Readback::Top(_)) && s.top.is_none() {
+            let rows = s.seqs.max(1);
+            let words = topk_scratch_len(rows, c.n_vocab, TOPK_MAX).max(1);
+            let t = |len: usize| g.tensor(len).map_err(gpu_err);
+            s.top = Some([t(words)?, t(words)?, t(2 * TOPK_MAX * rows)?]);
+        }
         // The token table: each token's position and its row in its
         // cache's buffers (its slot's first row plus the position).
         // A ring layer's table has each token at its slot's first ring row
@@ -1390,6 +1471,34 @@ impl<'a> HybridModel<'a> {
             .map_err(gpu_err)?;
             seqs
         };
+        if let Readback::Top(k) = read {
+            let v = c.n_vocab;
+            let Some([t0, t1, out]) = &s.top else {
+                return Err(ModelError::Gpu("top-k scratch missing".into()));
+            };
+            b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)
+                .map_err(gpu_err)?;
+            b.topk_rows(logits, m, v, v, k, [t0, t1], out)
+                .map_err(gpu_err)?;
+            let parts = b
+                .submit_read_u32_parts(&[(&s.picks, 0, 2 * m), (out, 0, 2 * k * m)])
+                .map_err(gpu_err)?;
+            let (picks, best) = (&parts[0], &parts[1]);
+            let rows = picks
+                .chunks_exact(2)
+                .zip(best.chunks_exact(2 * k))
+                .map(|(p, row)| Candidates {
+                    // A row of NaN only: the host's argmax gives 0.
+                    argmax: if p[1] == ARGMAX_NONE { 0 } else { p[1] },
+                    best: row
+                        .chunks_exact(2)
+                        .take_while(|e| e[1] != TOPK_NONE)
+                        .map(|e| (e[1], topk_value(e[0])))
+                        .collect(),
+                })
+                .collect();
+            return Ok(Stepped::Top(rows));
+        }
         if read == Readback::Argmax {
             let v = c.n_vocab;
             b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)

@@ -18,7 +18,7 @@ pub use block::{Block, RopeSpec, Window};
 pub use config::{Activation, Arch, Config, Moe};
 pub use cpu::{CpuModel, KvCache, Logits};
 pub use error::ModelError;
-pub use gpu::{HybridCache, HybridModel};
+pub use gpu::{Candidates, HybridCache, HybridModel};
 pub use kv::{KvType, KvTypes};
 pub use sampling_defaults::FileSampling;
 pub use weights::{Experts, Ffn, Layer, Matrix, Weights};
