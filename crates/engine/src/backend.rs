@@ -7,9 +7,12 @@
 //! sequences in one pass overrides the one-at-a-time default; the CPU model
 //! does, with `forward_multi`. [`Backend::forward_batch_argmax`] is the same
 //! step for sequences that only need their greedy pick, which a model with
-//! its head on the GPU reduces there.
+//! its head on the GPU reduces there; [`Backend::forward_batch_top`] for
+//! sequences that need their pick or their top-k candidates.
 
-use lamina_model::{Config, CpuModel, HybridCache, HybridModel, KvCache, Logits, ModelError};
+use lamina_model::{
+    Candidates, Config, CpuModel, HybridCache, HybridModel, KvCache, Logits, ModelError,
+};
 
 /// A sequence's KV cache as the scheduler sees it.
 pub trait Cache {
@@ -99,6 +102,36 @@ pub trait Backend {
         work: &mut [(&[u32], &mut Self::Cache)],
     ) -> Vec<Result<u32, ModelError>> {
         picks_of(self.forward_batch(work))
+    }
+
+    /// The largest `k` for which [`Backend::forward_batch_top`] selects
+    /// where the logits are; `None` where it would read back the logits
+    /// and select on the host, which the scheduler then does itself.
+    fn top_on_device(&self) -> Option<usize> {
+        None
+    }
+
+    /// [`Backend::forward_batch`] for a step whose sampling sequences each
+    /// need only their argmax ([`lamina_sampling::Sampler::is_plain_greedy`])
+    /// or their `k` best logits ([`lamina_sampling::Sampler::top_k_only`]):
+    /// each one's [`Candidates`]. By default from `forward_batch`'s logits.
+    fn forward_batch_top(
+        &self,
+        work: &mut [(&[u32], &mut Self::Cache)],
+        k: usize,
+    ) -> Vec<Result<Candidates, ModelError>> {
+        self.forward_batch(work)
+            .into_iter()
+            .map(|r| r.map(|l| candidates_of(&l, k)))
+            .collect()
+    }
+}
+
+/// A sequence's [`Candidates`] from its logits, on the host.
+fn candidates_of(logits: &[f32], k: usize) -> Candidates {
+    Candidates {
+        argmax: lamina_sampling::argmax(logits),
+        best: lamina_sampling::top_entries(logits, k),
     }
 }
 
@@ -229,6 +262,38 @@ impl Backend for HybridModel<'_> {
                     .first()
                     .copied()
                     .ok_or_else(|| ModelError::Gpu("a greedy step returned no pick".into()))
+            })
+            .collect()
+    }
+
+    fn top_on_device(&self) -> Option<usize> {
+        self.top_on_gpu()
+    }
+
+    /// On the GPU where [`HybridModel::top_on_gpu`] takes `k` (jointly,
+    /// and one by one if the joint step fails); else from the logits.
+    fn forward_batch_top(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        k: usize,
+    ) -> Vec<Result<Candidates, ModelError>> {
+        if self.top_on_gpu().is_none_or(|max| k > max) {
+            return self
+                .forward_batch(work)
+                .into_iter()
+                .map(|r| r.map(|l| candidates_of(&l, k)))
+                .collect();
+        }
+        if work.len() > 1 {
+            if let Ok(all) = self.forward_multi_top(work, k) {
+                return all.into_iter().map(Ok).collect();
+            }
+        }
+        work.iter_mut()
+            .map(|(tokens, cache)| {
+                let mut one = self.forward_multi_top(&mut [(*tokens, &mut **cache)], k)?;
+                one.pop()
+                    .ok_or_else(|| ModelError::Gpu("a top-k step returned nothing".into()))
             })
             .collect()
     }

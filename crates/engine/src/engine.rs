@@ -75,6 +75,10 @@ pub struct EngineConfig {
     /// weights and KV caches are released, and loaded again by the next
     /// request that needs the model. `None`: never.
     pub sleep_idle: Option<Duration>,
+    /// Select top-k samplers' candidates on the GPU on a CPU-backed device
+    /// too, where by default the host selects them from the logits
+    /// (`HybridModel::top_on_gpu`): for tests of that path.
+    pub select_top_on_any_device: bool,
 }
 
 impl EngineConfig {
@@ -97,6 +101,7 @@ impl EngineConfig {
             experts: Vec::new(),
             load_mode: LoadMode::Mmap,
             sleep_idle: None,
+            select_top_on_any_device: false,
         }
     }
 }
@@ -423,8 +428,9 @@ fn load_and_serve(
         cpu_moe: cfg.cpu_moe,
         experts: cfg.experts.clone(),
     };
-    let (model, table) =
+    let (mut model, table) =
         placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;
+    model.select_top_on_any_device(cfg.select_top_on_any_device);
     let mut info = model_info::build(
         &file,
         model.config(),

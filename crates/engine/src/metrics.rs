@@ -26,6 +26,7 @@ pub struct Metrics {
     step_sequences: AtomicU64,
     step_tokens_max: AtomicU64,
     argmax_steps: AtomicU64,
+    top_k_steps: AtomicU64,
     /// What each slot holds, as of the end of the last step.
     pub(crate) slots: std::sync::Mutex<Vec<SlotView>>,
     pub(crate) queued: AtomicUsize,
@@ -84,6 +85,9 @@ pub struct MetricsSnapshot {
     /// Forward calls whose sequences all picked greedily from the raw
     /// logits: the backend returned the picks, not the logits.
     pub argmax_steps: u64,
+    /// Forward calls whose sequences each needed only their argmax or their
+    /// top-k candidates: the backend returned those, not the logits.
+    pub top_k_steps: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -114,6 +118,7 @@ impl Metrics {
             step_sequences: self.step_sequences.load(Relaxed),
             step_tokens_max: self.step_tokens_max.load(Relaxed),
             argmax_steps: self.argmax_steps.load(Relaxed),
+            top_k_steps: self.top_k_steps.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -140,6 +145,10 @@ impl Metrics {
     /// A forward call that asked for greedy picks only.
     pub(crate) fn argmax_step(&self) {
         self.argmax_steps.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn top_k_step(&self) {
+        self.top_k_steps.fetch_add(1, Relaxed);
     }
 
     /// One forward call over `sequences` sequences and `tokens` tokens.

@@ -27,6 +27,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lamina_grammar::Ahead;
+use lamina_model::Candidates;
 use lamina_sampling::{top_logprobs, PostProbs, Sampler};
 use lamina_tokenizer::{Detokenizer, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
@@ -192,6 +193,16 @@ impl Sequence {
     /// greedy sampler ([`Sampler::is_plain_greedy`]).
     fn picks_argmax(&self) -> bool {
         self.logprobs.is_none() && self.grammar.is_none() && self.sampler.is_plain_greedy()
+    }
+
+    /// `Some(k)` when its next token depends only on its `k` best raw
+    /// logits: no log-probabilities, no grammar, and a top-k sampler with
+    /// no bias or penalty ([`lamina_sampling::Sampler::top_k_only`]).
+    fn top_k_only(&self) -> Option<usize> {
+        if self.logprobs.is_some() || self.grammar.is_some() {
+            return None;
+        }
+        self.sampler.top_k_only()
     }
 
     /// Sends where the prompt stands, when the request asked; a client that
@@ -817,13 +828,10 @@ fn step<B: Backend>(
         .stepped(inputs.len(), inputs.iter().map(|(_, t)| t.len()).sum());
     // When every sequence that samples this step picks the argmax of the
     // raw logits, the backend returns the picks alone (a GPU then reads
-    // back a token per sequence, not the vocabulary).
-    let argmax = inputs.iter().all(|(i, input)| {
-        slots[*i]
-            .seq
-            .as_ref()
-            .is_none_or(|s| !s.samples_after(input.len()) || s.picks_argmax())
-    });
+    // back a token per sequence, not the vocabulary); when each needs its
+    // argmax or its top-k candidates, and the backend selects those where
+    // the logits are, the candidates (a GPU reads back k pairs).
+    let want = read_want(slots, &inputs, backend.top_on_device());
     let t0 = Instant::now();
     let results: Vec<Result<Next, lamina_model::ModelError>> = {
         let mut caches: Vec<Option<&mut B::Cache>> =
@@ -834,13 +842,21 @@ fn step<B: Backend>(
                 work.push((input.as_slice(), cache));
             }
         }
-        if argmax {
-            ctx.metrics.argmax_step();
-            let picks = backend.forward_batch_argmax(&mut work);
-            picks.into_iter().map(|r| r.map(Next::Pick)).collect()
-        } else {
-            let logits = backend.forward_batch(&mut work);
-            logits.into_iter().map(|r| r.map(Next::Logits)).collect()
+        match want {
+            Want::Argmax => {
+                ctx.metrics.argmax_step();
+                let picks = backend.forward_batch_argmax(&mut work);
+                picks.into_iter().map(|r| r.map(Next::Pick)).collect()
+            }
+            Want::Top(k) => {
+                ctx.metrics.top_k_step();
+                let top = backend.forward_batch_top(&mut work, k);
+                top.into_iter().map(|r| r.map(Next::Top)).collect()
+            }
+            Want::Logits => {
+                let logits = backend.forward_batch(&mut work);
+                logits.into_iter().map(|r| r.map(Next::Logits)).collect()
+            }
         }
     };
     pacer.observe(prompt_tokens, decoded, t0.elapsed());
@@ -894,6 +910,42 @@ fn step<B: Backend>(
     Ok(())
 }
 
+/// What a step reads back for the sequences that sample after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    /// Each one's argmax: all are plain greedy.
+    Argmax,
+    /// Each one's argmax and `k` best logits: each is plain greedy or
+    /// draws from its top-k alone, and the backend selects them itself.
+    Top(usize),
+    Logits,
+}
+
+/// [`Want`] for a step feeding `inputs` (slot, tokens) to `slots`, where
+/// the backend selects up to `top_max` candidates itself.
+fn read_want<C>(slots: &[Slot<C>], inputs: &[(usize, Vec<u32>)], top_max: Option<usize>) -> Want {
+    // The most candidates a sequence needs (0: all greedy so far), or
+    // `None` once one needs the logits.
+    let mut k = Some(0);
+    for (i, input) in inputs {
+        let Some(seq) = slots[*i].seq.as_ref() else {
+            continue;
+        };
+        if !seq.samples_after(input.len()) || seq.picks_argmax() {
+            continue;
+        }
+        k = match (k, seq.top_k_only()) {
+            (Some(k), Some(n)) if top_max.is_some_and(|max| n <= max) => Some(k.max(n)),
+            _ => None,
+        };
+    }
+    match k {
+        Some(0) => Want::Argmax,
+        Some(k) => Want::Top(k),
+        None => Want::Logits,
+    }
+}
+
 /// A token and where its log-probability comes from, or why the sequence
 /// ends instead ([`choose`]).
 type Chosen = Result<(u32, Option<LogprobFrom>), Exit>;
@@ -917,10 +969,11 @@ fn choose_all<C>(slots: &mut [Slot<C>], work: Vec<(usize, Next)>) -> Vec<(usize,
     let one = |(i, seq, next): (usize, Option<&mut Sequence>, Next)| {
         let chosen = match (seq, next) {
             (Some(seq), Next::Logits(logits)) => choose(seq, logits),
+            (Some(seq), Next::Top(c)) => choose_top(seq, &c),
             // The step asked for picks only when nothing else was wanted.
             (_, Next::Pick(id)) => Ok((id, None)),
             // Not reached: every entry's slot holds its sequence.
-            (None, Next::Logits(_)) => Err(Exit::Dropped),
+            (None, Next::Logits(_) | Next::Top(_)) => Err(Exit::Dropped),
         };
         (i, chosen)
     };
@@ -933,10 +986,24 @@ fn choose_all<C>(slots: &mut [Slot<C>], work: Vec<(usize, Next)>) -> Vec<(usize,
 }
 
 /// What a step gave a sequence: its last logits, or (a step of greedy
-/// sequences only, [`Sequence::picks_argmax`]) their argmax.
+/// sequences only, [`Sequence::picks_argmax`]) their argmax, or (a step of
+/// greedy and top-k samplers, [`Want::Top`]) its argmax and candidates.
 enum Next {
     Logits(Vec<f32>),
     Pick(u32),
+    Top(Candidates),
+}
+
+/// The token of a sequence that needs only its argmax or its top-k
+/// candidates ([`Sequence::top_k_only`]), which a step selected for it.
+fn choose_top(seq: &mut Sequence, c: &Candidates) -> Result<(u32, Option<LogprobFrom>), Exit> {
+    if seq.picks_argmax() {
+        return Ok((c.argmax, None));
+    }
+    seq.sampler
+        .sample_top(&c.best)
+        .map(|id| (id, None))
+        .map_err(|e| Exit::Failed(EngineError::Model(e.to_string())))
 }
 
 /// Where a token's reported log-probability comes from.

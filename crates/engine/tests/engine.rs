@@ -1,7 +1,9 @@
 //! The engine on the real SmolLM2 model: greedy output equals a plain
 //! forward-and-argmax loop, alone and among other sequences; stop strings,
 //! max_tokens, cancellation, prefix reuse and the bounded queue; on the GPU,
-//! greedy steps that read back picks pick what the logits give.
+//! greedy steps that read back picks pick what the logits give, and top-k
+//! samplers that draw from candidates selected there draw what the logits
+//! give.
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
@@ -236,6 +238,90 @@ fn greedy_steps_on_the_gpu_pick_what_the_logits_give() {
     for (rx, w) in rxs.into_iter().zip(&want) {
         assert_eq!(&collect(rx).0, w);
     }
+}
+
+/// Every layer and the head on the (software) GPU, selecting top-k
+/// candidates there: seeded top-k requests (the default chain), alone and
+/// four at a time, beside greedy ones, draw the tokens an engine that reads
+/// the logits draws; a request with a penalty or a log-probability makes
+/// its steps read the logits.
+#[test]
+fn top_k_steps_on_the_gpu_draw_what_the_logits_give() {
+    let engine = |select: bool| {
+        let mut cfg = EngineConfig::new(model_path());
+        cfg.n_parallel = 4;
+        cfg.n_ctx = Some(4 * 256);
+        cfg.max_queue = 8;
+        cfg.ngl = Ngl::All;
+        cfg.select_top_on_any_device = select;
+        let e = Engine::start(cfg).unwrap();
+        e.wait_ready(Duration::from_secs(60)).unwrap();
+        e
+    };
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ];
+    let sampled = |p: &str, seed: u64| GenerateParams {
+        sampler: SamplerConfig {
+            temperature: 1.5,
+            seed: Some(seed),
+            ..SamplerConfig::default()
+        },
+        ..params(tokenize(p), 10)
+    };
+    // Request i: sampled, except the third, greedy.
+    let request = |i: usize, p: &str| {
+        if i == 2 {
+            params(tokenize(p), 10)
+        } else {
+            sampled(p, i as u64 + 1)
+        }
+    };
+    let run = |e: &Engine| -> Vec<Vec<u32>> {
+        let rxs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| e.submit(request(i, p)).unwrap())
+            .collect();
+        rxs.into_iter().map(|rx| collect(rx).0).collect()
+    };
+    let host = engine(false);
+    let want = run(&host);
+    assert_eq!(
+        host.metrics().top_k_steps,
+        0,
+        "lavapipe selects on the host"
+    );
+    drop(host);
+    let gpu = engine(true);
+    assert_eq!(run(&gpu), want);
+    let together = gpu.metrics().top_k_steps;
+    assert!(together >= 9, "{together} steps read candidates");
+    // Alone, one after another: the same draws.
+    for (i, p) in prompts.iter().enumerate() {
+        assert_eq!(collect(gpu.submit(request(i, p)).unwrap()).0, want[i]);
+    }
+    assert!(gpu.metrics().top_k_steps > together);
+    // Drawn at temperature 1.5: not all greedy (so the draws were made).
+    assert_ne!(want[0], plain_greedy(&tokenize(prompts[0]), 10));
+    // A repeat penalty needs the logits: its steps read them, with the
+    // draws an engine reading logits makes.
+    let penalised = |p: &str| GenerateParams {
+        sampler: SamplerConfig {
+            repeat_penalty: 1.3,
+            ..sampled(p, 7).sampler
+        },
+        ..sampled(p, 7)
+    };
+    let before = gpu.metrics().top_k_steps;
+    let a = collect(gpu.submit(penalised(prompts[1])).unwrap()).0;
+    assert_eq!(gpu.metrics().top_k_steps, before);
+    drop(gpu);
+    let host = engine(false);
+    assert_eq!(collect(host.submit(penalised(prompts[1])).unwrap()).0, a);
 }
 
 #[test]

@@ -454,6 +454,12 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Steps whose sequences all decoded greedily from the raw logits: the model returned each one's pick, which a GPU head reduces on the device instead of reading back the vocabulary.",
         &one(m.argmax_steps as f64),
     );
+    metric(
+        "top_k_steps_total",
+        "counter",
+        "Steps whose sequences each needed only their greedy pick or their top-k candidates (no bias, penalties, grammar or log-probabilities), which the model selected where the logits are: a GPU head reads back k pairs a sequence instead of the vocabulary.",
+        &one(m.top_k_steps as f64),
+    );
     let slots = st.engine.info().map_or(0, |i| i.n_parallel);
     let usage = if m.kv_capacity > 0 {
         m.kv_used as f64 / m.kv_capacity as f64
