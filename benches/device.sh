@@ -16,7 +16,9 @@
 # 1B and 8B llamas (Q4_0, Q4_K), each decode rate also as weight bytes per
 # second and as a share of BW_GBS; a synthetic mixture of experts with its
 # experts on the GPU, routed there (`--n-cpu-moe 0`), alone and eight at
-# once, with the submissions a token takes. Synthetic files are written on
+# once, with the submissions a token takes; the server under load (`bench
+# serve`, one client and eight), greedy and sampled (the default top-k chain,
+# whose candidates the GPU selects). Synthetic files are written on
 # the spot (`lamina synth`), so nothing large travels. Prints markdown
 # tables.
 set -euo pipefail
@@ -113,4 +115,25 @@ for shape in $MOE_SHAPES; do
   subs=$(sed -n 's/.* \([0-9.]*\) submits.*/\1/p' <<<"$out" | head -1)
   echo "| $shape Q4_0 | $(cell "pp$N_PROMPT") | $(cell "tg$N_GEN") | $(cell "tg$N_GEN ×8") | $subs |"
   rm -f "$f"
+done
+
+# 5. The server under load on the synthetic SmolLM2-shaped model: one client
+# and eight, greedy (each step reads back picks) and sampled at 0.8 with the
+# default chain (each step reads back top-40 candidates selected on the GPU).
+SERVE_REQUESTS=${SERVE_REQUESTS:-4}
+SERVE_TOKENS=${SERVE_TOKENS:-64}
+f="$WORK/serve-smollm2.gguf"
+"$BIN" synth --shape smollm2 --type Q4_0 --vocab-from "$DIR/vocab.gguf" -o "$f" >/dev/null
+echo
+echo "| server, smollm2 Q4_0 | 1 client tok/s | 8 clients tok/s | ratio |"
+echo "| --- | --- | --- | --- |"
+for temp in 0 0.8; do
+  out=$("$BIN" bench serve -m "$f" --ngl all --clients 1,8 \
+    --requests-per-client "$SERVE_REQUESTS" --max-tokens "$SERVE_TOKENS" --temperature "$temp" 2>/dev/null)
+  rate() { awk -F'|' -v c="$1" '{ x = $2; gsub(/ /, "", x) } x == c { gsub(/ /, "", $7); print $7 }' <<<"$out"; }
+  one=$(rate 1)
+  eight=$(rate 8)
+  awk -v t="$temp" -v a="$one" -v b="$eight" 'BEGIN {
+    printf "| temperature %s | %s | %s | %s |\n", t, a, b, (a > 0 ? sprintf("%.2f×", b / a) : "-")
+  }'
 done
