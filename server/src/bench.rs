@@ -104,6 +104,42 @@ fn model_shape_rows(gpu: &Gpu, iters: u32, json: bool) -> anyhow::Result<Vec<ser
             println!();
         }
     }
+    // A sampled step's token choice for eight sequences at top-k 40: on
+    // the device (what a GPU holding the head does), or the logits read
+    // back and selected on the host (what a CPU-backed device does).
+    let (rows, k) = (8, 40);
+    if !json {
+        println!("  top-{k} choice of {rows} sequences (µs a step):");
+        println!(
+            "  {:<16} {:>13} {:>14} {:>14} {:>14}",
+            "vocabulary", "", "on device", "read logits", "host top-k"
+        );
+    }
+    for vocab in [49_152, 151_936, 262_144] {
+        let sel = lamina_gpu::bench::selection(gpu, rows, vocab, k, iters.min(20))?;
+        let logits: Vec<f32> = (0..vocab)
+            .map(|i| ((i * 7919) % 2048) as f32 / 64.0)
+            .collect();
+        let t0 = Instant::now();
+        let reps = iters.clamp(1, 20);
+        for _ in 0..reps {
+            for _ in 0..rows {
+                std::hint::black_box(lamina_sampling::top_entries(&logits, k));
+            }
+        }
+        let host_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+        if !json {
+            println!(
+                "  {:<16} {:>13} {:>14.0} {:>14.0} {:>14.0}",
+                "", vocab, sel.device_us, sel.read_logits_us, host_us
+            );
+        }
+        out.push(
+            json!({"device": "gpu", "op": "top_k_choice", "rows": rows, "vocab": vocab,
+            "k": k, "device_us": sel.device_us, "read_logits_us": sel.read_logits_us,
+            "host_top_k_us": host_us}),
+        );
+    }
     Ok(out)
 }
 

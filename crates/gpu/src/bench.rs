@@ -130,6 +130,59 @@ pub fn matmul(
     })
 }
 
+/// What a sampled step's token choice costs on the device, for `rows`
+/// sequences over a `vocab`-token vocabulary and top-`k` samplers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Selection {
+    /// `Batch::topk_rows` and `Batch::argmax_rows` over the logits, and
+    /// the readback of their `2 + 2k` words a row, in one submission.
+    pub device_us: f64,
+    /// The readback of the logits themselves (`4·vocab` bytes a row),
+    /// which the host then selects from.
+    pub read_logits_us: f64,
+}
+
+/// Times [`Selection`] over logits on a coarse grid (many ties), mean of
+/// `iters` runs after a warm-up.
+pub fn selection(
+    gpu: &Gpu,
+    rows: usize,
+    vocab: usize,
+    k: usize,
+    iters: u32,
+) -> Result<Selection, GpuError> {
+    let logits: Vec<f32> = (0..rows * vocab)
+        .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % 2048) as f32 / 64.0 - 16.0)
+        .collect();
+    let x = gpu.upload_f32(&logits)?;
+    let words = crate::ops::topk_scratch_len(rows, vocab, k).max(1);
+    let (s0, s1) = (gpu.tensor(words)?, gpu.tensor(words)?);
+    let out = gpu.tensor(2 * k * rows)?;
+    let pairs = gpu.tensor(crate::ops::argmax_scratch_len(rows, vocab).max(1))?;
+    let picks = gpu.tensor(2 * rows)?;
+    let select = || -> Result<(), GpuError> {
+        let mut b = gpu.batch();
+        b.argmax_rows(&x, rows, vocab, vocab, &pairs, &picks)?;
+        b.topk_rows(&x, rows, vocab, vocab, k, [&s0, &s1], &out)?;
+        b.submit_read_u32_parts(&[(&picks, 0, 2 * rows), (&out, 0, 2 * k * rows)])?;
+        Ok(())
+    };
+    let mean = |f: &dyn Fn() -> Result<(), GpuError>| -> Result<f64, GpuError> {
+        f()?;
+        let t0 = Instant::now();
+        for _ in 0..iters.max(1) {
+            f()?;
+        }
+        Ok(t0.elapsed().as_secs_f64() * 1e6 / f64::from(iters.max(1)))
+    };
+    let device_us = mean(&select)?;
+    let read_logits_us = mean(&|| gpu.read_f32(&x).map(|_| ()))?;
+    Ok(Selection {
+        device_us,
+        read_logits_us,
+    })
+}
+
 /// Copy, then mat-vec for every supported type, on a `rows × cols` weight
 /// (4096 × 4096 is the customary shape).
 pub fn report(
