@@ -17,6 +17,7 @@
 // meet in, so any reduction order gives the host's answer.
 
 #include "common/params.wgsl"
+#include "common/ranked.wgsl"
 
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<u32>;
@@ -24,8 +25,6 @@
 
 const WG: u32 = 256u;
 const CH: u32 = {{CH}}u;
-// The index of "nothing yet" (no item, or only NaN).
-const NONE: u32 = 0xffffffffu;
 
 var<workgroup> keys: array<u32, WG>;
 var<workgroup> idxs: array<u32, WG>;
@@ -43,17 +42,6 @@ fn key_of(bits: u32) -> vec2<u32> {
         return vec2<u32>(~b, 1u);
     }
     return vec2<u32>(b | 0x80000000u, 1u);
-}
-
-// Whether item (kb, ib) beats (ka, ia).
-fn beats(kb: u32, ib: u32, ka: u32, ia: u32) -> bool {
-    if (ib == NONE) {
-        return false;
-    }
-    if (ia == NONE) {
-        return true;
-    }
-    return kb > ka || (kb == ka && ib < ia);
 }
 
 @compute @workgroup_size(256)

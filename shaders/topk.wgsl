@@ -17,6 +17,7 @@
 // the pairs (item j at src[2 (r * stride + j)]).
 
 #include "common/params.wgsl"
+#include "common/ranked.wgsl"
 
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<u32>;
@@ -25,8 +26,6 @@
 const WG: u32 = 256u;
 const CH: u32 = {{CH}}u;
 const PER: u32 = CH / WG;
-// The index of an empty slot (no item, or a NaN).
-const NONE: u32 = 0xffffffffu;
 
 var<workgroup> keys: array<u32, CH>;
 var<workgroup> idxs: array<u32, CH>;
@@ -41,17 +40,6 @@ fn key_of(bits: u32) -> u32 {
 
 fn is_nan(bits: u32) -> bool {
     return (bits & 0x7fffffffu) > 0x7f800000u;
-}
-
-// Whether item (kb, ib) ranks before (ka, ia); empty slots rank last.
-fn before(kb: u32, ib: u32, ka: u32, ia: u32) -> bool {
-    if (ib == NONE) {
-        return false;
-    }
-    if (ia == NONE) {
-        return true;
-    }
-    return kb > ka || (kb == ka && ib < ia);
 }
 
 @compute @workgroup_size(256)
@@ -100,7 +88,7 @@ fn main(
                 // first; in the others last, so the pair of blocks forms
                 // one bitonic sequence for the next size.
                 let first_best = (a & size) == 0u;
-                if (before(kb, ib, ka, ia) == first_best) {
+                if (beats(kb, ib, ka, ia) == first_best) {
                     keys[a] = kb;
                     idxs[a] = ib;
                     keys[b] = ka;

@@ -75,10 +75,11 @@ pub struct EngineConfig {
     /// weights and KV caches are released, and loaded again by the next
     /// request that needs the model. `None`: never.
     pub sleep_idle: Option<Duration>,
-    /// Select top-k samplers' candidates on the GPU on a CPU-backed device
-    /// too, where by default the host selects them from the logits
-    /// (`HybridModel::top_on_gpu`): for tests of that path.
-    pub select_top_on_any_device: bool,
+    /// Whether top-k samplers' candidates are selected on the GPU holding
+    /// the head: always, never (the host selects from the logits), or
+    /// (`None`, the default) on any device that is not CPU-backed
+    /// (`HybridModel::select_top_on_gpu`): for tests and comparisons.
+    pub select_top_on_gpu: Option<bool>,
 }
 
 impl EngineConfig {
@@ -101,7 +102,7 @@ impl EngineConfig {
             experts: Vec::new(),
             load_mode: LoadMode::Mmap,
             sleep_idle: None,
-            select_top_on_any_device: false,
+            select_top_on_gpu: None,
         }
     }
 }
@@ -430,7 +431,7 @@ fn load_and_serve(
     };
     let (mut model, table) =
         placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;
-    model.select_top_on_any_device(cfg.select_top_on_any_device);
+    model.select_top_on_gpu(cfg.select_top_on_gpu);
     let mut info = model_info::build(
         &file,
         model.config(),

@@ -183,19 +183,28 @@ fn seeded_sampling_alone_and_among_others_draws_the_same() {
     assert_ne!(again, alone[0]);
 }
 
+/// Four slots with every layer and the head on the (software) GPU;
+/// `select_top`: whether top-k candidates are selected there (`None`: as
+/// the device's kind decides).
+fn gpu_engine(select_top: Option<bool>) -> Engine {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 4;
+    cfg.n_ctx = Some(4 * 256);
+    cfg.max_queue = 8;
+    cfg.ngl = Ngl::All;
+    cfg.select_top_on_gpu = select_top;
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    e
+}
+
 /// Every layer and the head on the (software) GPU: plain greedy requests
 /// run steps that read back each sequence's pick, and produce the tokens
 /// the same requests produce when they ask for a log-probability, which
 /// makes their steps read the logits; so does a step that mixes both.
 #[test]
 fn greedy_steps_on_the_gpu_pick_what_the_logits_give() {
-    let mut cfg = EngineConfig::new(model_path());
-    cfg.n_parallel = 4;
-    cfg.n_ctx = Some(4 * 256);
-    cfg.max_queue = 4;
-    cfg.ngl = Ngl::All;
-    let engine = Engine::start(cfg).unwrap();
-    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let engine = gpu_engine(None);
     let prompts = [
         "The capital of France is",
         "Once upon a time",
@@ -247,17 +256,6 @@ fn greedy_steps_on_the_gpu_pick_what_the_logits_give() {
 /// its steps read the logits.
 #[test]
 fn top_k_steps_on_the_gpu_draw_what_the_logits_give() {
-    let engine = |select: bool| {
-        let mut cfg = EngineConfig::new(model_path());
-        cfg.n_parallel = 4;
-        cfg.n_ctx = Some(4 * 256);
-        cfg.max_queue = 8;
-        cfg.ngl = Ngl::All;
-        cfg.select_top_on_any_device = select;
-        let e = Engine::start(cfg).unwrap();
-        e.wait_ready(Duration::from_secs(60)).unwrap();
-        e
-    };
     let prompts = [
         "The capital of France is",
         "Once upon a time",
@@ -288,15 +286,11 @@ fn top_k_steps_on_the_gpu_draw_what_the_logits_give() {
             .collect();
         rxs.into_iter().map(|rx| collect(rx).0).collect()
     };
-    let host = engine(false);
+    let host = gpu_engine(Some(false));
     let want = run(&host);
-    assert_eq!(
-        host.metrics().top_k_steps,
-        0,
-        "lavapipe selects on the host"
-    );
+    assert_eq!(host.metrics().top_k_steps, 0, "the host selects");
     drop(host);
-    let gpu = engine(true);
+    let gpu = gpu_engine(Some(true));
     assert_eq!(run(&gpu), want);
     let together = gpu.metrics().top_k_steps;
     assert!(together >= 9, "{together} steps read candidates");
@@ -320,7 +314,7 @@ fn top_k_steps_on_the_gpu_draw_what_the_logits_give() {
     let a = collect(gpu.submit(penalised(prompts[1])).unwrap()).0;
     assert_eq!(gpu.metrics().top_k_steps, before);
     drop(gpu);
-    let host = engine(false);
+    let host = gpu_engine(Some(false));
     assert_eq!(collect(host.submit(penalised(prompts[1])).unwrap()).0, a);
 }
 

@@ -29,6 +29,7 @@ macro_rules! sources {
 
 sources!(
     "common/params.wgsl",
+    "common/ranked.wgsl",
     "common/attn_io.wgsl",
     "common/bytes.wgsl",
     "common/unit_dot.wgsl",

@@ -347,9 +347,9 @@ pub struct HybridModel<'a> {
     /// Pack a larger step's experts on the host from the device's choices
     /// ([`HybridModel::pack_experts_on_host`]).
     host_packs: bool,
-    /// Select top-k candidates on a CPU-backed device too
-    /// ([`HybridModel::select_top_on_any_device`]).
-    top_on_cpu_device: bool,
+    /// Where top-k candidates are selected: `None`, by the device's kind
+    /// ([`HybridModel::select_top_on_gpu`]).
+    top_on_gpu: Option<bool>,
     /// How the GPU layers' caches store keys and values ([`gpu_kv`]).
     gpu_kv: KvElem,
 }
@@ -691,7 +691,7 @@ impl<'a> HybridModel<'a> {
             scratch: Mutex::new(None),
             block_dispatches: Default::default(),
             host_packs: false,
-            top_on_cpu_device: false,
+            top_on_gpu: None,
             gpu_kv: kv,
         })
     }
@@ -1034,17 +1034,19 @@ impl<'a> HybridModel<'a> {
     /// costs what a selection there saves. A CPU-backed device (lavapipe)
     /// copies the logits at memory speed and the host selects 0.1 ms a
     /// sequence at Gemma 3's vocabulary, far less than its sorting network
-    /// ([`HybridModel::select_top_on_any_device`] runs it there anyway,
-    /// for the tests).
+    /// ([`HybridModel::select_top_on_gpu`] overrides the choice, for the
+    /// tests and for comparisons).
     pub fn top_on_gpu(&self) -> Option<usize> {
         let g = self.gpu.as_deref()?;
-        let cpu_backed = g.adapter_info().device_type == "cpu";
-        (self.argmax_on_gpu() && (!cpu_backed || self.top_on_cpu_device)).then_some(TOPK_MAX)
+        let by_kind = g.adapter_info().device_type != "cpu";
+        (self.argmax_on_gpu() && self.top_on_gpu.unwrap_or(by_kind)).then_some(TOPK_MAX)
     }
 
-    /// Lets [`HybridModel::top_on_gpu`] answer on a CPU-backed device too.
-    pub fn select_top_on_any_device(&mut self, on: bool) {
-        self.top_on_cpu_device = on;
+    /// Whether [`HybridModel::top_on_gpu`] selects on the GPU (where the
+    /// head is there): always, never, or (`None`, the default) on any
+    /// device that is not CPU-backed.
+    pub fn select_top_on_gpu(&mut self, on: Option<bool>) {
+        self.top_on_gpu = on;
     }
 
     /// [`HybridModel::forward_multi`] for sequences that need only their

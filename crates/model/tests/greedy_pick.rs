@@ -102,7 +102,9 @@ fn check(model_file: &str) {
         // A CPU-backed device selects on the host unless told otherwise.
         let cpu_backed = gpu.adapter_info().device_type == "cpu";
         assert_eq!(m.top_on_gpu().is_none(), cpu_backed, "{model_file}");
-        m.select_top_on_any_device(true);
+        m.select_top_on_gpu(Some(false));
+        assert!(m.top_on_gpu().is_none());
+        m.select_top_on_gpu(Some(true));
         assert!(m.top_on_gpu().is_some_and(|max| max >= K));
         for prompts in [
             vec![prompt(1, 12)],
