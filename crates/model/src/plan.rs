@@ -458,11 +458,20 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
 /// One step's GPU working memory: the activations of a prompt batch through a
 /// block (residual, normed input, Q, K, V, attention output, gate, up), the
 /// attention partials of a batch over the whole context, and the logits of
-/// the parallel sequences. An estimate, deliberately generous.
+/// the parallel sequences with the stages of their top-k selection. An
+/// estimate, deliberately generous.
 fn scratch_bytes(c: &Config, p: &PlanParams, blocks: bool, gpu_experts: bool) -> u64 {
     let f = 4u64;
     let b = p.n_batch as u64;
-    let logits = (c.n_vocab as u64 * f).saturating_mul(p.n_parallel.max(1) as u64);
+    let seqs = p.n_parallel.max(1);
+    // Two tensors of stages and the pairs read back (`HybridModel`'s
+    // top-k scratch, made by the first sampled step that selects there).
+    let top = lamina_gpu::topk_scratch_len(seqs, c.n_vocab, lamina_gpu::TOPK_MAX)
+        .saturating_mul(2)
+        .saturating_add(seqs.saturating_mul(2 * lamina_gpu::TOPK_MAX));
+    let logits = (c.n_vocab as u64 * f)
+        .saturating_mul(seqs as u64)
+        .saturating_add((top as u64).saturating_mul(f));
     if !blocks {
         return logits.saturating_add(b * c.n_embd as u64 * f);
     }
