@@ -120,19 +120,24 @@ pub trait Backend {
         work: &mut [(&[u32], &mut Self::Cache)],
         k: usize,
     ) -> Vec<Result<Candidates, ModelError>> {
-        self.forward_batch(work)
-            .into_iter()
-            .map(|r| r.map(|l| candidates_of(&l, k)))
-            .collect()
+        candidates_of(self.forward_batch(work), k)
     }
 }
 
-/// A sequence's [`Candidates`] from its logits, on the host.
-fn candidates_of(logits: &[f32], k: usize) -> Candidates {
-    Candidates {
-        argmax: lamina_sampling::argmax(logits),
-        best: lamina_sampling::top_entries(logits, k),
-    }
+/// Each sequence's [`Candidates`] from its logits, on the host.
+fn candidates_of(
+    logits: Vec<Result<Vec<f32>, ModelError>>,
+    k: usize,
+) -> Vec<Result<Candidates, ModelError>> {
+    logits
+        .into_iter()
+        .map(|r| {
+            r.map(|l| Candidates {
+                argmax: lamina_sampling::argmax(&l),
+                best: lamina_sampling::top_entries(&l, k),
+            })
+        })
+        .collect()
 }
 
 /// Each sequence's greedy pick from its logits, on the host.
@@ -278,11 +283,7 @@ impl Backend for HybridModel<'_> {
         k: usize,
     ) -> Vec<Result<Candidates, ModelError>> {
         if self.top_on_gpu().is_none_or(|max| k > max) {
-            return self
-                .forward_batch(work)
-                .into_iter()
-                .map(|r| r.map(|l| candidates_of(&l, k)))
-                .collect();
+            return candidates_of(self.forward_batch(work), k);
         }
         if work.len() > 1 {
             if let Ok(all) = self.forward_multi_top(work, k) {

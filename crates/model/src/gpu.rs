@@ -1473,52 +1473,43 @@ impl<'a> HybridModel<'a> {
             .map_err(gpu_err)?;
             seqs
         };
-        if let Readback::Top(k) = read {
-            let v = c.n_vocab;
-            let Some([t0, t1, out]) = &s.top else {
-                return Err(ModelError::Gpu("top-k scratch missing".into()));
-            };
-            b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)
-                .map_err(gpu_err)?;
-            b.topk_rows(logits, m, v, v, k, [t0, t1], out)
-                .map_err(gpu_err)?;
-            let parts = b
-                .submit_read_u32_parts(&[(&s.picks, 0, 2 * m), (out, 0, 2 * k * m)])
-                .map_err(gpu_err)?;
-            let (picks, best) = (&parts[0], &parts[1]);
-            let rows = picks
-                .chunks_exact(2)
-                .zip(best.chunks_exact(2 * k))
-                .map(|(p, row)| Candidates {
-                    // A row of NaN only: the host's argmax gives 0.
-                    argmax: if p[1] == ARGMAX_NONE { 0 } else { p[1] },
-                    best: row
-                        .chunks_exact(2)
-                        .take_while(|e| e[1] != TOPK_NONE)
-                        .map(|e| (e[1], topk_value(e[0])))
-                        .collect(),
-                })
-                .collect();
-            return Ok(Stepped::Top(rows));
+        if read == Readback::Logits {
+            return b
+                .submit_read_f32(logits, 0, m * c.n_vocab)
+                .map(Stepped::Logits)
+                .map_err(gpu_err);
         }
-        if read == Readback::Argmax {
-            let v = c.n_vocab;
-            b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)
-                .map_err(gpu_err)?;
-            let pairs = b
-                .submit_read_u32(&s.picks, 0, s.picks.len())
-                .map_err(gpu_err)?;
-            // A row of NaN only: the host's argmax gives 0.
-            let picks = pairs
-                .chunks_exact(2)
-                .take(m)
-                .map(|p| if p[1] == ARGMAX_NONE { 0 } else { p[1] })
-                .collect();
-            return Ok(Stepped::Picks(picks));
-        }
-        b.submit_read_f32(logits, 0, m * c.n_vocab)
-            .map(Stepped::Logits)
-            .map_err(gpu_err)
+        // Greedy picks, alone or beside top-k candidates.
+        let v = c.n_vocab;
+        b.argmax_rows(logits, m, v, v, &s.pick_pairs, &s.picks)
+            .map_err(gpu_err)?;
+        // A row of NaN only: the host's argmax gives 0.
+        let pick = |p: &[u32]| if p[1] == ARGMAX_NONE { 0 } else { p[1] };
+        let Readback::Top(k) = read else {
+            let pairs = b.submit_read_u32(&s.picks, 0, 2 * m).map_err(gpu_err)?;
+            return Ok(Stepped::Picks(pairs.chunks_exact(2).map(pick).collect()));
+        };
+        let Some([t0, t1, out]) = &s.top else {
+            return Err(ModelError::Gpu("top-k scratch missing".into()));
+        };
+        b.topk_rows(logits, m, v, v, k, [t0, t1], out)
+            .map_err(gpu_err)?;
+        let parts = b
+            .submit_read_u32_parts(&[(&s.picks, 0, 2 * m), (out, 0, 2 * k * m)])
+            .map_err(gpu_err)?;
+        let rows = parts[0]
+            .chunks_exact(2)
+            .zip(parts[1].chunks_exact(2 * k))
+            .map(|(p, row)| Candidates {
+                argmax: pick(p),
+                best: row
+                    .chunks_exact(2)
+                    .take_while(|e| e[1] != TOPK_NONE)
+                    .map(|e| (e[1], topk_value(e[0])))
+                    .collect(),
+            })
+            .collect();
+        Ok(Stepped::Top(rows))
     }
 
     /// Records one block: `cur` holds the hidden state on entry and on exit;
