@@ -1,14 +1,28 @@
 // Y = W X for many activation columns (prompt batches); W is type {{TYPE}}.
 //
-// A workgroup owns a tile of TR rows x TC columns and walks the row in steps
-// of LANES units (32 weights each). Each step, the workgroup dequantizes the
-// TR x LANES units into workgroup memory once; then thread (lane l, column
-// group cg) takes unit l of the step for all TR rows and its CPT columns, so
-// every dequantized weight is reused by TC columns. Per output, lane l sees
-// units l, l + LANES, ... in increasing order, each unit summed as
-// fma(w[j], x[j], s) for j ascending, and the lanes are combined by
-// lane_tree as in matvec.wgsl: the result is bit-identical to the mat-vec
-// product.
+// A workgroup owns a tile of TR = 64 rows x TC = 64 columns. Thread
+// (row group g = li / 32, lane c = li % 32) computes RT = 8 rows
+// (g * RT ..) for the two columns c and c + 32: 16 outputs, each walked
+// through the canonical lanes as matvec_rows.wgsl walks them (the 5-bit
+// reversal of 0 .. 31, each finished lane folded into a binary counter of
+// five levels), so every output gets the mat-vec kernel's bits without
+// holding 32 lane partials (common/walk_lanes.wgsl explains the counter).
+//
+// The walk is uniform, so the workgroup stages each unit together: the 64
+// rows' 32 weights, dequantized once (`ws`, 8 KiB), and the 64 columns'
+// 32 activations (`xs`, 8 KiB), both in workgroup memory. Then every
+// weight a thread loads feeds its two columns and every activation its
+// eight rows: per 4 weights, 8 + 2 vec4 loads for 64 fmas. The 32 threads
+// of a subgroup (one row group) load the same weights, a broadcast; the
+// activations are stored vec4-major (`xs[i * TC + col]`), so consecutive
+// threads read consecutive vec4s without bank conflicts. 16 KiB in all:
+// within every Vulkan device's guaranteed workgroup storage.
+//
+// Why not keep a lane per thread (32 partials per output, combined at the
+// end): the threads of a subgroup then walk 32 different units, so their
+// activation loads are 128 bytes apart and their weight loads hit one
+// memory bank, and nothing of the activations can be staged (a step spans
+// 1024 values per column).
 
 #include "common/params.wgsl"
 
@@ -20,19 +34,46 @@
 
 #include "common/bytes.wgsl"
 #include "quant/{{TYPE}}.wgsl"
-#include "common/lane_tree.wgsl"
 
-const LANES: u32 = 32u;
 const WG: u32 = 256u;
-const TR: u32 = 4u;                  // rows per tile
-const CG: u32 = WG / LANES;          // column groups
-const CPT: u32 = 8u;                 // columns per thread
-const TC: u32 = CG * CPT;            // columns per tile (64)
-const ACC: u32 = TR * CPT;
+const RT: u32 = 8u;                  // rows per thread
+const TR: u32 = (WG / 32u) * RT;     // rows per tile (64)
+const TC: u32 = 64u;                 // columns per tile (two per thread)
+const NO: u32 = 2u * RT;             // outputs per thread: o = cc * RT + rr
 
-// TR x LANES units x 32 weights during the walk (16 KiB); reused for the
-// lane partials of two tile rows at the end (2 x TC x LANES values).
-var<workgroup> wgmem: array<f32, 4096>;
+// Unit u's weights of the tile's rows (row t at t * 8 .. t * 8 + 7) and its
+// activations of the tile's columns (vec4 i of column c at i * TC + c).
+var<workgroup> ws: array<vec4<f32>, 512>;
+var<workgroup> xs: array<vec4<f32>, 512>;
+
+// Stages unit u: threads 0 .. 127 dequantize half (li % 2) of row li / 2,
+// threads 128 .. 255 load half (q / 64) of column q % 64 (q = li - 128).
+// Rows and columns past the end read the last ones (valid memory, never
+// written back); activations past k read as zero.
+fn stage(li: u32, r0: u32, c0: u32, u: u32) {
+    if (li < 128u) {
+        let t = li >> 1u;
+        let h = li & 1u;
+        let r = min(r0 + t, p.rows - 1u);
+        let v = dq16(r * p.row_bytes, 2u * u + h);
+        for (var i = 0u; i < 4u; i++) {
+            ws[t * 8u + 4u * h + i] = v[i];
+        }
+    } else {
+        let q = li - 128u;
+        let c = q % TC;
+        let h = q / TC;
+        let xb = p.x_offset + min(c0 + c, p.ncols - 1u) * p.x_stride;
+        for (var i = 4u * h; i < 4u * h + 4u; i++) {
+            var v: vec4<f32>;
+            for (var e = 0u; e < 4u; e++) {
+                let kk = 32u * u + 4u * i + e;
+                v[e] = select(0.0, x[xb + min(kk, p.k - 1u)], kk < p.k);
+            }
+            xs[i * TC + c] = v;
+        }
+    }
+}
 
 @compute @workgroup_size(256)
 fn main(
@@ -40,82 +81,114 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
+    // Whole workgroups leave together, so the barriers below stay uniform.
     let rt = wid.x + wid.y * nwg.x;
     if (rt * TR >= p.rows) {
         return;
     }
     let r0 = rt * TR;
-    let c0 = wid.z * TC + (li / LANES) * CPT;
-    let lane = li % LANES;
+    let c0 = wid.z * TC;
+    let g = li / 32u;
+    let lane = li % 32u;
     let units = (p.k + 31u) / 32u;
-    let steps = (units + LANES - 1u) / LANES;
 
-    // Column bases, clamped so idle columns read valid memory.
-    var xb: array<u32, CPT>;
-    for (var i = 0u; i < CPT; i++) {
-        xb[i] = p.x_offset + min(c0 + i, p.ncols - 1u) * p.x_stride;
-    }
-
-    var acc: array<f32, ACC>;
-    for (var st = 0u; st < steps; st++) {
-        // Dequantize: thread li decodes half (li % 2) of unit (li / 2) % 32 of tile row li / 64.
-        {
-            let tr = li / 64u;
-            let ul = (li >> 1u) & 31u;
-            let h = li & 1u;
-            let u = st * LANES + ul;
-            if (r0 + tr < p.rows && u < units) {
-                let v = dq16((r0 + tr) * p.row_bytes, 2u * u + h);
-                let base = (tr * LANES + ul) * 32u + 16u * h;
-                for (var i = 0u; i < 4u; i++) {
-                    wgmem[base + 4u * i] = v[i].x;
-                    wgmem[base + 4u * i + 1u] = v[i].y;
-                    wgmem[base + 4u * i + 2u] = v[i].z;
-                    wgmem[base + 4u * i + 3u] = v[i].w;
+    var l0: array<f32, NO>;
+    var l1: array<f32, NO>;
+    var l2: array<f32, NO>;
+    var l3: array<f32, NO>;
+    var l4: array<f32, NO>;
+    var root: array<f32, NO>;
+    for (var j = 0u; j < 32u; j++) {
+        let m = reverseBits(j) >> 27u;
+        // Canonical lane m's partial of each output: its units in
+        // increasing order, each an fma chain over its weights.
+        var t: array<f32, NO>;
+        for (var u = m; u < units; u += 32u) {
+            stage(li, r0, c0, u);
+            workgroupBarrier();
+            var s: array<f32, NO>;
+            let n = min(32u, p.k - 32u * u);
+            if (n == 32u) {
+                for (var i = 0u; i < 8u; i++) {
+                    let xa = xs[i * TC + lane];
+                    let xb = xs[i * TC + lane + 32u];
+                    for (var rr = 0u; rr < RT; rr++) {
+                        let wv = ws[(g * RT + rr) * 8u + i];
+                        s[rr] = fma(wv.x, xa.x, s[rr]);
+                        s[rr] = fma(wv.y, xa.y, s[rr]);
+                        s[rr] = fma(wv.z, xa.z, s[rr]);
+                        s[rr] = fma(wv.w, xa.w, s[rr]);
+                        s[RT + rr] = fma(wv.x, xb.x, s[RT + rr]);
+                        s[RT + rr] = fma(wv.y, xb.y, s[RT + rr]);
+                        s[RT + rr] = fma(wv.z, xb.z, s[RT + rr]);
+                        s[RT + rr] = fma(wv.w, xb.w, s[RT + rr]);
+                    }
                 }
-            }
-        }
-        workgroupBarrier();
-        let u = st * LANES + lane;
-        // Column groups wholly past the last column have nothing to compute.
-        if (u < units && c0 < p.ncols) {
-            let k0 = 32u * u;
-            let n = min(32u, p.k - k0);
-            var s: array<f32, ACC>;
-            for (var j = 0u; j < n; j++) {
-                var wr: array<f32, TR>;
-                for (var t = 0u; t < TR; t++) {
-                    wr[t] = wgmem[(t * LANES + lane) * 32u + j];
-                }
-                for (var i = 0u; i < CPT; i++) {
-                    let xv = x[xb[i] + k0 + j];
-                    for (var t = 0u; t < TR; t++) {
-                        s[t * CPT + i] = fma(wr[t], xv, s[t * CPT + i]);
+            } else {
+                // A float row's short last unit: its valid weights only.
+                for (var jj = 0u; jj < n; jj++) {
+                    let i = jj / 4u;
+                    let e = jj % 4u;
+                    let xa = xs[i * TC + lane][e];
+                    let xb = xs[i * TC + lane + 32u][e];
+                    for (var rr = 0u; rr < RT; rr++) {
+                        let wv = ws[(g * RT + rr) * 8u + i][e];
+                        s[rr] = fma(wv, xa, s[rr]);
+                        s[RT + rr] = fma(wv, xb, s[RT + rr]);
                     }
                 }
             }
-            for (var q = 0u; q < ACC; q++) {
-                acc[q] = acc[q] + s[q];
+            for (var o = 0u; o < NO; o++) {
+                t[o] = t[o] + s[o];
             }
+            // The next unit's staging overwrites what this one read.
+            workgroupBarrier();
         }
-        workgroupBarrier();
+        // Fold lane j into the counter (j is uniform: no divergence).
+        if ((j & 1u) == 0u) {
+            l0 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l0[o] + t[o];
+        }
+        if ((j & 2u) == 0u) {
+            l1 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l1[o] + t[o];
+        }
+        if ((j & 4u) == 0u) {
+            l2 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l2[o] + t[o];
+        }
+        if ((j & 8u) == 0u) {
+            l3 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            t[o] = l3[o] + t[o];
+        }
+        if ((j & 16u) == 0u) {
+            l4 = t;
+            continue;
+        }
+        for (var o = 0u; o < NO; o++) {
+            root[o] = l4[o] + t[o];
+        }
     }
 
-    // Lane partials of two tile rows at a time; then invocation o < 2 * TC
-    // combines output (row o / TC, column o % TC) with lane_tree.
-    let slot = (li / LANES) * CPT;
-    for (var h = 0u; h < TR; h += 2u) {
-        for (var t = 0u; t < 2u; t++) {
-            for (var i = 0u; i < CPT; i++) {
-                wgmem[(t * TC + slot + i) * LANES + lane] = acc[(h + t) * CPT + i];
+    for (var cc = 0u; cc < 2u; cc++) {
+        let col = c0 + lane + 32u * cc;
+        for (var rr = 0u; rr < RT; rr++) {
+            let row = r0 + g * RT + rr;
+            if (col < p.ncols && row < p.rows) {
+                y[p.y_offset + col * p.y_stride + p.row_offset + row] = root[cc * RT + rr];
             }
         }
-        workgroupBarrier();
-        let row = r0 + h + li / TC;
-        let col = wid.z * TC + li % TC;
-        if (li < 2u * TC && row < p.rows && col < p.ncols) {
-            y[p.y_offset + col * p.y_stride + p.row_offset + row] = lane_tree(li * LANES);
-        }
-        workgroupBarrier();
     }
 }

@@ -60,7 +60,8 @@ const MAX_GRID_Z: usize = 65535;
 pub const LANES: usize = 32;
 /// Partials of the canonical RMSNorm reduction (`shaders/common/rms.wgsl`).
 const NORM_PARTIALS: u32 = 64;
-const TILED_ROWS: u32 = 4;
+/// The tiled kernel's tile (`shaders/matmul_tiled.wgsl`).
+const TILED_ROWS: u32 = 64;
 const TILED_COLS: u32 = 64;
 
 /// How the mat-vec (and small-N) kernel maps the canonical lanes onto
