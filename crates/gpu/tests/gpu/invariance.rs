@@ -129,3 +129,78 @@ fn every_matvec_thread_shape_matches_the_tiled_kernel() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The tiled kernel across whole and partial tiles in both directions (its
+/// tile is 64 rows × 64 columns): 129 rows (two tiles and one row) and 130
+/// strided columns, for a float type with a short last unit, a legacy and a
+/// grouped k-quant type; every column's bits equal the mat-vec's, and the
+/// gaps between strided output columns stay untouched.
+#[test]
+fn tiled_tiles_across_rows_and_columns_give_the_matvec_bits() {
+    let (_turn, gpu) = common::gpu();
+    let (rows, n) = (129, 130);
+    for (ty, cols) in [
+        (GgmlType::F16, 100),
+        (GgmlType::Q4_1, 32 * 35),
+        (GgmlType::Q6K, 256 * 5),
+    ] {
+        let mut rng = Rng::new(0x711e ^ ty.id() as u64);
+        let data = common::random_weight(&mut rng, ty, rows, cols);
+        let w = gpu.upload_weight(ty, rows, cols, &data).unwrap();
+        let x = rng.vec(cols * n);
+        let want = run(
+            gpu,
+            MatmulKernel::MatVec,
+            &w,
+            &gpu.upload_f32(&x).unwrap(),
+            n,
+        );
+        // Columns 3 apart in x after a 5-element prefix; 2 apart in y
+        // after 7.
+        let (xs_stride, ys_stride) = (cols + 3, rows + 2);
+        let mut xs = vec![0f32; 5 + n * xs_stride];
+        for c in 0..n {
+            let at = 5 + c * xs_stride;
+            xs[at..at + cols].copy_from_slice(&x[c * cols..(c + 1) * cols]);
+        }
+        let xt = gpu.upload_f32(&xs).unwrap();
+        let y = common::poisoned(gpu, 7 + n * ys_stride);
+        let poison = gpu.read_u32(&y).unwrap()[0];
+        let mut b = gpu.batch();
+        let layout = Columns {
+            n,
+            x_offset: 5,
+            x_stride: xs_stride,
+            y_offset: 7,
+            y_stride: ys_stride,
+        };
+        b.matmul_strided(MatmulKernel::Tiled, &w, &xt, &y, layout)
+            .unwrap();
+        b.submit().unwrap();
+        let got = gpu.read_u32(&y).unwrap();
+        let mut differ = 0;
+        for c in 0..n {
+            let at = 7 + c * ys_stride;
+            let col = &got[at..at + rows];
+            differ += col
+                .iter()
+                .zip(&want[c * rows..(c + 1) * rows])
+                .filter(|(a, b)| a != b)
+                .count();
+            assert!(
+                got[at + rows..at + ys_stride].iter().all(|&v| v == poison),
+                "{ty}: the gap after column {c} was written"
+            );
+        }
+        assert!(
+            got[..7].iter().all(|&v| v == poison),
+            "{ty}: the prefix was written"
+        );
+        assert_eq!(
+            differ,
+            0,
+            "{ty} K={cols}: {differ} of {} outputs differ",
+            rows * n
+        );
+    }
+}
