@@ -92,9 +92,9 @@ const ADD: bool = {{ADD}};
 // stacked QKV product, stored by common/rope_epi_on.wgsl.
 const ROPE_ON: bool = {{ROPE_ON}};
 
-// Team partials of output (local row, column) o at o * TPR + t when TPR > 1,
-// and first the norm prologue's partials (common/rms.wgsl, which names it):
-// {{WGMEM}} values, 1 when unused.
+// Team partials of output (local row, column) o at team_at(o, t) when
+// TPR > 1, and first the norm prologue's partials (common/rms.wgsl, which
+// names it): {{WGMEM}} values, 1 when unused.
 var<workgroup> rms_red: array<f32, {{WGMEM}}>;
 
 
@@ -222,7 +222,7 @@ fn main(
         for (var rr = 0u; rr < RPT; rr++) {
             for (var c = 0u; c < MAXC; c++) {
                 let o = (rr * TEAMS + team) * MAXC + c;
-                rms_red[o * TPR + t] = acc[(rr * MAXC + c) * V];
+                rms_red[team_at(o, t)] = acc[(rr * MAXC + c) * V];
             }
         }
         workgroupBarrier();
@@ -261,11 +261,21 @@ fn main(
     }
 }
 
+// Where output o's team partial l lies: its own TPR slots, the lanes
+// XOR-swizzled by o. Unswizzled, the invocations of `team_tree` (one per
+// output, o consecutive) would read addresses TPR apart, all in one or two
+// banks of a GPU's workgroup memory (a 16- or 32-way conflict); swizzled,
+// consecutive outputs read different banks, and a team's writes of one
+// output still do. The values and the order they are summed in are the same.
+fn team_at(o: u32, l: u32) -> u32 {
+    return o * TPR + (l ^ (o % TPR));
+}
+
 // The tree's levels s < TPR over the team partials of output o.
 fn team_tree(o: u32) -> f32 {
     var v: array<f32, TPR>;
     for (var l = 0u; l < TPR; l++) {
-        v[l] = rms_red[o * TPR + l];
+        v[l] = rms_red[team_at(o, l)];
     }
     for (var h = TPR / 2u; h > 0u; h >>= 1u) {
         for (var l = 0u; l < h; l++) {
