@@ -12,7 +12,8 @@
 #
 # Steps: the adapter; the CPU and the GPU decode the same synthetic model
 # (SmolLM2's shape, Q4_0 and Q8_0, SmolLM2's tokenizer) to the same tokens;
-# `bench kernels` at the models' shapes; `bench model --ngl all` on synthetic
+# `bench kernels` at the models' shapes, and the mat-mul kernels at 16, 64
+# and 512 columns (where small-N and tiled cross); `bench model --ngl all` on synthetic
 # 1B and 8B llamas (Q4_0, Q4_K), each decode rate also as weight bytes per
 # second and as a share of BW_GBS; a synthetic mixture of experts with its
 # experts on the GPU, routed there (`--n-cpu-moe 0`), alone and eight at
@@ -34,7 +35,7 @@ SHAPES=${SHAPES:-1b 8b}
 MOE_SHAPES=${MOE_SHAPES:-qwen3moe-small}
 TYPES=${TYPES:-Q4_0 Q4_K}
 KERNEL_ITERS=${KERNEL_ITERS:-50}
-MATMUL_COLS=${MATMUL_COLS:-512}
+MATMUL_COLS=${MATMUL_COLS:-16,64,512}
 
 if [ -n "${BUILD_ONLY:-}" ]; then
   cargo build --release --locked -p lamina

@@ -28,7 +28,8 @@ pub struct KernelArgs {
     pub iters: u32,
     pub gpu: bool,
     pub cpu: bool,
-    pub matmul_cols: usize,
+    /// Column counts of the mat-mul rows (none below 2).
+    pub matmul_cols: Vec<usize>,
     pub model_shapes: bool,
     pub json: bool,
 }
@@ -197,9 +198,9 @@ pub fn kernels(a: &KernelArgs) -> anyhow::Result<()> {
         if a.model_shapes {
             rows_out.extend(model_shape_rows(&gpu, a.iters, a.json)?);
         }
-        if a.matmul_cols > 1 {
+        for &n in a.matmul_cols.iter().filter(|&&n| n > 1) {
             if !a.json {
-                println!("  mat-mul at {} columns:", a.matmul_cols);
+                println!("  mat-mul at {n} columns:");
             }
             for ty in [
                 GgmlType::F16,
@@ -212,16 +213,8 @@ pub fn kernels(a: &KernelArgs) -> anyhow::Result<()> {
                 // Auto is what the model runs; the others show what each
                 // kernel would give at this width (they agree bit for bit).
                 for kernel in [MatmulKernel::Auto, MatmulKernel::Small, MatmulKernel::Tiled] {
-                    let t = lamina_gpu::bench::matmul(
-                        &gpu,
-                        ty,
-                        a.rows,
-                        a.cols,
-                        a.matmul_cols,
-                        kernel,
-                        1,
-                    )?;
-                    let gflops = 2.0 * (a.rows * a.cols * a.matmul_cols) as f64 / t.seconds / 1e9;
+                    let t = lamina_gpu::bench::matmul(&gpu, ty, a.rows, a.cols, n, kernel, 1)?;
+                    let gflops = 2.0 * (a.rows * a.cols * n) as f64 / t.seconds / 1e9;
                     if !a.json {
                         println!(
                             "  {:<8} {:<6} {:>10.1} ms {:>9.2} GFLOP/s",
@@ -232,7 +225,7 @@ pub fn kernels(a: &KernelArgs) -> anyhow::Result<()> {
                         );
                     }
                     rows_out.push(json!({"device": "gpu", "op": "matmul", "type": ty.name(),
-                        "kernel": format!("{kernel:?}"), "cols": a.matmul_cols,
+                        "kernel": format!("{kernel:?}"), "cols": n,
                         "ms": t.seconds * 1e3, "gflop_per_s": gflops}));
                 }
             }

@@ -197,9 +197,11 @@ enum BenchCommand {
         cols: usize,
         #[arg(long, default_value_t = 20)]
         iters: u32,
-        /// Columns of the mat-mul measurement (0 skips it).
-        #[arg(long, default_value_t = 512)]
-        matmul_cols: usize,
+        /// Columns of the mat-mul measurement, one count or several
+        /// (`16,64,512`: where the small-N and tiled kernels cross on a
+        /// device); 0 skips it.
+        #[arg(long, value_delimiter = ',', default_value = "512")]
+        matmul_cols: Vec<usize>,
         /// Also the GPU mat-vec at the real models' own shapes (SmolLM2's
         /// 576×576 … 49152×576 head, Gemma 3's 640×2048 … 262144×640 head),
         /// each beside a copy kernel moving the same bytes.
