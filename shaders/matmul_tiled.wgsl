@@ -16,7 +16,9 @@
 // of a subgroup (one row group) load the same weights, a broadcast; the
 // activations are stored vec4-major (`xs[i * TC + col]`), so consecutive
 // threads read consecutive vec4s without bank conflicts. 16 KiB in all:
-// within every Vulkan device's guaranteed workgroup storage.
+// within every Vulkan device's guaranteed workgroup storage. A tile whose
+// second 32 columns are past the end (a step of 9 to 32 columns, or a
+// prompt's last tile) skips their fmas.
 //
 // Why not keep a lane per thread (32 partials per output, combined at the
 // end): the threads of a subgroup then walk 32 different units, so their
@@ -91,6 +93,9 @@ fn main(
     let g = li / 32u;
     let lane = li % 32u;
     let units = (p.k + 31u) / 32u;
+    // Whether the tile's second 32 columns hold any (uniform): a step of up
+    // to 32 columns (decodes beside a prompt chunk) skips their fmas.
+    let second = c0 + 32u < p.ncols;
 
     var l0: array<f32, NO>;
     var l1: array<f32, NO>;
@@ -108,7 +113,7 @@ fn main(
             workgroupBarrier();
             var s: array<f32, NO>;
             let n = min(32u, p.k - 32u * u);
-            if (n == 32u) {
+            if (n == 32u && second) {
                 for (var i = 0u; i < 8u; i++) {
                     let xa = xs[i * TC + lane];
                     let xb = xs[i * TC + lane + 32u];
@@ -124,6 +129,18 @@ fn main(
                         s[RT + rr] = fma(wv.w, xb.w, s[RT + rr]);
                     }
                 }
+            } else if (n == 32u) {
+                // The first 32 columns only (the same chains as above).
+                for (var i = 0u; i < 8u; i++) {
+                    let xa = xs[i * TC + lane];
+                    for (var rr = 0u; rr < RT; rr++) {
+                        let wv = ws[(g * RT + rr) * 8u + i];
+                        s[rr] = fma(wv.x, xa.x, s[rr]);
+                        s[rr] = fma(wv.y, xa.y, s[rr]);
+                        s[rr] = fma(wv.z, xa.z, s[rr]);
+                        s[rr] = fma(wv.w, xa.w, s[rr]);
+                    }
+                }
             } else {
                 // A float row's short last unit: its valid weights only.
                 for (var jj = 0u; jj < n; jj++) {
@@ -134,7 +151,9 @@ fn main(
                     for (var rr = 0u; rr < RT; rr++) {
                         let wv = ws[(g * RT + rr) * 8u + i][e];
                         s[rr] = fma(wv, xa, s[rr]);
-                        s[RT + rr] = fma(wv, xb, s[RT + rr]);
+                        if (second) {
+                            s[RT + rr] = fma(wv, xb, s[RT + rr]);
+                        }
                     }
                 }
             }
