@@ -102,12 +102,15 @@ fn main(
     var l2: array<f32, NO>;
     var l3: array<f32, NO>;
     var l4: array<f32, NO>;
-    var root: array<f32, NO>;
+    // Lane m's partial; after the last lane (j = 31, which folds through
+    // every level), the root. (Declared here rather than a `root` array
+    // that would hold 16 more registers through the whole walk.)
+    var t: array<f32, NO>;
     for (var j = 0u; j < 32u; j++) {
         let m = reverseBits(j) >> 27u;
         // Canonical lane m's partial of each output: its units in
         // increasing order, each an fma chain over its weights.
-        var t: array<f32, NO>;
+        t = array<f32, NO>();
         for (var u = m; u < units; u += 32u) {
             stage(li, r0, c0, u);
             workgroupBarrier();
@@ -197,7 +200,7 @@ fn main(
             continue;
         }
         for (var o = 0u; o < NO; o++) {
-            root[o] = l4[o] + t[o];
+            t[o] = l4[o] + t[o];
         }
     }
 
@@ -206,7 +209,7 @@ fn main(
         for (var rr = 0u; rr < RT; rr++) {
             let row = r0 + g * RT + rr;
             if (col < p.ncols && row < p.rows) {
-                y[p.y_offset + col * p.y_stride + p.row_offset + row] = root[cc * RT + rr];
+                y[p.y_offset + col * p.y_stride + p.row_offset + row] = t[cc * RT + rr];
             }
         }
     }
