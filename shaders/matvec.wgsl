@@ -6,7 +6,8 @@
 // The canonical order (crates/gpu/src/ops/matmul.rs) has 32 lanes per
 // output: lane l sums the 32-weight units l, l + 32, l + 64 ... in
 // increasing order, each unit's partial an fma chain over its weights, and
-// lane_tree combines the lanes. This kernel runs those 32 lanes on TPR =
+// the pairwise tree (v[l] += v[l + s], s = 16 .. 1) combines the lanes.
+// This kernel runs those 32 lanes on TPR =
 // {{TPR}} threads per row: thread t holds lanes t, t + TPR, t + 2*TPR ...
 // (V = 32 / TPR accumulators), walks units t, t + TPR, ... and adds unit u
 // into the accumulator of lane u % 32. Any TPR gives the same bits, so the

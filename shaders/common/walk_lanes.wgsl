@@ -22,39 +22,6 @@
             }
         }
         // Fold lane j into the counter (j is uniform: no divergence).
-        if ((j & 1u) == 0u) {
-            l0 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l0[o] + t[o];
-        }
-        if ((j & 2u) == 0u) {
-            l1 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l1[o] + t[o];
-        }
-        if ((j & 4u) == 0u) {
-            l2 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l2[o] + t[o];
-        }
-        if ((j & 8u) == 0u) {
-            l3 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            t[o] = l3[o] + t[o];
-        }
-        if ((j & 16u) == 0u) {
-            l4 = t;
-            continue;
-        }
-        for (var o = 0u; o < NO; o++) {
-            root[o] = l4[o] + t[o];
-        }
+#include "common/lane_fold.wgsl"
+        root = t;
     }
