@@ -6,7 +6,7 @@
 // through the canonical lanes as matvec_rows.wgsl walks them (the 5-bit
 // reversal of 0 .. 31, each finished lane folded into a binary counter of
 // five levels), so every output gets the mat-vec kernel's bits without
-// holding 32 lane partials (common/walk_lanes.wgsl explains the counter).
+// holding 32 lane partials (common/lane_fold.wgsl, the fold they share).
 //
 // The walk is uniform, so the workgroup stages each unit together: the 64
 // rows' 32 weights, dequantized once (`ws`, 8 KiB), and the 64 columns'
