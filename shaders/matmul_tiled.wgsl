@@ -42,6 +42,10 @@ const RT: u32 = 8u;                  // rows per thread
 const TR: u32 = (WG / 32u) * RT;     // rows per tile (64)
 const TC: u32 = 64u;                 // columns per tile (two per thread)
 const NO: u32 = 2u * RT;             // outputs per thread: o = cc * RT + rr
+// Whether a row can end in a short unit (float types, K not a multiple of
+// 32): for the block types the short path below is dead code, dropped
+// before the driver compiles it.
+const SHORT_UNITS: bool = {{SHORT_UNITS}};
 
 // Unit u's weights of the tile's rows (row t at t * 8 .. t * 8 + 7) and its
 // activations of the tile's columns (vec4 i of column c at i * TC + c).
@@ -116,8 +120,13 @@ fn main(
             workgroupBarrier();
             var s: array<f32, NO>;
             let n = min(32u, p.k - 32u * u);
-            if (n == 32u && second) {
-                for (var i = 0u; i < 8u; i++) {
+            // 8 in the whole-unit paths (there p.k >= 32), as a bound the
+            // compiler cannot fold: the vec4 loop stays a loop of 8 (64
+            // fmas each, the rows unrolled), where unrolled it tripled the
+            // kernel's compile time on lavapipe for nothing a GPU needs.
+            let nv = min(8u, p.k);
+            if ((!SHORT_UNITS || n == 32u) && second) {
+                for (var i = 0u; i < nv; i++) {
                     let xa = xs[i * TC + lane];
                     let xb = xs[i * TC + lane + 32u];
                     for (var rr = 0u; rr < RT; rr++) {
@@ -132,9 +141,9 @@ fn main(
                         s[RT + rr] = fma(wv.w, xb.w, s[RT + rr]);
                     }
                 }
-            } else if (n == 32u) {
+            } else if (!SHORT_UNITS || n == 32u) {
                 // The first 32 columns only (the same chains as above).
-                for (var i = 0u; i < 8u; i++) {
+                for (var i = 0u; i < nv; i++) {
                     let xa = xs[i * TC + lane];
                     for (var rr = 0u; rr < RT; rr++) {
                         let wv = ws[(g * RT + rr) * 8u + i];

@@ -612,7 +612,12 @@ fn uniform_window(
 }
 
 pub(crate) fn tiled_spec(ty: GgmlType) -> KernelSpec {
-    quant::weight_defs(KernelSpec::new("matmul_tiled.wgsl"), ty)
+    let short = if ty.block_size() == 1 {
+        "true"
+    } else {
+        "false"
+    };
+    quant::weight_defs(KernelSpec::new("matmul_tiled.wgsl"), ty).def("SHORT_UNITS", short)
 }
 
 pub(crate) fn get_rows_spec(ty: GgmlType) -> KernelSpec {
