@@ -154,6 +154,17 @@ pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
 
 /// An output tensor filled with NaN, so an element a kernel fails to write
 /// shows up in every comparison.
+/// `n` packed columns of `cols` values laid out strided: column c at
+/// `offset + c * stride`, zeros between.
+pub fn spread_columns(x: &[f32], cols: usize, n: usize, offset: usize, stride: usize) -> Vec<f32> {
+    let mut xs = vec![0f32; offset + n * stride];
+    for c in 0..n {
+        let at = offset + c * stride;
+        xs[at..at + cols].copy_from_slice(&x[c * cols..(c + 1) * cols]);
+    }
+    xs
+}
+
 pub fn poisoned(gpu: &Gpu, n: usize) -> Tensor {
     gpu.upload_f32(&vec![f32::NAN; n]).unwrap()
 }

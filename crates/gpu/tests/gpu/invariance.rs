@@ -158,11 +158,7 @@ fn tiled_tiles_across_rows_and_columns_give_the_matvec_bits() {
         // Columns 3 apart in x after a 5-element prefix; 2 apart in y
         // after 7.
         let (xs_stride, ys_stride) = (cols + 3, rows + 2);
-        let mut xs = vec![0f32; 5 + n * xs_stride];
-        for c in 0..n {
-            let at = 5 + c * xs_stride;
-            xs[at..at + cols].copy_from_slice(&x[c * cols..(c + 1) * cols]);
-        }
+        let xs = common::spread_columns(&x, cols, n, 5, xs_stride);
         let xt = gpu.upload_f32(&xs).unwrap();
         let y = common::poisoned(gpu, 7 + n * ys_stride);
         let poison = gpu.read_u32(&y).unwrap()[0];

@@ -106,11 +106,7 @@ fn strided_columns_write_only_their_slices() {
         y_offset: 7,
         y_stride: rows + 4,
     };
-    let mut xs = vec![0f32; 5 + n * (cols + 3)];
-    for c in 0..n {
-        let at = 5 + c * (cols + 3);
-        xs[at..at + cols].copy_from_slice(&x[c * cols..(c + 1) * cols]);
-    }
+    let xs = common::spread_columns(&x, cols, n, 5, cols + 3);
     let xt = gpu.upload_f32(&xs).unwrap();
     let len = 7 + n * (rows + 4);
     for kernel in [MatmulKernel::Small, MatmulKernel::Tiled] {
