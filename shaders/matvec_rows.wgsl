@@ -98,29 +98,75 @@ const UG: u32 = {{UG}}u;
 const CLB: u32 = {{CLB}}u;
 
 // Canonical step 1 for unit `u` of every output this thread holds: the
-// partial of row rr (weights `wv[rr]`) and column c at rr * MAXC + c, zero
-// for columns past p.ncols. `sgl` is the subgroup invocation (SG on).
+// partial of row rr (weights `wv[rr]`) and column c at rr * MAXC + c
+// (columns past p.ncols hold values never written). `sgl` is the subgroup
+// invocation (SG on).
+//
+// A unit's fma chains run interleaved: weight by weight, every column's
+// and row's chain takes its next step. Each chain is 32 dependent steps
+// (the canonical order allows no other), and a CPU-backed device runs them
+// as written: one column at a time leaves it waiting on each add's latency
+// with only RPT chains to overlap, all columns at once give it RPT * MAXC.
+// Each chain's own steps are unchanged, so are the bits. Columns past
+// p.ncols compute on the last column, so no branch splits the block: a step
+// of fewer than 8 columns picks the smallest compiled MAXC (1, 2, 4, 8)
+// that holds them, and only a prompt's last chunk computes many more
+// columns than it has.
 fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
     var o: array<f32, NO>;
     let k0 = 32u * u;
+    if (MAXC == 1u) {
+        return unit_partials_1(wv, u, sgl);
+    }
+    if (k0 + 32u <= p.k) {
+        var xp: array<XPart, MAXC>;
+        for (var c = 0u; c < MAXC; c++) {
+            let cc = min(c, p.ncols - 1u);
+            xp[c] = unit_x_part(p.x_offset + cc * p.x_stride + k0, k0, cc, sgl);
+        }
+        // Written out: `i` a constant in each, so nothing below indexes
+        // private memory at run time.
+        o = unit_vec4(o, wv, xp, 0u);
+        o = unit_vec4(o, wv, xp, 1u);
+        o = unit_vec4(o, wv, xp, 2u);
+        o = unit_vec4(o, wv, xp, 3u);
+        o = unit_vec4(o, wv, xp, 4u);
+        o = unit_vec4(o, wv, xp, 5u);
+        o = unit_vec4(o, wv, xp, 6u);
+        o = unit_vec4(o, wv, xp, 7u);
+        return o;
+    }
+    // A float row's short last unit: its valid weights only.
     for (var c = 0u; c < MAXC; c++) {
-        // A loop of constant trip count, which the compiler unrolls,
-        // keeping `o` and `s` in registers instead of indexing them
-        // through memory; columns past p.ncols (uniform in the workgroup)
-        // skip their body, so a run or chunk of fewer columns than the
-        // compiled MAXC costs its own columns only.
-        // (The one-column kernel keeps its exit: measured faster there.)
-        if (MAXC == 1u && c >= p.ncols) {
+        if (c >= p.ncols) {
             break;
         }
-        if (MAXC > 1u && c >= p.ncols) {
-            continue;
+        let xb = p.x_offset + c * p.x_stride + k0;
+        let n = p.k - k0;
+        for (var jj = 0u; jj < n; jj++) {
+            let xv = xn1(xb + jj, k0 + jj, c);
+            for (var rr = 0u; rr < RPT; rr++) {
+                o[rr * MAXC + c] = fma(pick(wv[rr], jj), xv, o[rr * MAXC + c]);
+            }
         }
-        let cc = select(min(c, p.ncols - 1u), c, MAXC == 1u);
-        let xb = p.x_offset + cc * p.x_stride + k0;
+    }
+    return o;
+}
+
+// One column (MAXC 1): one chain per row, column by column as the kernel
+// always did. (Measured: the interleaved form costs the mat-vec 10-20 % on
+// lavapipe, its code otherwise the same but laid out differently.)
+fn unit_partials_1(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
+    var o: array<f32, NO>;
+    let k0 = 32u * u;
+    for (var c = 0u; c < MAXC; c++) {
+        if (c >= p.ncols) {
+            break;
+        }
+        let xb = p.x_offset + c * p.x_stride + k0;
         var s: array<f32, RPT>;
         if (k0 + 32u <= p.k) {
-            let xs = unit_x(xb, k0, cc, sgl);
+            let xs = unit_x_all(unit_x_part(xb, k0, c, sgl));
             for (var i = 0u; i < 8u; i++) {
                 let xv = xs[i];
                 for (var rr = 0u; rr < RPT; rr++) {
@@ -135,7 +181,7 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
             // A float row's short last unit: its valid weights only.
             let n = p.k - k0;
             for (var jj = 0u; jj < n; jj++) {
-                let xv = xn1(xb + jj, k0 + jj, cc);
+                let xv = xn1(xb + jj, k0 + jj, c);
                 for (var rr = 0u; rr < RPT; rr++) {
                     s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
                 }
@@ -143,6 +189,41 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
         }
         for (var rr = 0u; rr < RPT; rr++) {
             o[rr * MAXC + c] = s[rr];
+        }
+    }
+    return o;
+}
+
+// Steps 4i .. 4i + 3 of every chain of unit_partials.
+fn unit_vec4(
+    o_in: array<f32, NO>,
+    wv: array<array<vec4<f32>, 8>, RPT>,
+    xp: array<XPart, MAXC>,
+    i: u32,
+) -> array<f32, NO> {
+    var o = o_in;
+    var xv: array<vec4<f32>, MAXC>;
+    for (var c = 0u; c < MAXC; c++) {
+        xv[c] = unit_x_at(xp[c], i);
+    }
+    for (var c = 0u; c < MAXC; c++) {
+        for (var rr = 0u; rr < RPT; rr++) {
+            o[rr * MAXC + c] = fma(wv[rr][i].x, xv[c].x, o[rr * MAXC + c]);
+        }
+    }
+    for (var c = 0u; c < MAXC; c++) {
+        for (var rr = 0u; rr < RPT; rr++) {
+            o[rr * MAXC + c] = fma(wv[rr][i].y, xv[c].y, o[rr * MAXC + c]);
+        }
+    }
+    for (var c = 0u; c < MAXC; c++) {
+        for (var rr = 0u; rr < RPT; rr++) {
+            o[rr * MAXC + c] = fma(wv[rr][i].z, xv[c].z, o[rr * MAXC + c]);
+        }
+    }
+    for (var c = 0u; c < MAXC; c++) {
+        for (var rr = 0u; rr < RPT; rr++) {
+            o[rr * MAXC + c] = fma(wv[rr][i].w, xv[c].w, o[rr * MAXC + c]);
         }
     }
     return o;

@@ -1,20 +1,31 @@
-// The 32 activations of a unit from x[xb ..] (elements k0 .. of column
-// c's row, for the norm prologue), one vec4 per subgroup invocation
-// (lane % 8) broadcast to all: the same values as unit_x_off.wgsl, and the
-// norm applied before the broadcast, once per value. Every invocation of
-// the subgroup must call it together.
+// A unit's 32 activations (elements k0 .. of column c's row from x[xb ..],
+// for the norm prologue) shared across a subgroup: each invocation loads
+// one vec4 (its lane % 8), and vec4 i of the unit is invocation i's, handed
+// to all. The same values as unit_x_off.wgsl, the norm applied once per
+// value. Every invocation of the subgroup must call both together.
 
-fn unit_x(xb: u32, k0: u32, c: u32, lane: u32) -> array<vec4<f32>, 8> {
+alias XPart = vec4<f32>;
+
+fn unit_x_part(xb: u32, k0: u32, c: u32, lane: u32) -> XPart {
     let q = 4u * (lane & 7u);
-    let mine = xn4(xb + q, k0 + q, c);
+    return xn4(xb + q, k0 + q, c);
+}
+
+fn unit_x_at(part: XPart, i: u32) -> vec4<f32> {
+    return subgroupShuffle(part, i);
+}
+
+// All 8 vec4s of the unit from the parts, by constant broadcasts (which a
+// CPU-backed device turns into one permute each).
+fn unit_x_all(part: XPart) -> array<vec4<f32>, 8> {
     return array<vec4<f32>, 8>(
-        subgroupBroadcast(mine, 0u),
-        subgroupBroadcast(mine, 1u),
-        subgroupBroadcast(mine, 2u),
-        subgroupBroadcast(mine, 3u),
-        subgroupBroadcast(mine, 4u),
-        subgroupBroadcast(mine, 5u),
-        subgroupBroadcast(mine, 6u),
-        subgroupBroadcast(mine, 7u),
+        subgroupBroadcast(part, 0u),
+        subgroupBroadcast(part, 1u),
+        subgroupBroadcast(part, 2u),
+        subgroupBroadcast(part, 3u),
+        subgroupBroadcast(part, 4u),
+        subgroupBroadcast(part, 5u),
+        subgroupBroadcast(part, 6u),
+        subgroupBroadcast(part, 7u),
     );
 }
