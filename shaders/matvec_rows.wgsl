@@ -110,13 +110,15 @@ const CLB: u32 = {{CLB}}u;
 // Each chain's own steps are unchanged, so are the bits. Columns past
 // p.ncols compute on the last column, so no branch splits the block: a step
 // of fewer than 8 columns picks the smallest compiled MAXC (1, 2, 4, 8)
-// that holds them, and only a prompt's last chunk computes many more
-// columns than it has.
+// that holds them, a remainder of 1-4 columns past full chunks gets a
+// narrower dispatch (ops/matmul.rs), so a chunk computes at most 3 columns
+// it does not have. Runs (RUNS = on), whose column counts vary from
+// chunk to chunk, and the one-column kernel take unit_partials_cols.
 fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
     var o: array<f32, NO>;
     let k0 = 32u * u;
-    if (MAXC == 1u) {
-        return unit_partials_1(wv, u, sgl);
+    if (MAXC == 1u || RUNS_ON) {
+        return unit_partials_cols(wv, u, sgl);
     }
     if (k0 + 32u <= p.k) {
         var xp: array<XPart, MAXC>;
@@ -153,10 +155,11 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
     return o;
 }
 
-// One column (MAXC 1): one chain per row, column by column as the kernel
-// always did. (Measured: the interleaved form costs the mat-vec 10-20 % on
-// lavapipe, its code otherwise the same but laid out differently.)
-fn unit_partials_1(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
+// unit_partials column by column, only the RPT row chains interleaved: for
+// the one-column kernel (measured: the interleaved form costs the mat-vec
+// 10-20 % on lavapipe, its code otherwise the same but laid out
+// differently), and for runs, which skip the columns they do not have.
+fn unit_partials_cols(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
     var o: array<f32, NO>;
     let k0 = 32u * u;
     for (var c = 0u; c < MAXC; c++) {

@@ -11,6 +11,10 @@
 
 @group(0) @binding({{RB}}) var<storage, read> runs: array<u32>;
 
+// Runs hold any column count up to MAXC (an expert's few tokens beside
+// another's eight): matvec_rows.wgsl computes them column by column.
+const RUNS_ON: bool = true;
+
 //
 // A weight too large for one binding is split between matrices
 // (`Gpu::upload_matrices`): one dispatch per binding, which holds matrices
