@@ -138,21 +138,31 @@ fn unit_partials(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array
         o = unit_vec4(o, wv, xp, 7u);
         return o;
     }
-    // A float row's short last unit: its valid weights only.
     for (var c = 0u; c < MAXC; c++) {
         if (c >= p.ncols) {
             break;
         }
-        let xb = p.x_offset + c * p.x_stride + k0;
-        let n = p.k - k0;
-        for (var jj = 0u; jj < n; jj++) {
-            let xv = xn1(xb + jj, k0 + jj, c);
-            for (var rr = 0u; rr < RPT; rr++) {
-                o[rr * MAXC + c] = fma(pick(wv[rr], jj), xv, o[rr * MAXC + c]);
-            }
+        let s = short_unit(wv, k0, c);
+        for (var rr = 0u; rr < RPT; rr++) {
+            o[rr * MAXC + c] = s[rr];
         }
     }
     return o;
+}
+
+// A float row's short last unit against column c: its valid weights only,
+// one chain per row.
+fn short_unit(wv: array<array<vec4<f32>, 8>, RPT>, k0: u32, c: u32) -> array<f32, RPT> {
+    var s: array<f32, RPT>;
+    let xb = p.x_offset + c * p.x_stride + k0;
+    let n = p.k - k0;
+    for (var jj = 0u; jj < n; jj++) {
+        let xv = xn1(xb + jj, k0 + jj, c);
+        for (var rr = 0u; rr < RPT; rr++) {
+            s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
+        }
+    }
+    return s;
 }
 
 // unit_partials column by column, only the RPT row chains interleaved: for
@@ -181,14 +191,7 @@ fn unit_partials_cols(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> 
                 }
             }
         } else {
-            // A float row's short last unit: its valid weights only.
-            let n = p.k - k0;
-            for (var jj = 0u; jj < n; jj++) {
-                let xv = xn1(xb + jj, k0 + jj, c);
-                for (var rr = 0u; rr < RPT; rr++) {
-                    s[rr] = fma(pick(wv[rr], jj), xv, s[rr]);
-                }
-            }
+            s = short_unit(wv, k0, c);
         }
         for (var rr = 0u; rr < RPT; rr++) {
             o[rr * MAXC + c] = s[rr];
