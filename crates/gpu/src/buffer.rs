@@ -61,6 +61,17 @@ impl Tensor {
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buf
     }
+
+    /// The first `len` values, as a tensor of their own that shares this
+    /// one's buffer (kernels size their work by a tensor's length, and a
+    /// bind group binds the whole buffer, so a view of a larger buffer
+    /// binds like the buffer itself); `None` past the end.
+    pub fn prefix(&self, len: usize) -> Option<Tensor> {
+        (len <= self.len).then(|| Tensor {
+            buf: self.buf.clone(),
+            len,
+        })
+    }
 }
 
 /// One binding's worth of weight rows.

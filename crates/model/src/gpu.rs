@@ -43,9 +43,9 @@
 use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
-    argmax_scratch_len, topk_scratch_len, topk_value, Attention, Batch, Columns, Fuse, Gate, Gpu,
-    KvElem, MatmulKernel, NormAfter, QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable,
-    Weight, ARGMAX_MAX_LEN, ARGMAX_NONE, TOPK_MAX, TOPK_NONE,
+    topk_value, Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel, NormAfter,
+    QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable, Weight, ARGMAX_MAX_LEN,
+    ARGMAX_NONE, TOPK_MAX, TOPK_NONE,
 };
 
 use crate::block::Block;
@@ -55,6 +55,10 @@ use crate::error::ModelError;
 use crate::kv::KvType;
 use crate::plan::{Device, Plan};
 use crate::weights::{Ffn, Layer, Matrix};
+
+mod scratch;
+
+use scratch::{Pool, Scratch, Shape};
 
 /// What a step reads back from the GPU: the logits, only each sequence's
 /// argmax of them (greedy decoding), or its argmax and its `k` best logits
@@ -336,10 +340,10 @@ pub struct HybridModel<'a> {
     first_gpu: usize,
     layers: Vec<GpuLayer>,
     head: Option<GpuHead>,
-    /// The last step's scratch, reused while the batch size matches: decoding
-    /// allocates nothing per token. Held for the whole GPU part of a step, so
-    /// two steps never share buffers.
-    scratch: Mutex<Option<Scratch>>,
+    /// The steps' scratch buffers, kept across steps of any shape
+    /// ([`scratch`]). Held for the whole GPU part of a step, so two steps
+    /// never share buffers.
+    scratch: Mutex<Option<Pool>>,
     /// Dispatches recorded inside the GPU blocks so far (the rest of a
     /// step's are the first norm and the head): `bench model` prints the
     /// per-block count from it.
@@ -558,69 +562,6 @@ struct Segment<'c> {
     n: usize,
     pos0: usize,
     cache: &'c HybridCache,
-}
-
-/// Scratch tensors of one step, sized for `n` tokens of `seqs` sequences.
-struct Scratch {
-    n: usize,
-    seqs: usize,
-    /// Positions the attention partials have room for.
-    kv_room: usize,
-    logits: Tensor,
-    /// Each sequence's greedy pick ((key, index) pairs) and the first
-    /// stage of its reduction (`lamina_gpu`'s `argmax_rows`).
-    picks: Tensor,
-    pick_pairs: Tensor,
-    /// Each sequence's best logits ((key, index) pairs, [`TOPK_MAX`] a
-    /// sequence) and the two tensors of their stages (`lamina_gpu`'s
-    /// `topk_rows`): made by the first step that asks for them.
-    top: Option<[Tensor; 3]>,
-    /// The last hidden state of each sequence (multi-sequence steps).
-    last: Tensor,
-    /// The token table of the step (`TokenRow`s) and its host copy.
-    table: Tensor,
-    rows: Vec<TokenRow>,
-    /// The same tokens' rows in the sliding-window layers' rings.
-    table_ring: Tensor,
-    rows_ring: Vec<TokenRow>,
-    x: Tensor,
-    x2: Tensor,
-    /// The normed input of the next product (attention, feed-forward, head).
-    h: Tensor,
-    /// The stacked QKV product and its biased / per-head-normed copy.
-    qkv: Tensor,
-    qkv2: Tensor,
-    q: Tensor,
-    attn: Tensor,
-    o: Tensor,
-    /// The stacked gate/up product and the gated activation.
-    gu: Tensor,
-    a: Tensor,
-    /// What a split block hands the CPU, read back at once: the normed
-    /// feed-forward input (`n · n_embd`), the router's logits
-    /// (`n · n_expert`) and the shared expert's output (`n · n_embd`,
-    /// qwen2moe); and the shared expert's stacked gate/up product and
-    /// activation (one value each where there is no mixture or no shared
-    /// expert).
-    moe_io: Tensor,
-    sgu: Tensor,
-    sa: Tensor,
-    /// Routed experts on the GPU: every (token, slot)'s input packed in
-    /// expert order (a step the host routes), its activation and output
-    /// (one value each where no block has its experts on the GPU).
-    xin: Tensor,
-    ea: Tensor,
-    ys: Tensor,
-    /// Each (token, slot)'s row of `ys`, then its weight (f32 bits): the
-    /// weighted sum's table (lamina_gpu's `moe_weigh`); then the run tables
-    /// of the experts' products (`matmul_runs`).
-    route: Tensor,
-    /// The packed experts' indirect dispatch arguments (`moe_pack`).
-    moe_args: Tensor,
-    /// The attention chunks' partials.
-    scores: Tensor,
-    /// The norm epilogues' workgroup counter (lamina_gpu::NormAfter).
-    norm_count: Tensor,
 }
 
 impl<'a> HybridModel<'a> {
@@ -1155,70 +1096,6 @@ impl<'a> HybridModel<'a> {
         })
     }
 
-    fn scratch(
-        &self,
-        g: &Gpu,
-        n: usize,
-        seqs: usize,
-        kv_room: usize,
-    ) -> Result<Scratch, ModelError> {
-        let c = &self.cpu.config;
-        let t = |len: usize| g.tensor(len).map_err(gpu_err);
-        let (e, qd, kvd, ff) = (c.n_embd, c.q_dim(), c.kv_dim(), c.n_ff);
-        let fs = c.moe.and_then(|m| m.n_ff_shared).unwrap_or(0);
-        // (token, slot) pairs of the routed experts on the GPU, if any.
-        let gpu_experts = self.layers.iter().any(|l| l.gpu_experts().is_some());
-        let (slots, fe) = match c.moe {
-            Some(m) if gpu_experts => (n * m.n_used, m.n_ff_exp),
-            _ => (0, 0),
-        };
-        Ok(Scratch {
-            n,
-            seqs,
-            kv_room,
-            // One row per sequence: the usual ask (a step's last logits).
-            // A step that wants more rows gets a tensor of its own, so a
-            // long prompt over a large vocabulary (Gemma 3's 262144) does
-            // not bind `n` rows of logits it never computes.
-            logits: t(seqs.max(1) * c.n_vocab)?,
-            picks: t(2 * seqs.max(1))?,
-            pick_pairs: t(argmax_scratch_len(seqs.max(1), c.n_vocab).max(1))?,
-            top: None,
-            last: t(seqs * e)?,
-            // Each table holds its entries, then the RoPE pair factors at
-            // word 2n (see `Self::rope_factors_at`).
-            table: t(2 * n + Self::rope_factor_words(c))?,
-            rows: Vec::with_capacity(n),
-            table_ring: t(2 * n + Self::rope_factor_words(c))?,
-            rows_ring: Vec::with_capacity(n),
-            x: t(n * e)?,
-            x2: t(n * e)?,
-            h: t(n * e)?,
-            qkv: t(n * (qd + 2 * kvd))?,
-            qkv2: t(n * (qd + 2 * kvd))?,
-            q: t(n * qd)?,
-            attn: t(n * qd)?,
-            o: t(n * e)?,
-            gu: t(n * 2 * ff)?,
-            a: t(n * ff)?,
-            moe_io: t((n * c.moe.map_or(0, |m| moe_io_width(c, &m))).max(1))?,
-            sgu: t((n * 2 * fs).max(1))?,
-            sa: t((n * fs).max(1))?,
-            xin: t((slots * e).max(1))?,
-            ea: t((slots * fe).max(1))?,
-            ys: t((slots * e).max(1))?,
-            // The weighed sum's table, the run tables and the packed
-            // columns' tokens (lamina_gpu::MoeRouting::words).
-            route: t((slots * 11).max(1))?,
-            moe_args: t(6)?,
-            scores: t(lamina_gpu::attention_scratch_len(
-                n, c.n_head, c.head_dim, kv_room,
-            ))?,
-            // New buffers start zeroed, which is what the counter needs.
-            norm_count: t(1)?,
-        })
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn gpu_part(
         &self,
@@ -1264,34 +1141,29 @@ impl<'a> HybridModel<'a> {
         let seqs = segments.len();
         let kv_len = segments.iter().map(|s| s.pos0 + s.n).max().unwrap_or(0);
         let mut held = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if !held
-            .as_ref()
-            .is_some_and(|s| s.n == n && s.seqs == seqs && s.kv_room >= kv_len)
-        {
-            // Decode steps (one token per sequence) get room for the whole
-            // cache, so decoding allocates once; prompt batches get what
-            // they need.
-            let room = if n == seqs {
-                segments
-                    .iter()
-                    .map(|s| s.cache.capacity())
-                    .max()
-                    .unwrap_or(0)
-                    .max(kv_len)
-            } else {
-                kv_len
-            };
-            *held = Some(self.scratch(g, n, seqs, room)?);
-        }
-        let Some(s) = held.as_mut() else {
-            return Err(ModelError::Gpu("scratch buffers missing".into()));
+        // Decode steps (one token per sequence) get room for the whole
+        // cache, so decoding allocates once; prompt batches get what they
+        // need.
+        let kv_room = if n == seqs {
+            segments
+                .iter()
+                .map(|s| s.cache.capacity())
+                .max()
+                .unwrap_or(0)
+                .max(kv_len)
+        } else {
+            kv_len
         };
-        if matches!(read, Readback::Top(_)) && s.top.is_none() {
-            let rows = s.seqs.max(1);
-            let words = topk_scratch_len(rows, c.n_vocab, TOPK_MAX).max(1);
-            let t = |len: usize| g.tensor(len).map_err(gpu_err);
-            s.top = Some([t(words)?, t(words)?, t(2 * TOPK_MAX * rows)?]);
-        }
+        let gpu_experts = self.layers.iter().any(|l| l.gpu_experts().is_some());
+        let mut s = Pool::step(
+            &mut held,
+            g,
+            c,
+            gpu_experts,
+            Self::rope_factor_words(c),
+            Shape { n, seqs, kv_room },
+            matches!(read, Readback::Top(_)),
+        )?;
         // The token table: each token's position and its row in its
         // cache's buffers (its slot's first row plus the position).
         // A ring layer's table has each token at its slot's first ring row
@@ -1342,7 +1214,7 @@ impl<'a> HybridModel<'a> {
             g.write_u32(&s.table_ring, &table_words(&s.rows_ring))
                 .map_err(gpu_err)?;
         }
-        let s = &*s;
+        let s = &s;
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
         // Each block leaves the hidden state where it found it (in `x`). A

@@ -935,6 +935,44 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
     }
 }
 
+/// Steps of changing shape share one set of scratch buffers. A server's
+/// steps change shape all the time (a prompt chunk joins the decodes, a
+/// sequence ends), and scratch made anew for each shape bound new buffers
+/// in every dispatch: going back to a shape seen two steps before makes no
+/// new bind group.
+#[test]
+fn steps_of_changing_shape_keep_their_scratch_buffers() {
+    let file = open(&Spec::new("llama"));
+    // A device of its own: its counters see only this test's steps.
+    let g = Arc::new(Gpu::new(GpuOptions::default()).unwrap());
+    let m = hybrid_32(&file, LAYERS + 1, usize::MAX, Some(g.clone()));
+    let mut v = m.new_caches(2, 32).unwrap();
+    let mut b = v.pop().unwrap();
+    let mut a = v.pop().unwrap();
+    m.forward_multi(&mut [(&PROMPT[..], &mut a), (&[1, 2, 3][..], &mut b)])
+        .unwrap();
+    let decode = |a: &mut _, b: &mut _, t: u32| {
+        m.forward_multi(&mut [(&[t][..], a), (&[t + 1][..], b)])
+            .unwrap()
+    };
+    let first = decode(&mut a, &mut b, 7);
+    // A larger step, then a smaller one alone.
+    m.forward(&[9, 10, 11, 12, 13, 14, 15, 16, 17], &mut a, Logits::Last)
+        .unwrap();
+    m.forward(&[18], &mut b, Logits::Last).unwrap();
+    let made = g.host_counters().bind_groups_made;
+    let again = decode(&mut a, &mut b, 20);
+    assert_eq!(
+        g.host_counters().bind_groups_made,
+        made,
+        "a decode step of a shape seen before made new bind groups"
+    );
+    // Views of larger buffers give what exact ones gave: the logits are
+    // finite and differ from the first decode's (other inputs).
+    assert!(again.iter().flatten().all(|x| x.is_finite()));
+    assert_ne!(first, again);
+}
+
 /// Three sequences stepped alone and in one `forward_multi` step get the
 /// same bits, and their caches the same history.
 fn multi_sequence_step_is_batch_invariant(m: &HybridModel<'_>, shared: bool, what: &str) {
