@@ -310,6 +310,11 @@ pub struct ServeCli {
     /// its size in RAM, and changes to the file cannot reach the server.
     #[arg(long, env = "LAMINA_NO_MMAP")]
     pub no_mmap: bool,
+    /// Do not run the first steps' shapes at load: with layers on a GPU, the
+    /// first requests then compile the kernels they need (llama-server's
+    /// `--no-warmup`).
+    #[arg(long, env = "LAMINA_NO_WARMUP")]
+    pub no_warmup: bool,
     #[command(flatten)]
     pub placement: Placement,
     #[command(flatten)]

@@ -644,6 +644,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             .ok()
             .map(std::time::Duration::from_secs),
         no_mmap: a.no_mmap,
+        no_warmup: a.no_warmup,
         mcp_servers: mcp_servers(
             a.llama.mcp_servers_config.as_deref(),
             a.llama.mcp_servers_json.as_deref(),

@@ -57,6 +57,8 @@ pub struct ServeArgs {
     pub shutdown_grace_s: u64,
     /// Read the model into memory rather than mapping it.
     pub no_mmap: bool,
+    /// Skip the engine's warm-up steps at load (`EngineConfig::warmup`).
+    pub no_warmup: bool,
     /// Prompt tokens per step (`-b`/`-ub`); `None`: the engine's default.
     pub n_batch: Option<usize>,
     /// `--step-budget-ms`; `None`: prompts are not paced.
@@ -193,6 +195,7 @@ async fn serve(
         n_batch: a.n_batch.unwrap_or(EngineConfig::new(&a.file).n_batch),
         step_budget: a.step_budget,
         sleep_idle: a.sleep_idle,
+        warmup: !a.no_warmup,
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();

@@ -111,6 +111,13 @@ pub trait Backend {
         None
     }
 
+    /// Whether steps run kernels that are compiled on first use (layers on
+    /// a GPU), which [`crate::scheduler::warm_up`] compiles before the
+    /// first request.
+    fn compiles_kernels(&self) -> bool {
+        false
+    }
+
     /// [`Backend::forward_batch`] for a step whose sampling sequences each
     /// need only their argmax ([`lamina_sampling::Sampler::is_plain_greedy`])
     /// or their `k` best logits ([`lamina_sampling::Sampler::top_k_only`]):
@@ -273,6 +280,10 @@ impl Backend for HybridModel<'_> {
 
     fn top_on_device(&self) -> Option<usize> {
         self.top_on_gpu()
+    }
+
+    fn compiles_kernels(&self) -> bool {
+        self.gpu().is_some() && self.plan.ngl > 0
     }
 
     /// On the GPU where [`HybridModel::top_on_gpu`] takes `k` (jointly,

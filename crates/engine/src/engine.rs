@@ -24,6 +24,7 @@ use lamina_gguf::{LoadMode, Model};
 use lamina_model::placement::{self, LoadArgs, Ngl};
 use tokio::sync::mpsc as tmpsc;
 
+use crate::backend::Backend as _;
 use crate::error::EngineError;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::model_info::{self, InfoParams, ModelInfo};
@@ -80,6 +81,10 @@ pub struct EngineConfig {
     /// (`None`, the default) on any device that is not CPU-backed
     /// (`HybridModel::select_top_on_gpu`): for tests and comparisons.
     pub select_top_on_gpu: Option<bool>,
+    /// Run the first steps' shapes once at load, so that a GPU compiles
+    /// their kernels before the first request (`--no-warmup` turns it
+    /// off; see `scheduler::warm_up`).
+    pub warmup: bool,
 }
 
 impl EngineConfig {
@@ -103,6 +108,7 @@ impl EngineConfig {
             load_mode: LoadMode::Mmap,
             sleep_idle: None,
             select_top_on_gpu: None,
+            warmup: true,
         }
     }
 }
@@ -445,8 +451,17 @@ fn load_and_serve(
     )
     .map_err(fail)?;
     info.placement = table;
-    let slots = scheduler::slots(&model, &info)
+    let mut slots = scheduler::slots(&model, &info)
         .map_err(|e| fail(EngineError::Load(format!("allocating the KV cache: {e}"))))?;
+    if cfg.warmup && model.compiles_kernels() {
+        let t = Instant::now();
+        scheduler::warm_up(&model, &mut slots)
+            .map_err(|e| fail(EngineError::Load(format!("warming up: {e}"))))?;
+        tracing::info!(
+            "warmed up in {:.0} ms (the first steps' kernels compiled)",
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
     // Loading read the weights (uploads, repacking): they must be the file's.
     file.check_unchanged()
         .map_err(|e| fail(EngineError::from(e)))?;

@@ -27,7 +27,7 @@ const FIRST_CHUNK: usize = 32;
 
 /// Prompt tokens a step always gets while a prompt waits, so prefill makes
 /// progress however tight the budget (a budget below one decode step).
-const MIN_CHUNK: usize = 16;
+pub(crate) const MIN_CHUNK: usize = 16;
 
 /// Steps with fewer prompt tokens are not used to learn `per_token`: their
 /// time is mostly the fixed part, and dividing it by a handful of tokens

@@ -278,6 +278,88 @@ pub(crate) fn slots<B: Backend>(
         .collect())
 }
 
+/// Sequences whose decode steps [`warm_up`] runs: 1 to this many at once
+/// (the small-N kernels' widest; more columns reuse their kernels).
+const WARM_SEQS: usize = 8;
+
+/// Prompt chunks [`warm_up`] runs: 2 to this many tokens, every column
+/// count of the small-N kernels and every remainder after whole groups of 8.
+const WARM_PROMPT: usize = 16;
+
+/// Runs the steps a server meets first, on the slots' own caches, and
+/// forgets them: decode steps of 1 to [`WARM_SEQS`] sequences, each way a
+/// step reads back (picks for greedy requests, and candidates or logits
+/// for sampled ones), one sequence's prompt chunks of 2 to
+/// [`WARM_PROMPT`] tokens, and a paced prompt chunk beside 1 to
+/// [`WARM_SEQS`] - 1 decodes. A GPU compiles a kernel the first time a step
+/// needs it, which on a CPU-backed device took 100-150 ms a kernel even
+/// with the driver's cache warm, and the first requests of every shape
+/// paid it: measured with `lamina bench serve --ngl all --clients 1,8` on
+/// SmolLM2, 71 kernels, 1.4 s of the one-client level's 7.8 s and 4.5 s of
+/// the eight-client level's 28.7 s. llama-server warms up at start the
+/// same way (`--no-warmup` turns it off there and here).
+pub(crate) fn warm_up<B: Backend>(
+    backend: &B,
+    slots: &mut [Slot<B::Cache>],
+) -> Result<(), lamina_model::ModelError> {
+    let forget = |slots: &mut [Slot<B::Cache>]| {
+        for s in slots.iter_mut() {
+            s.cache.truncate(0);
+            s.tokens.clear();
+        }
+    };
+    fn first<T>(
+        r: Vec<Result<T, lamina_model::ModelError>>,
+    ) -> Result<(), lamina_model::ModelError> {
+        r.into_iter().find_map(Result::err).map_or(Ok(()), Err)
+    }
+    let top = backend.top_on_device();
+    let token = [0u32];
+    for seqs in 1..=slots.len().min(WARM_SEQS) {
+        let mut work: Vec<(&[u32], &mut B::Cache)> = slots[..seqs]
+            .iter_mut()
+            .map(|s| (&token[..], &mut s.cache))
+            .collect();
+        first(backend.forward_batch_argmax(&mut work))?;
+        match top {
+            Some(k) => {
+                let default_k = lamina_sampling::SamplerConfig::default().top_k;
+                first(backend.forward_batch_top(&mut work, k.min(default_k)))?
+            }
+            None => first(backend.forward_batch(&mut work))?,
+        }
+        drop(work);
+        forget(slots);
+    }
+    let prompt: Vec<u32> = vec![0; WARM_PROMPT];
+    if let Some(slot) = slots.first_mut() {
+        for n in 2..=WARM_PROMPT.min(slot.cache.capacity()) {
+            first(backend.forward_batch_argmax(&mut [(&prompt[..n], &mut slot.cache)]))?;
+            slot.cache.truncate(0);
+        }
+    }
+    // A prompt's chunk beside sequences that decode: the step a server
+    // under load runs most (the pacer gives such a chunk `MIN_CHUNK`
+    // tokens, the warm prompt's length).
+    let chunk = &prompt[..WARM_PROMPT.min(crate::pacing::MIN_CHUNK)];
+    for decoding in 1..slots.len().min(WARM_SEQS) {
+        let fits = slots.iter().all(|s| s.cache.capacity() > chunk.len());
+        if !fits {
+            break;
+        }
+        let mut work: Vec<(&[u32], &mut B::Cache)> = slots[..=decoding]
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| (if i == 0 { chunk } else { &token[..] }, &mut s.cache))
+            .collect();
+        first(backend.forward_batch_argmax(&mut work))?;
+        drop(work);
+        forget(slots);
+    }
+    forget(slots);
+    Ok(())
+}
+
 /// Serves jobs (`first` before any other) until every sender is gone and
 /// nothing is running ([`Ended::Closed`]), until nothing has run for
 /// `idle` ([`Ended::Idle`]), or until the model files changed (`Err`, once

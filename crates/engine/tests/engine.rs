@@ -187,7 +187,13 @@ fn seeded_sampling_alone_and_among_others_draws_the_same() {
 /// `select_top`: whether top-k candidates are selected there (`None`: as
 /// the device's kind decides).
 fn gpu_engine(select_top: Option<bool>) -> Engine {
+    gpu_engine_warm(select_top, true)
+}
+
+/// [`gpu_engine`], warmed up at load or not (`EngineConfig::warmup`).
+fn gpu_engine_warm(select_top: Option<bool>, warmup: bool) -> Engine {
     let mut cfg = EngineConfig::new(model_path());
+    cfg.warmup = warmup;
     cfg.n_parallel = 4;
     cfg.n_ctx = Some(4 * 256);
     cfg.max_queue = 8;
@@ -196,6 +202,35 @@ fn gpu_engine(select_top: Option<bool>) -> Engine {
     let e = Engine::start(cfg).unwrap();
     e.wait_ready(Duration::from_secs(60)).unwrap();
     e
+}
+
+/// The warm-up's steps (every slot decoding, prompt chunks, both beside
+/// each other) leave nothing behind: the slots start empty, and requests
+/// get the tokens an engine that skipped the warm-up gives them, alone and
+/// four at once.
+#[test]
+fn the_warm_up_leaves_the_slots_as_it_found_them() {
+    let warm = gpu_engine(None);
+    let snap = warm.metrics();
+    assert_eq!((snap.kv_used, snap.started), (0, 0));
+    let cold = gpu_engine_warm(None, false);
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The three primary colors are",
+    ];
+    let greedy = |p: &str| params(tokenize(p), 8);
+    let first = |e: &Engine| collect(e.submit(greedy(prompts[0])).unwrap()).0;
+    assert_eq!(first(&warm), first(&cold));
+    let together = |e: &Engine| -> Vec<Vec<u32>> {
+        let rxs: Vec<_> = prompts
+            .iter()
+            .map(|p| e.submit(greedy(p)).unwrap())
+            .collect();
+        rxs.into_iter().map(|rx| collect(rx).0).collect()
+    };
+    assert_eq!(together(&warm), together(&cold));
 }
 
 /// Every layer and the head on the (software) GPU: plain greedy requests
