@@ -602,12 +602,19 @@ fn uniform_window(
     let start = (x_offset as u64 * 4) / align * align;
     let rem = x_offset as u64 * 4 - start;
     let span = ((nc - 1) * cols.x_stride + k) as u64 * 4;
-    let window = (rem + span).div_ceil(TENSOR_SLACK) * TENSOR_SLACK;
+    let need = (rem + span).div_ceil(TENSOR_SLACK) * TENSOR_SLACK;
     let limit = gpu.limits().max_uniform_buffer_binding_size;
-    // The tensor's slack (buffer::TENSOR_SLACK) keeps the window inside it.
-    if window > limit || start + window > x.buf.size() {
-        return None;
-    }
+    // The tensor's slack (buffer::TENSOR_SLACK) keeps the needed window
+    // inside it. The window's length is compiled into the kernel (its
+    // uniform array's), so each length is a pipeline of its own: rounded
+    // up to a power of two where the buffer has room, a product takes a
+    // handful of them over every column count a server's steps bring
+    // (decodes beside a prompt chunk: any count up to the window's limit),
+    // not one each. Reading is the same; only the array's bound changes.
+    let fits = |w: u64| w <= limit && start + w <= x.buf.size();
+    let window = [need.next_power_of_two(), need]
+        .into_iter()
+        .find(|&w| fits(w))?;
     Some((start, window / 16, (rem / 4) as u32))
 }
 
