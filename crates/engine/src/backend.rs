@@ -68,6 +68,15 @@ pub trait Backend {
         ))
     }
 
+    /// Makes `dst` hold what `src` holds (a cache of the same model and
+    /// size; the slots' caches are): by default through
+    /// [`Backend::save_cache`] and [`Backend::restore_cache`]. On failure
+    /// `dst` may hold anything up to its length: its owner empties it.
+    fn copy_cache(&self, src: &Self::Cache, dst: &mut Self::Cache) -> Result<(), ModelError> {
+        let state = self.save_cache(src)?;
+        self.restore_cache(dst, &state).map(|_| ())
+    }
+
     /// Loads [`Backend::save_cache`]'s bytes; the positions now held.
     fn restore_cache(&self, _cache: &mut Self::Cache, _state: &[u8]) -> Result<usize, ModelError> {
         Err(ModelError::KvType(

@@ -461,6 +461,7 @@ pub(crate) fn run<B: Backend>(
             metrics.queued.fetch_sub(1, Relaxed);
             match job.work {
                 Work::Generate(params, events) => {
+                    share_prefix(backend, &mut slots, i, &params.prompt);
                     admit(&mut slots[i], params, events, job.submitted, &ctx, i)
                 }
                 Work::Hidden(tokens, reply) => {
@@ -711,6 +712,59 @@ fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &Atomic
     metrics.failed();
     outstanding.fetch_sub(1, Relaxed);
     job.fail(e.clone());
+}
+
+/// The fewest prompt tokens another slot must save a request for
+/// [`share_prefix`] to copy its cache: a copy moves every position the
+/// other slot holds, and a few tokens prefill about as fast.
+const SHARE_MIN: usize = 8;
+
+/// Before a request takes slot `i`: when another slot, busy or not, holds
+/// a start of `prompt` at least [`SHARE_MIN`] tokens longer than slot
+/// `i`'s own (the same system prompt, sent by another client), slot `i`
+/// takes a copy of that slot's cache and tokens cut to it, and
+/// [`admit`]'s prefix reuse then prefills only the rest. Without it every
+/// slot prefilled a shared system prompt once for itself. llama-server
+/// shares prompts across slots the same way, through its prompt cache.
+/// The copy (the backend's [`Backend::copy_cache`]) leaves the source as it
+/// was; a failed one leaves slot `i` empty, which costs a full prefill
+/// and nothing else.
+fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize, prompt: &[u32]) {
+    let Some(own) = slots.get(i).map(|s| common_prefix(&s.tokens, prompt)) else {
+        return;
+    };
+    let best = slots
+        .iter()
+        .enumerate()
+        .filter(|&(j, _)| j != i)
+        .map(|(j, s)| (common_prefix(&s.tokens, prompt).min(s.cache.len()), j))
+        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let Some((n, j)) = best.filter(|&(n, _)| n >= own + SHARE_MIN) else {
+        return;
+    };
+    let (src, dst) = if j < i {
+        let (a, b) = slots.split_at_mut(i);
+        (&a[j], &mut b[0])
+    } else {
+        let (a, b) = slots.split_at_mut(j);
+        (&b[0], &mut a[i])
+    };
+    match backend.copy_cache(&src.cache, &mut dst.cache) {
+        Ok(()) => {
+            dst.cache.truncate(n);
+            // A sliding-window ring that no longer holds the window before
+            // `n` keeps less: the cache says what it kept.
+            let kept = dst.cache.len().min(n);
+            dst.tokens.clear();
+            dst.tokens.extend_from_slice(&src.tokens[..kept]);
+            tracing::debug!(from = j, to = i, tokens = kept, "prompt prefix shared");
+        }
+        Err(e) => {
+            dst.cache.truncate(0);
+            dst.tokens.clear();
+            tracing::debug!(from = j, to = i, "prompt prefix not shared: {e}");
+        }
+    }
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -390,6 +390,68 @@ fn prefix_reuse_is_reported_and_changes_nothing() {
     assert_eq!(ids, a);
 }
 
+/// A slot that holds the start of a new request's prompt lends it to the
+/// slot the request gets: a second client's request with the same long
+/// start, sent while the first still decodes in the other slot, prefills
+/// only the rest, and gets the tokens it gets from a fresh engine.
+fn a_busy_slots_prompt_start_is_shared(engine: &Engine, fresh: &Engine) {
+    let system = "You are a careful assistant. You answer in full sentences, \
+                  you explain your reasoning, and you never make up facts. ";
+    let first = tokenize(&format!("{system}Tell me about the city of Paris."));
+    let second = tokenize(&format!("{system}Why is the sea salty?"));
+    let shared = first
+        .iter()
+        .zip(&second)
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(shared >= 16, "{shared} shared tokens");
+    let mut long = engine.submit(params(first, 60)).unwrap();
+    // Its prompt is in slot 0 once its first token is out.
+    loop {
+        match long.blocking_recv().unwrap() {
+            Event::Token { .. } => break,
+            Event::Text(_) | Event::Progress(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut rx = engine.submit(params(second.clone(), 6)).unwrap();
+    let mut ids = Vec::new();
+    loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Done(s) => {
+                assert_eq!(s.timings.cache_n, shared);
+                assert_eq!(s.timings.prompt_n, second.len() - shared);
+                break;
+            }
+            Event::Text(_) | Event::Progress(_) => {}
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(ids, collect(fresh.submit(params(second, 6)).unwrap()).0);
+    // The lender was left as it was: it runs to its end.
+    loop {
+        match long.blocking_recv().unwrap() {
+            Event::Done(s) => {
+                assert_eq!((s.finish, s.completion_tokens), (FinishReason::Length, 60));
+                break;
+            }
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_busy_slots_prompt_start_is_shared_on_the_cpu() {
+    a_busy_slots_prompt_start_is_shared(&start(2, 2), &start(2, 2));
+}
+
+#[test]
+fn a_busy_slots_prompt_start_is_shared_on_the_gpu() {
+    a_busy_slots_prompt_start_is_shared(&gpu_engine(None), &gpu_engine_warm(None, false));
+}
+
 #[test]
 fn dropped_receiver_frees_the_slot_and_queue_is_bounded() {
     let engine = start(1, 1);
