@@ -287,11 +287,11 @@ const WARM_SEQS: usize = 8;
 const WARM_PROMPT: usize = 16;
 
 /// Runs the steps a server meets first, on the slots' own caches, and
-/// forgets them: decode steps of 1 to [`WARM_SEQS`] sequences, each way a
-/// step reads back (picks for greedy requests, and candidates or logits
-/// for sampled ones), one sequence's prompt chunks of 2 to
-/// [`WARM_PROMPT`] tokens, and a paced prompt chunk beside 1 to
-/// [`WARM_SEQS`] - 1 decodes. A GPU compiles a kernel the first time a step
+/// forgets them: decode steps of 1 to [`WARM_SEQS`] sequences, reading
+/// back picks (greedy requests) and, where the device selects them,
+/// top-k candidates (sampled ones); one sequence's prompt chunks of every
+/// length the decode steps did not cover, up to [`WARM_PROMPT`] tokens;
+/// and a paced prompt chunk beside 1 to [`WARM_SEQS`] - 1 decodes. A GPU compiles a kernel the first time a step
 /// needs it, which on a CPU-backed device took 100-150 ms a kernel even
 /// with the driver's cache warm, and the first requests of every shape
 /// paid it: measured with `lamina bench serve --ngl all --clients 1,8` on
@@ -321,19 +321,21 @@ pub(crate) fn warm_up<B: Backend>(
             .map(|s| (&token[..], &mut s.cache))
             .collect();
         first(backend.forward_batch_argmax(&mut work))?;
-        match top {
-            Some(k) => {
-                let default_k = lamina_sampling::SamplerConfig::default().top_k;
-                first(backend.forward_batch_top(&mut work, k.min(default_k)))?
-            }
-            None => first(backend.forward_batch(&mut work))?,
+        // Reading the logits back takes no kernel of its own; selecting
+        // top-k candidates on the device does.
+        if let Some(k) = top {
+            let default_k = lamina_sampling::SamplerConfig::default().top_k;
+            first(backend.forward_batch_top(&mut work, k.min(default_k)))?;
         }
         drop(work);
         forget(slots);
     }
     let prompt: Vec<u32> = vec![0; WARM_PROMPT];
+    // The decode steps above ran every column count up to their widest,
+    // which is what the products' kernels depend on.
+    let decoded = slots.len().min(WARM_SEQS);
     if let Some(slot) = slots.first_mut() {
-        for n in 2..=WARM_PROMPT.min(slot.cache.capacity()) {
+        for n in (decoded + 1).max(2)..=WARM_PROMPT.min(slot.cache.capacity()) {
             first(backend.forward_batch_argmax(&mut [(&prompt[..n], &mut slot.cache)]))?;
             slot.cache.truncate(0);
         }
