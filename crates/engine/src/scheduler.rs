@@ -717,13 +717,21 @@ fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &Atomic
 }
 
 /// The fewest prompt tokens another slot must save a request for
-/// [`share_prefix`] to copy its cache: a copy moves every position the
-/// other slot holds, and a few tokens prefill about as fast.
+/// [`share_prefix`] to copy its cache: a few tokens prefill about as fast.
 const SHARE_MIN: usize = 8;
+
+/// And the most positions the copy may move per token it saves: a copy
+/// moves every position the other slot holds (its whole window, for a
+/// sliding-window layer), a position's keys and values cost microseconds
+/// to move, and a prompt token's prefill hundreds of times that, but a
+/// slot deep in a long context lending a short system prompt would move
+/// far more than it saves.
+const SHARE_RATIO: usize = 64;
 
 /// Before a request takes slot `i`: when another slot, busy or not, holds
 /// a start of `prompt` at least [`SHARE_MIN`] tokens longer than slot
-/// `i`'s own (the same system prompt, sent by another client), slot `i`
+/// `i`'s own (the same system prompt, sent by another client), and not
+/// [`SHARE_RATIO`] times fewer than the positions it holds, slot `i`
 /// takes a copy of that slot's cache and tokens cut to it, and
 /// [`admit`]'s prefix reuse then prefills only the rest. Without it every
 /// slot prefilled a shared system prompt once for itself. llama-server
@@ -741,7 +749,7 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
         .filter(|&(j, _)| j != i)
         .map(|(j, s)| (common_prefix(&s.tokens, prompt).min(s.cache.len()), j))
         .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-    let Some((n, j)) = best.filter(|&(n, _)| n >= own + SHARE_MIN) else {
+    let Some((n, j)) = best.filter(|&(n, j)| worth_sharing(own, n, slots[j].cache.len())) else {
         return;
     };
     let (src, dst) = if j < i {
@@ -767,6 +775,12 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
             tracing::debug!(from = j, to = i, "prompt prefix not shared: {e}");
         }
     }
+}
+
+/// Whether a slot holding `held` positions, `shared` of them the start of
+/// a prompt, should lend them to a slot that holds `own` of that start.
+fn worth_sharing(own: usize, shared: usize, held: usize) -> bool {
+    shared >= own.saturating_add(SHARE_MIN) && (shared - own).saturating_mul(SHARE_RATIO) >= held
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -1348,5 +1362,26 @@ fn finish<C: Cache>(slot: &mut Slot<C>, exit: Exit, ctx: &Ctx<'_>) {
             tracing::debug!(generated = timings.predicted_n, "sequence failed: {e}");
             let _ = seq.events.send(Event::Error(e));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_lends_a_prompt_start_only_where_the_copy_pays() {
+        // A system prompt of 40 tokens held by a slot 100 positions deep,
+        // to an empty slot: yes; to one that holds 35 of them: no.
+        assert!(worth_sharing(0, 40, 100));
+        assert!(!worth_sharing(35, 40, 100));
+        assert!(worth_sharing(0, SHARE_MIN, SHARE_MIN));
+        assert!(!worth_sharing(0, SHARE_MIN - 1, SHARE_MIN - 1));
+        // Deep in a long context, a short start moves more than it saves.
+        assert!(!worth_sharing(0, 40, 30_000));
+        assert!(worth_sharing(0, 40, 40 * SHARE_RATIO));
+        assert!(!worth_sharing(0, 40, 40 * SHARE_RATIO + 1));
+        // A slot never lends less than the request's own slot holds.
+        assert!(!worth_sharing(50, 40, 100));
     }
 }
