@@ -282,8 +282,9 @@ pub(crate) fn slots<B: Backend>(
 /// (the small-N kernels' widest; more columns reuse their kernels).
 const WARM_SEQS: usize = 8;
 
-/// Prompt chunks [`warm_up`] runs: 2 to this many tokens, every column
-/// count of the small-N kernels and every remainder after whole groups of 8.
+/// The longest prompt chunk [`warm_up`] runs alone: with the decode steps'
+/// column counts, every count of the small-N kernels and every remainder
+/// after whole groups of 8.
 const WARM_PROMPT: usize = 16;
 
 /// Runs the steps a server meets first, on the slots' own caches, and
@@ -291,13 +292,15 @@ const WARM_PROMPT: usize = 16;
 /// back picks (greedy requests) and, where the device selects them,
 /// top-k candidates (sampled ones); one sequence's prompt chunks of every
 /// length the decode steps did not cover, up to [`WARM_PROMPT`] tokens;
-/// and a paced prompt chunk beside 1 to [`WARM_SEQS`] - 1 decodes. A GPU compiles a kernel the first time a step
-/// needs it, which on a CPU-backed device took 100-150 ms a kernel even
-/// with the driver's cache warm, and the first requests of every shape
-/// paid it: measured with `lamina bench serve --ngl all --clients 1,8` on
-/// SmolLM2, 71 kernels, 1.4 s of the one-client level's 7.8 s and 4.5 s of
-/// the eight-client level's 28.7 s. llama-server warms up at start the
-/// same way (`--no-warmup` turns it off there and here).
+/// and a paced prompt chunk beside 1 to [`WARM_SEQS`] - 1 decodes.
+///
+/// A GPU compiles a kernel the first time a step needs it, which on a
+/// CPU-backed device took 100-150 ms a kernel even with the driver's
+/// cache warm, and the first requests of every shape paid it: measured
+/// with `lamina bench serve --ngl all --clients 1,8` on SmolLM2 before
+/// there was a warm-up, 71 kernels, 1.4 s of the one-client level's 7.8 s
+/// and 4.5 s of the eight-client level's 28.7 s. llama-server warms up at
+/// start too (`--no-warmup` turns it off there and here).
 pub(crate) fn warm_up<B: Backend>(
     backend: &B,
     slots: &mut [Slot<B::Cache>],
