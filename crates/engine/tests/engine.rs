@@ -41,6 +41,14 @@ fn start(parallel: usize, max_queue: usize) -> Engine {
     e
 }
 
+/// Four prompts for the tests that run several sequences at once.
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The three primary colors are",
+];
+
 fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
     GenerateParams {
         prompt,
@@ -105,12 +113,7 @@ fn tokenize(text: &str) -> Vec<u32> {
 
 #[test]
 fn greedy_alone_and_among_others_equals_the_plain_loop() {
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The three primary colors are",
-    ];
+    let prompts = PROMPTS;
     let want: Vec<Vec<u32>> = prompts
         .iter()
         .map(|p| plain_greedy(&tokenize(p), 8))
@@ -146,12 +149,7 @@ fn greedy_alone_and_among_others_equals_the_plain_loop() {
 /// draw depends on its own logits, sampler and random stream only.
 #[test]
 fn seeded_sampling_alone_and_among_others_draws_the_same() {
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The three primary colors are",
-    ];
+    let prompts = PROMPTS;
     let sampled = |p: &str, seed: u64| GenerateParams {
         sampler: SamplerConfig {
             temperature: 1.0,
@@ -214,12 +212,7 @@ fn the_warm_up_leaves_the_slots_as_it_found_them() {
     let snap = warm.metrics();
     assert_eq!((snap.kv_used, snap.started), (0, 0));
     let cold = gpu_engine_warm(None, false);
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The three primary colors are",
-    ];
+    let prompts = PROMPTS;
     let greedy = |p: &str| params(tokenize(p), 8);
     let first = |e: &Engine| collect(e.submit(greedy(prompts[0])).unwrap()).0;
     assert_eq!(first(&warm), first(&cold));
@@ -240,12 +233,7 @@ fn the_warm_up_leaves_the_slots_as_it_found_them() {
 #[test]
 fn greedy_steps_on_the_gpu_pick_what_the_logits_give() {
     let engine = gpu_engine(None);
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The three primary colors are",
-    ];
+    let prompts = PROMPTS;
     let greedy = |p: &str| params(tokenize(p), 8);
     let with_logprob = |p: &str| GenerateParams {
         logprobs: Some(1),
@@ -291,12 +279,7 @@ fn greedy_steps_on_the_gpu_pick_what_the_logits_give() {
 /// its steps read the logits.
 #[test]
 fn top_k_steps_on_the_gpu_draw_what_the_logits_give() {
-    let prompts = [
-        "The capital of France is",
-        "Once upon a time",
-        "def fibonacci(n):",
-        "The three primary colors are",
-    ];
+    let prompts = PROMPTS;
     let sampled = |p: &str, seed: u64| GenerateParams {
         sampler: SamplerConfig {
             temperature: 1.5,
