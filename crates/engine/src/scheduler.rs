@@ -305,10 +305,10 @@ pub(crate) fn warm_up<B: Backend>(
     backend: &B,
     slots: &mut [Slot<B::Cache>],
 ) -> Result<(), lamina_model::ModelError> {
+    // The backend's calls fill the caches only (never `tokens`).
     let forget = |slots: &mut [Slot<B::Cache>]| {
         for s in slots.iter_mut() {
             s.cache.truncate(0);
-            s.tokens.clear();
         }
     };
     fn first<T>(
@@ -361,7 +361,6 @@ pub(crate) fn warm_up<B: Backend>(
         drop(work);
         forget(slots);
     }
-    forget(slots);
     Ok(())
 }
 

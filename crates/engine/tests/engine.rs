@@ -9,7 +9,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lamina_engine::{Engine, EngineConfig, EngineError, Event, FinishReason, GenerateParams};
+use lamina_engine::{
+    Engine, EngineConfig, EngineError, Event, FinishReason, GenerateParams, Summary,
+};
 use lamina_gguf::{LoadMode, Model};
 use lamina_model::placement::Ngl;
 use lamina_model::{CpuModel, KvCache, Logits};
@@ -350,26 +352,29 @@ fn stop_string_ends_generation_and_is_not_shown() {
     assert_eq!(text, full[..cut]);
 }
 
+/// A request's tokens and its closing summary (what `collect` checks, it
+/// leaves to the caller).
+fn tokens_and_summary(mut rx: lamina_engine::Events) -> (Vec<u32>, Summary) {
+    let mut ids = Vec::new();
+    loop {
+        match rx.blocking_recv().unwrap() {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Done(s) => return (ids, s),
+            Event::Text(_) | Event::Progress(_) => {}
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[test]
 fn prefix_reuse_is_reported_and_changes_nothing() {
     let engine = start(1, 1);
     let prompt = tokenize("The capital of France is a city that");
     let first = engine.submit(params(prompt.clone(), 4)).unwrap();
     let (a, _, _) = collect(first);
-    let mut rx = engine.submit(params(prompt.clone(), 4)).unwrap();
-    let mut ids = Vec::new();
-    loop {
-        match rx.blocking_recv().unwrap() {
-            Event::Token { id, .. } => ids.push(id),
-            Event::Done(s) => {
-                assert_eq!(s.timings.cache_n, prompt.len() - 1);
-                assert_eq!(s.timings.prompt_n, 1);
-                break;
-            }
-            Event::Text(_) | Event::Progress(_) => {}
-            Event::Error(e) => panic!("{e}"),
-        }
-    }
+    let (ids, s) = tokens_and_summary(engine.submit(params(prompt.clone(), 4)).unwrap());
+    assert_eq!(s.timings.cache_n, prompt.len() - 1);
+    assert_eq!(s.timings.prompt_n, 1);
     assert_eq!(ids, a);
 }
 
@@ -397,20 +402,9 @@ fn a_busy_slots_prompt_start_is_shared(engine: &Engine, fresh: &Engine) {
             other => panic!("{other:?}"),
         }
     }
-    let mut rx = engine.submit(params(second.clone(), 6)).unwrap();
-    let mut ids = Vec::new();
-    loop {
-        match rx.blocking_recv().unwrap() {
-            Event::Token { id, .. } => ids.push(id),
-            Event::Done(s) => {
-                assert_eq!(s.timings.cache_n, shared);
-                assert_eq!(s.timings.prompt_n, second.len() - shared);
-                break;
-            }
-            Event::Text(_) | Event::Progress(_) => {}
-            Event::Error(e) => panic!("{e}"),
-        }
-    }
+    let (ids, s) = tokens_and_summary(engine.submit(params(second.clone(), 6)).unwrap());
+    assert_eq!(s.timings.cache_n, shared);
+    assert_eq!(s.timings.prompt_n, second.len() - shared);
     assert_eq!(ids, collect(fresh.submit(params(second, 6)).unwrap()).0);
     // The lender was left as it was: it runs to its end.
     loop {

@@ -24,6 +24,8 @@ use lamina_gpu::{argmax_scratch_len, topk_scratch_len, Gpu, Tensor, TokenRow, TO
 use crate::config::Config;
 use crate::error::ModelError;
 
+use super::gpu_err;
+
 /// Steps' token counts are rounded up to this when a buffer grows.
 const GROW_TOKENS: usize = 32;
 /// And sequence counts to this.
@@ -204,10 +206,6 @@ impl Deref for Scratch {
 fn view(t: &Tensor, len: usize) -> Result<Tensor, ModelError> {
     t.prefix(len)
         .ok_or_else(|| ModelError::Gpu("a scratch buffer smaller than its step".into()))
-}
-
-fn gpu_err(e: lamina_gpu::GpuError) -> ModelError {
-    ModelError::Gpu(e.to_string())
 }
 
 impl Pool {
