@@ -68,13 +68,22 @@ pub trait Backend {
         ))
     }
 
-    /// Makes `dst` hold what `src` holds (a cache of the same model and
-    /// size; the slots' caches are): by default through
-    /// [`Backend::save_cache`] and [`Backend::restore_cache`]. On failure
+    /// Makes `dst` hold the first `len` positions `src` holds (a cache of
+    /// the same model and size; the slots' caches are), or fewer where a
+    /// sliding-window ring no longer holds the window before them:
+    /// `dst.len()` says. By default through [`Backend::save_cache`] and
+    /// [`Backend::restore_cache`], which move every position. On failure
     /// `dst` may hold anything up to its length: its owner empties it.
-    fn copy_cache(&self, src: &Self::Cache, dst: &mut Self::Cache) -> Result<(), ModelError> {
+    fn copy_cache(
+        &self,
+        src: &Self::Cache,
+        dst: &mut Self::Cache,
+        len: usize,
+    ) -> Result<(), ModelError> {
         let state = self.save_cache(src)?;
-        self.restore_cache(dst, &state).map(|_| ())
+        self.restore_cache(dst, &state)?;
+        dst.truncate(len);
+        Ok(())
     }
 
     /// Loads [`Backend::save_cache`]'s bytes; the positions now held.
@@ -236,6 +245,15 @@ impl Backend for HybridModel<'_> {
 
     fn restore_cache(&self, cache: &mut HybridCache, state: &[u8]) -> Result<usize, ModelError> {
         HybridModel::restore_cache(self, cache, state)
+    }
+
+    fn copy_cache(
+        &self,
+        src: &HybridCache,
+        dst: &mut HybridCache,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        HybridModel::copy_cache(self, src, dst, len)
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut HybridCache) -> Result<Vec<f32>, ModelError> {

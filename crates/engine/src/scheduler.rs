@@ -722,19 +722,19 @@ fn refuse_one(job: Job, e: &EngineError, metrics: &Metrics, outstanding: &Atomic
 /// [`share_prefix`] to copy its cache: a few tokens prefill about as fast.
 const SHARE_MIN: usize = 8;
 
-/// And the most positions the copy may move per token it saves: a copy
-/// moves every position the other slot holds (its whole window, for a
-/// sliding-window layer), a position's keys and values cost microseconds
-/// to move, and a prompt token's prefill hundreds of times that, but a
-/// slot deep in a long context lending a short system prompt would move
-/// far more than it saves.
+/// And the most positions the copy may move per token it saves: it moves
+/// the shared positions (and a sliding-window layer's whole ring), each
+/// position's keys and values cost microseconds to move and a prompt
+/// token's prefill hundreds of times that, but a slot that already holds
+/// all but a few tokens of a long shared start would move far more than it
+/// saves.
 const SHARE_RATIO: usize = 64;
 
 /// Before a request takes slot `i`: when another slot, busy or not, holds
 /// a start of `prompt` at least [`SHARE_MIN`] tokens longer than slot
 /// `i`'s own (the same system prompt, sent by another client), and not
-/// [`SHARE_RATIO`] times fewer than the positions it holds, slot `i`
-/// takes a copy of that slot's cache and tokens cut to it, and
+/// [`SHARE_RATIO`] times fewer than the positions it shares, slot `i`
+/// takes a copy of that start of that slot's cache and tokens, and
 /// [`admit`]'s prefix reuse then prefills only the rest. Without it every
 /// slot prefilled a shared system prompt once for itself. llama-server
 /// shares prompts across slots the same way, through its prompt cache.
@@ -751,7 +751,7 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
         .filter(|&(j, _)| j != i)
         .map(|(j, s)| (common_prefix(&s.tokens, prompt).min(s.cache.len()), j))
         .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-    let Some((n, j)) = best.filter(|&(n, j)| worth_sharing(own, n, slots[j].cache.len())) else {
+    let Some((n, j)) = best.filter(|&(n, _)| worth_sharing(own, n)) else {
         return;
     };
     let (src, dst) = if j < i {
@@ -761,9 +761,8 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
         let (a, b) = slots.split_at_mut(j);
         (&b[0], &mut a[i])
     };
-    match backend.copy_cache(&src.cache, &mut dst.cache) {
+    match backend.copy_cache(&src.cache, &mut dst.cache, n) {
         Ok(()) => {
-            dst.cache.truncate(n);
             // A sliding-window ring that no longer holds the window before
             // `n` keeps less: the cache says what it kept.
             let kept = dst.cache.len().min(n);
@@ -779,10 +778,10 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
     }
 }
 
-/// Whether a slot holding `held` positions, `shared` of them the start of
-/// a prompt, should lend them to a slot that holds `own` of that start.
-fn worth_sharing(own: usize, shared: usize, held: usize) -> bool {
-    shared >= own.saturating_add(SHARE_MIN) && (shared - own).saturating_mul(SHARE_RATIO) >= held
+/// Whether a slot holding `shared` positions of the start of a prompt
+/// should lend them to a slot that holds `own` of that start.
+fn worth_sharing(own: usize, shared: usize) -> bool {
+    shared >= own.saturating_add(SHARE_MIN) && (shared - own).saturating_mul(SHARE_RATIO) >= shared
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -1373,17 +1372,18 @@ mod tests {
 
     #[test]
     fn a_slot_lends_a_prompt_start_only_where_the_copy_pays() {
-        // A system prompt of 40 tokens held by a slot 100 positions deep,
-        // to an empty slot: yes; to one that holds 35 of them: no.
-        assert!(worth_sharing(0, 40, 100));
-        assert!(!worth_sharing(35, 40, 100));
-        assert!(worth_sharing(0, SHARE_MIN, SHARE_MIN));
-        assert!(!worth_sharing(0, SHARE_MIN - 1, SHARE_MIN - 1));
-        // Deep in a long context, a short start moves more than it saves.
-        assert!(!worth_sharing(0, 40, 30_000));
-        assert!(worth_sharing(0, 40, 40 * SHARE_RATIO));
-        assert!(!worth_sharing(0, 40, 40 * SHARE_RATIO + 1));
+        // A system prompt of 40 tokens to an empty slot: yes; to one that
+        // holds 35 of them: no.
+        assert!(worth_sharing(0, 40));
+        assert!(!worth_sharing(35, 40));
+        assert!(worth_sharing(0, SHARE_MIN));
+        assert!(!worth_sharing(0, SHARE_MIN - 1));
+        // A long start that the slot holds all but a few tokens of moves
+        // more than it saves.
+        let long = 100 * SHARE_RATIO;
+        assert!(!worth_sharing(long - 99, long));
+        assert!(worth_sharing(long - 100, long));
         // A slot never lends less than the request's own slot holds.
-        assert!(!worth_sharing(50, 40, 100));
+        assert!(!worth_sharing(50, 40));
     }
 }

@@ -37,6 +37,10 @@ pub const TENSOR_SLACK: u64 = 1024;
 const UPLOAD_PIECE: usize = 16 << 20;
 const UPLOAD_FLUSH: usize = 256 << 20;
 
+/// Largest scratch piece of a copy within one buffer ([`Gpu::copy_words`]):
+/// a slot's layer of a long context is tens of MiB, copied in pieces.
+pub const COPY_PIECE: u64 = 16 << 20;
+
 /// Largest chunk the shaders' u32 byte arithmetic can address.
 const MAX_CHUNK: u64 = (1 << 32) - 4096;
 
@@ -72,6 +76,17 @@ impl Tensor {
             len,
         })
     }
+}
+
+/// One run of [`Gpu::copy_words`]: `len` elements of `src` from `src_at`
+/// to `dst` from `dst_at`.
+#[derive(Clone, Copy, Debug)]
+pub struct WordCopy<'a> {
+    pub src: &'a Tensor,
+    pub src_at: usize,
+    pub dst: &'a Tensor,
+    pub dst_at: usize,
+    pub len: usize,
 }
 
 /// One binding's worth of weight rows.
@@ -263,6 +278,77 @@ impl Gpu {
         }
         self.scoped("tensor write", bytes.len() as u64, || {
             self.queue.write_buffer(&t.buf, offset as u64 * 4, bytes)
+        })
+    }
+
+    /// Copies runs of 32-bit elements on the device, in order, in one
+    /// submission (a KV cache slot into another, without the trip through
+    /// host memory that [`Gpu::read_words`] and [`Gpu::write_words`] take).
+    /// A buffer cannot be both the source and the destination of one copy,
+    /// so a run within one tensor (slots that share a layer's buffer) goes
+    /// through a scratch buffer of at most [`COPY_PIECE`] bytes, piece by
+    /// piece; its two ranges must not overlap.
+    pub fn copy_words(&self, runs: &[WordCopy<'_>]) -> Result<(), GpuError> {
+        let mut piece = 0u64;
+        for r in runs {
+            let fits = |at: usize, t: &Tensor| at.checked_add(r.len).is_some_and(|e| e <= t.len);
+            let within = r.src.buf == r.dst.buf;
+            let overlap = within && r.src_at < r.dst_at + r.len && r.dst_at < r.src_at + r.len;
+            if !fits(r.src_at, r.src) || !fits(r.dst_at, r.dst) || (overlap && r.len > 0) {
+                return Err(GpuError::Shape {
+                    op: "copy",
+                    message: format!(
+                        "elements {}..+{} of a tensor of {} to {}.. of a tensor of {}{}",
+                        r.src_at,
+                        r.len,
+                        r.src.len,
+                        r.dst_at,
+                        r.dst.len,
+                        if overlap { ", overlapping" } else { "" }
+                    ),
+                });
+            }
+            if within {
+                piece = piece.max((r.len as u64 * 4).min(COPY_PIECE));
+            }
+        }
+        let scratch = if piece > 0 {
+            Some(self.create_buffer(
+                "copy scratch",
+                piece,
+                wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            )?)
+        } else {
+            None
+        };
+        let bytes = runs.iter().map(|r| r.len as u64 * 4).sum();
+        self.submitted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.scoped("device copy", bytes, || {
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("device copy"),
+                });
+            for r in runs.iter().filter(|r| r.len > 0) {
+                let (src, dst) = (r.src_at as u64 * 4, r.dst_at as u64 * 4);
+                let size = r.len as u64 * 4;
+                match &scratch {
+                    Some(tmp) if r.src.buf == r.dst.buf => {
+                        // wgpu orders the copies of one encoder and puts a
+                        // barrier between a write and a read of a buffer.
+                        let mut done = 0;
+                        while done < size {
+                            let n = (size - done).min(tmp.size());
+                            enc.copy_buffer_to_buffer(&r.src.buf, src + done, tmp, 0, n);
+                            enc.copy_buffer_to_buffer(tmp, 0, &r.dst.buf, dst + done, n);
+                            done += n;
+                        }
+                    }
+                    _ => enc.copy_buffer_to_buffer(&r.src.buf, src, &r.dst.buf, dst, size),
+                }
+            }
+            self.queue.submit([enc.finish()]);
         })
     }
 

@@ -38,7 +38,7 @@ mod params;
 pub mod quant;
 mod shader;
 
-pub use buffer::{row_bytes, Tensor, Weight, WEIGHT_PAD};
+pub use buffer::{row_bytes, Tensor, Weight, WordCopy, WEIGHT_PAD};
 pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{

@@ -117,6 +117,42 @@ impl KvCache {
         }
     }
 
+    /// Makes this cache (of the same geometry) hold `other`'s first `len`
+    /// positions: their rows (a ring's whole ring) copied across, then cut
+    /// as [`KvCache::truncate`] cuts, which keeps less where a ring no
+    /// longer holds the window before `len`.
+    pub(crate) fn copy_from(
+        &mut self,
+        kvd: usize,
+        other: &KvCache,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        if self.n_ctx != other.n_ctx || self.rows != other.rows {
+            return Err(ModelError::KvType(
+                "a cache can only be copied into one of the same size".into(),
+            ));
+        }
+        for (il, &ring) in other.rows.iter().enumerate() {
+            let rows = if ring < other.n_ctx {
+                ring
+            } else {
+                len.min(other.len)
+            };
+            for (from, to) in [
+                (&other.k[il], &mut self.k[il]),
+                (&other.v[il], &mut self.v[il]),
+            ] {
+                if !to.set_row_bytes(0, kvd, from.row_bytes(0, rows, kvd)) {
+                    return Err(ModelError::KvType("a cache's layers differ in type".into()));
+                }
+            }
+        }
+        self.len = other.len;
+        self.rings = other.rings;
+        self.truncate(len);
+        Ok(())
+    }
+
     /// Reads [`KvCache::save_state`]'s bytes from the front of `data` into
     /// this cache (of the same geometry: the caller checked it) as `len`
     /// positions, advancing `data`. A ring then holds only its last rows.

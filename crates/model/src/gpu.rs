@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 
 use lamina_gpu::{
     topk_value, Attention, Batch, Columns, Fuse, Gate, Gpu, KvElem, MatmulKernel, NormAfter,
-    QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable, Weight, ARGMAX_MAX_LEN,
+    QkvLayout, Rope, RopeOut, Runs, Tensor, TokenRow, TokenTable, Weight, WordCopy, ARGMAX_MAX_LEN,
     ARGMAX_NONE, TOPK_MAX, TOPK_NONE,
 };
 
@@ -773,6 +773,71 @@ impl<'a> HybridModel<'a> {
         Ok(out)
     }
 
+    /// Makes `dst` hold the first `len` positions of `src` (all it holds
+    /// when `len` is more), as [`HybridModel::save_cache`],
+    /// [`HybridModel::restore_cache`] and a truncation would, without the
+    /// host round trip and moving only those positions (and a
+    /// sliding-window layer's whole ring): the host layers' rows are copied
+    /// in memory and the GPU layers' on the device, in one submission. A
+    /// server lends one slot's prompt start to another this way. Where a
+    /// ring no longer holds the window before `len`, `dst` keeps less, as
+    /// [`HybridCache::truncate`] says. The caches must have the same
+    /// geometry (this model's slots do). On failure `dst` is left empty.
+    pub fn copy_cache(
+        &self,
+        src: &HybridCache,
+        dst: &mut HybridCache,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        let r = self.copy_inner(src, dst, len.min(src.len));
+        if r.is_err() {
+            dst.truncate(0);
+        }
+        r
+    }
+
+    fn copy_inner(
+        &self,
+        src: &HybridCache,
+        dst: &mut HybridCache,
+        len: usize,
+    ) -> Result<(), ModelError> {
+        if self.cache_header(src) != self.cache_header(dst)
+            || src.arena.k.len() != dst.arena.k.len()
+        {
+            return Err(ModelError::KvType(
+                "a slot can only be copied into a cache of the same size and placement".into(),
+            ));
+        }
+        dst.cpu.copy_from(self.cpu.config.kv_dim(), &src.cpu, len)?;
+        if let Some(g) = self.gpu.as_deref() {
+            let mut runs = Vec::with_capacity(2 * src.arena.k.len());
+            for i in 0..src.arena.k.len() {
+                let (src_at, words) = self.slot_run(src.slot, len, i, &src.arena);
+                let (dst_at, _) = self.slot_run(dst.slot, len, i, &dst.arena);
+                for (s, d) in [
+                    (&src.arena.k[i], &dst.arena.k[i]),
+                    (&src.arena.v[i], &dst.arena.v[i]),
+                ] {
+                    runs.push(WordCopy {
+                        src: s,
+                        src_at,
+                        dst: d,
+                        dst_at,
+                        len: words,
+                    });
+                }
+            }
+            g.copy_words(&runs).map_err(gpu_err)?;
+        }
+        // Positions `len..` of `src` were not copied: cut to `len`, which
+        // also checks that the rings still hold the window before it.
+        dst.len = src.len;
+        dst.rings = src.rings;
+        dst.truncate(len);
+        Ok(())
+    }
+
     /// Loads [`HybridModel::save_cache`]'s bytes into `cache`; returns the
     /// positions it now holds. Fails, leaving the cache empty, when they
     /// come from another model, another cache type or size, or another
@@ -856,16 +921,21 @@ impl<'a> HybridModel<'a> {
     /// GPU layer `i`'s 32-bit words of `cache`'s slot in use: (offset,
     /// count). A ring layer's whole ring, else rows `0..len`.
     fn slot_words(&self, cache: &HybridCache, i: usize) -> (usize, usize) {
-        let arena = &cache.arena;
+        self.slot_run(cache.slot, cache.len, i, &cache.arena)
+    }
+
+    /// [`HybridModel::slot_words`] of slot `slot` of `arena` as if it held
+    /// `len` positions.
+    fn slot_run(&self, slot: usize, len: usize, i: usize, arena: &KvArena) -> (usize, usize) {
         let kvd = self.cpu.config.kv_dim();
         let ring = arena.ring_of(i);
         let (per_slot, rows) = if ring > 0 {
             (ring, ring)
         } else {
-            (arena.n_ctx, cache.len)
+            (arena.n_ctx, len)
         };
         let word = |values: usize| self.gpu_kv.words(values);
-        (word(cache.slot * per_slot * kvd), word(rows * kvd))
+        (word(slot * per_slot * kvd), word(rows * kvd))
     }
 
     /// Host bytes kept free beside `count` caches. The CPU weights, when

@@ -935,6 +935,66 @@ fn a_multi_sequence_gpu_step_equals_separate_steps_bit_for_bit() {
     }
 }
 
+/// A slot copied into another on the device (a server lending a prompt's
+/// start) continues exactly as its source: the next two steps' logits are
+/// the same bits, whether the caches are slots of one set (one buffer per
+/// layer: the copy goes through a scratch) or caches of their own, with
+/// layers on the host, on the GPU, and in sliding-window rings (gemma3). A
+/// copy of a start holds what the source cut there holds. A cache of
+/// another size is refused and left empty.
+#[test]
+fn a_slot_copied_on_the_device_continues_as_its_source() {
+    for arch in ["llama", "gemma3"] {
+        let file = open(&Spec::new(arch));
+        for ngl in [LAYERS + 1, 1] {
+            let m = hybrid_32(&file, ngl, usize::MAX, Some(gpu()));
+            for slots in [true, false] {
+                let what = format!("{arch} -ngl {ngl}, slots of one set {slots}");
+                let (mut a, mut b) = if slots {
+                    let mut v = m.new_caches(2, 32).unwrap();
+                    let b = v.pop().unwrap();
+                    (v.pop().unwrap(), b)
+                } else {
+                    (m.new_cache(32).unwrap(), m.new_cache(32).unwrap())
+                };
+                m.forward(&PROMPT, &mut a, Logits::Last).unwrap();
+                // The destination held a longer, other history.
+                m.forward(&[9, 8, 7, 6, 5, 4, 3, 2], &mut b, Logits::Last)
+                    .unwrap();
+                // Asked for more than it holds: all of it.
+                m.copy_cache(&a, &mut b, 99).unwrap();
+                assert_eq!(b.len(), PROMPT.len(), "{what}");
+                let same =
+                    |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+                for t in [[7u32], [8]] {
+                    let x = m.forward(&t, &mut a, Logits::Last).unwrap();
+                    let y = m.forward(&t, &mut b, Logits::Last).unwrap();
+                    assert!(same(&x, &y), "{what}: the copy differs from its source");
+                }
+                // A start of it: what the source cut to that start holds
+                // (none of it where a ring lost the window before it).
+                m.copy_cache(&a, &mut b, 3).unwrap();
+                let mut cut = m.new_cache(32).unwrap();
+                m.forward(&PROMPT, &mut cut, Logits::Last).unwrap();
+                m.forward(&[7, 8], &mut cut, Logits::Last).unwrap();
+                cut.truncate(3);
+                assert_eq!(b.len(), cut.len(), "{what}");
+                let x = m.forward(&[11, 12], &mut cut, Logits::Last).unwrap();
+                let y = m.forward(&[11, 12], &mut b, Logits::Last).unwrap();
+                assert!(same(&x, &y), "{what}: a copied start differs");
+            }
+            let a = m.new_cache(32).unwrap();
+            let mut small = m.new_cache(16).unwrap();
+            m.forward(&[1, 2], &mut small, Logits::Last).unwrap();
+            assert!(
+                m.copy_cache(&a, &mut small, 0).is_err(),
+                "{arch}: another size"
+            );
+            assert_eq!(small.len(), 0);
+        }
+    }
+}
+
 /// Steps of changing shape share one set of scratch buffers. A server's
 /// steps change shape all the time (a prompt chunk joins the decodes, a
 /// sequence ends), and scratch made anew for each shape bound new buffers

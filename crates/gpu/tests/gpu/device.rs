@@ -3,7 +3,8 @@
 use super::common;
 
 use lamina_gguf::GgmlType;
-use lamina_gpu::{list_adapters, GpuError};
+use lamina_gpu::buffer::COPY_PIECE;
+use lamina_gpu::{list_adapters, GpuError, WordCopy};
 
 #[test]
 fn adapters_are_listed_with_their_limits() {
@@ -169,4 +170,87 @@ fn a_batch_reads_back_what_its_kernels_wrote() {
     let back = gpu.read_u32(&big).unwrap();
     assert!(back.len() == n && back.iter().enumerate().all(|(i, &v)| v == i as u32));
     assert_eq!(gpu.readback_bytes_kept(), kept);
+}
+
+/// Device copies move exactly the runs asked for, in order: between
+/// tensors, and within one (through the scratch, in pieces when a run is
+/// longer than one), leaving every other element as it was; overlapping
+/// or out-of-range runs are refused before anything is copied.
+#[test]
+fn device_copies_move_runs_within_and_between_tensors() {
+    let (_turn, gpu) = common::gpu();
+    // Longer than a scratch piece, so the copy within takes two.
+    let piece = (COPY_PIECE / 4) as usize;
+    let n = 2 * piece + 3000;
+    let mut rng = common::Rng::new(41);
+    let a_host: Vec<u32> = (0..n).map(|_| rng.next_u64() as u32).collect();
+    let b_host: Vec<u32> = (0..100).map(|i| 7 * i).collect();
+    let a = gpu.upload_u32(&a_host).unwrap();
+    let b = gpu.upload_u32(&b_host).unwrap();
+    let (len, src_at, dst_at) = (piece + 1000, 5, piece + 2000);
+    gpu.copy_words(&[
+        WordCopy {
+            src: &a,
+            src_at,
+            dst: &a,
+            dst_at,
+            len,
+        },
+        // In order: this one reads what the first wrote.
+        WordCopy {
+            src: &a,
+            src_at: dst_at + 10,
+            dst: &b,
+            dst_at: 50,
+            len: 20,
+        },
+        WordCopy {
+            src: &a,
+            src_at: 0,
+            dst: &a,
+            dst_at: 1,
+            len: 0,
+        },
+    ])
+    .unwrap();
+    let mut want = a_host.clone();
+    want.copy_within(src_at..src_at + len, dst_at);
+    assert!(
+        gpu.read_u32(&a).unwrap() == want,
+        "the copy within one tensor"
+    );
+    let mut want_b = b_host.clone();
+    want_b[50..70].copy_from_slice(&want[dst_at + 10..dst_at + 30]);
+    assert_eq!(gpu.read_u32(&b).unwrap(), want_b);
+    // Refused, and nothing moved: an overlap, then a run past the end
+    // after a good one.
+    for runs in [
+        vec![WordCopy {
+            src: &b,
+            src_at: 0,
+            dst: &b,
+            dst_at: 10,
+            len: 11,
+        }],
+        vec![
+            WordCopy {
+                src: &b,
+                src_at: 0,
+                dst: &b,
+                dst_at: 10,
+                len: 10,
+            },
+            WordCopy {
+                src: &a,
+                src_at: 0,
+                dst: &b,
+                dst_at: 95,
+                len: 6,
+            },
+        ],
+    ] {
+        let err = gpu.copy_words(&runs).unwrap_err();
+        assert!(matches!(err, GpuError::Shape { op: "copy", .. }), "{err}");
+        assert_eq!(gpu.read_u32(&b).unwrap(), want_b);
+    }
 }
