@@ -292,9 +292,15 @@ impl Gpu {
         let mut piece = 0u64;
         for r in runs {
             let fits = |at: usize, t: &Tensor| at.checked_add(r.len).is_some_and(|e| e <= t.len);
+            let inside = fits(r.src_at, r.src) && fits(r.dst_at, r.dst);
             let within = r.src.buf == r.dst.buf;
-            let overlap = within && r.src_at < r.dst_at + r.len && r.dst_at < r.src_at + r.len;
-            if !fits(r.src_at, r.src) || !fits(r.dst_at, r.dst) || (overlap && r.len > 0) {
+            // (Both ends are inside their tensors here: no overflow.)
+            let overlap = inside
+                && within
+                && r.len > 0
+                && r.src_at < r.dst_at + r.len
+                && r.dst_at < r.src_at + r.len;
+            if !inside || overlap {
                 return Err(GpuError::Shape {
                     op: "copy",
                     message: format!(
