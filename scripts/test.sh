@@ -16,3 +16,12 @@ cargo fmt --all -- --check
 bash scripts/check-deploy.sh
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+
+# The GPU machine's script (benches/device.sh), which only a lent GPU runs in
+# full, end to end on the software device with the test build's binary and
+# the smallest sizes, so it cannot rot between loans: a few minutes.
+mkdir -p target/device
+target/debug/lamina synth --vocab-only \
+  --vocab-from "$LAMINA_MODELS/SmolLM2-135M-Instruct.Q4_1.gguf" -o target/device/vocab.gguf >/dev/null
+LAMINA_BIN=target/debug/lamina SHAPES=smollm2 TYPES=Q4_0 N_PROMPT=16 N_GEN=8 KERNEL_ITERS=2 \
+  MATMUL_COLS=0 bash benches/device.sh >/dev/null
