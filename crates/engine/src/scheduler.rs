@@ -763,8 +763,9 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
     };
     match backend.copy_cache(&src.cache, &mut dst.cache, n) {
         Ok(()) => {
-            // A sliding-window ring that no longer holds the window before
-            // `n` keeps less: the cache says what it kept.
+            // Fewer than `n` where a sliding-window ring no longer holds
+            // the window before it (Backend::copy_cache); never more, even
+            // from a backend that broke that promise.
             let kept = dst.cache.len().min(n);
             dst.tokens.clear();
             dst.tokens.extend_from_slice(&src.tokens[..kept]);
