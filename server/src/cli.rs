@@ -315,6 +315,14 @@ pub struct ServeCli {
     /// `--no-warmup`).
     #[arg(long, env = "LAMINA_NO_WARMUP")]
     pub no_warmup: bool,
+    /// MiB of host memory for the prompt cache: a slot's cache is saved
+    /// there when the slot goes to another prompt, and restored when its
+    /// conversation comes back (llama-server's --cache-ram; -1: no limit,
+    /// 0: off). A save that would leave the host short is not kept.
+    #[arg(long = "cache-ram", env = "LAMINA_CACHE_RAM",
+          default_value_t = (lamina_engine::DEFAULT_CACHE_RAM >> 20) as i64,
+          allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
+    pub cache_ram_mib: i64,
     #[command(flatten)]
     pub placement: Placement,
     #[command(flatten)]

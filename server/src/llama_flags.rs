@@ -35,6 +35,7 @@ const SINGLE_DASH: &[(&str, &str)] = &[
     ("-ot", "--override-tensor"),
     ("-dev", "--device"),
     ("-tb", "--threads-batch"),
+    ("-cram", "--cache-ram"),
     ("-lv", "--verbosity"),
     ("-sps", "--slot-prompt-similarity"),
     ("-cmoe", "--cpu-moe"),
@@ -85,7 +86,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--threads-batch",
         "one -t sets the threads of prompt and generation",
     ),
-    ("--cache-ram", "the host prompt cache is not implemented"),
     ("--api-prefix", "routes are served at the root"),
     (
         "--ssl-key-file",

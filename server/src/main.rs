@@ -645,6 +645,11 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             .map(std::time::Duration::from_secs),
         no_mmap: a.no_mmap,
         no_warmup: a.no_warmup,
+        cache_ram: match a.cache_ram_mib {
+            0 => None,
+            -1 => Some(u64::MAX),
+            mib => Some(u64::try_from(mib).unwrap_or(0).saturating_mul(1 << 20)),
+        },
         mcp_servers: mcp_servers(
             a.llama.mcp_servers_config.as_deref(),
             a.llama.mcp_servers_json.as_deref(),

@@ -85,7 +85,14 @@ pub struct EngineConfig {
     /// their kernels before the first request (`--no-warmup` turns it
     /// off; see `scheduler::warm_up`).
     pub warmup: bool,
+    /// Bytes of host memory the prompt cache may hold (llama-server's
+    /// `--cache-ram`, see prompt_cache.rs); `None`: no prompt cache.
+    pub cache_ram: Option<u64>,
 }
+
+/// llama-server's default `--cache-ram`: 8192 MiB. Only what is saved is
+/// taken, and a save that would leave the host short is not kept.
+pub const DEFAULT_CACHE_RAM: u64 = 8192 << 20;
 
 impl EngineConfig {
     pub fn new(model: impl Into<PathBuf>) -> Self {
@@ -109,6 +116,7 @@ impl EngineConfig {
             sleep_idle: None,
             select_top_on_gpu: None,
             warmup: true,
+            cache_ram: Some(DEFAULT_CACHE_RAM),
         }
     }
 }
@@ -499,6 +507,7 @@ fn load_and_serve(
         timeout: cfg.timeout,
         n_batch: cfg.n_batch.max(1),
         step_budget: cfg.step_budget,
+        cache_ram: cfg.cache_ram,
     };
     let mut loaded = Some((model, slots));
     let mut first = None;

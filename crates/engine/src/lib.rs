@@ -28,13 +28,14 @@ mod metrics;
 mod model_info;
 mod pacing;
 pub mod pooling;
+mod prompt_cache;
 pub mod rank;
 mod request;
 mod scheduler;
 mod stop;
 
 pub use backend::{Backend, Cache};
-pub use engine::{Engine, EngineConfig, Status};
+pub use engine::{Engine, EngineConfig, Status, DEFAULT_CACHE_RAM};
 pub use error::EngineError;
 pub use lamina_grammar::Constraint;
 pub use metrics::{Metrics, MetricsSnapshot, SlotView};

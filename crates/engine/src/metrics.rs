@@ -27,6 +27,10 @@ pub struct Metrics {
     step_tokens_max: AtomicU64,
     argmax_steps: AtomicU64,
     top_k_steps: AtomicU64,
+    prompt_cache_entries: AtomicUsize,
+    prompt_cache_bytes: AtomicU64,
+    prompt_cache_restores: AtomicU64,
+    prompt_cache_restored_tokens: AtomicU64,
     /// What each slot holds, as of the end of the last step.
     pub(crate) slots: std::sync::Mutex<Vec<SlotView>>,
     pub(crate) queued: AtomicUsize,
@@ -88,6 +92,13 @@ pub struct MetricsSnapshot {
     /// Forward calls whose sequences each needed only their argmax or their
     /// top-k candidates: the backend returned those, not the logits.
     pub top_k_steps: u64,
+    /// Prompts the host prompt cache holds, and their bytes.
+    pub prompt_cache_entries: usize,
+    pub prompt_cache_bytes: u64,
+    /// Prompts restored from the host prompt cache into a slot, and the
+    /// tokens they held for their requests.
+    pub prompt_cache_restores: u64,
+    pub prompt_cache_restored_tokens: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -119,6 +130,10 @@ impl Metrics {
             step_tokens_max: self.step_tokens_max.load(Relaxed),
             argmax_steps: self.argmax_steps.load(Relaxed),
             top_k_steps: self.top_k_steps.load(Relaxed),
+            prompt_cache_entries: self.prompt_cache_entries.load(Relaxed),
+            prompt_cache_bytes: self.prompt_cache_bytes.load(Relaxed),
+            prompt_cache_restores: self.prompt_cache_restores.load(Relaxed),
+            prompt_cache_restored_tokens: self.prompt_cache_restored_tokens.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -149,6 +164,19 @@ impl Metrics {
 
     pub(crate) fn top_k_step(&self) {
         self.top_k_steps.fetch_add(1, Relaxed);
+    }
+
+    /// What the host prompt cache holds now.
+    pub(crate) fn prompt_cache(&self, entries: usize, bytes: u64) {
+        self.prompt_cache_entries.store(entries, Relaxed);
+        self.prompt_cache_bytes.store(bytes, Relaxed);
+    }
+
+    /// A prompt restored from the host prompt cache, holding `tokens`.
+    pub(crate) fn prompt_restored(&self, tokens: usize) {
+        self.prompt_cache_restores.fetch_add(1, Relaxed);
+        self.prompt_cache_restored_tokens
+            .fetch_add(tokens as u64, Relaxed);
     }
 
     /// One forward call over `sequences` sequences and `tokens` tokens.

@@ -37,6 +37,7 @@ use crate::error::EngineError;
 use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
 use crate::pacing::Pacer;
+use crate::prompt_cache::{common_prefix, PromptCache};
 use crate::request::{
     Event, FinishReason, GenerateParams, Progress, Summary, Timings, TokenLogprob,
 };
@@ -133,6 +134,8 @@ pub(crate) struct Limits {
     /// How long a step with prompt tokens may hold back the sequences that
     /// decode; `None`: prompts take `n_batch` a step regardless.
     pub step_budget: Option<Duration>,
+    /// The host prompt cache's size in bytes; `None`: none.
+    pub cache_ram: Option<u64>,
 }
 
 pub(crate) struct Slot<C> {
@@ -396,6 +399,8 @@ pub(crate) fn run<B: Backend>(
     // Erases whose slot was busy: done when its request ends.
     let mut erases: Vec<Job> = Vec::new();
     let mut pacer = Pacer::new(limits.step_budget);
+    // Lives as long as the caches: released with them when the model sleeps.
+    let mut prompt_cache = limits.cache_ram.map(PromptCache::new);
     let mut open = true;
     loop {
         let busy = slots.iter().any(|s| s.seq.is_some());
@@ -465,7 +470,13 @@ pub(crate) fn run<B: Backend>(
             metrics.queued.fetch_sub(1, Relaxed);
             match job.work {
                 Work::Generate(params, events) => {
+                    if let Some(pc) = prompt_cache.as_mut() {
+                        stash(backend, pc, &slots[i], &params.prompt, metrics);
+                    }
                     share_prefix(backend, &mut slots, i, &params.prompt);
+                    if let Some(pc) = prompt_cache.as_mut() {
+                        recall(backend, pc, &mut slots[i], &params.prompt, metrics);
+                    }
                     admit(&mut slots[i], params, events, job.submitted, &ctx, i)
                 }
                 Work::Hidden(tokens, reply) => {
@@ -779,14 +790,109 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
     }
 }
 
+/// Host memory a prompt cache entry must leave free: a saved prompt is a
+/// convenience, never worth pushing the host into swap or the OOM killer.
+const CACHE_RAM_RESERVE: u64 = 512 << 20;
+
+/// Before slot `slot` takes a request whose prompt does not continue all
+/// it holds: its positions go to the host prompt cache (prompt_cache.rs)
+/// unless the cache already holds them, so the conversation they belong to
+/// can resume from them when it comes back. A failed save, or one that
+/// would leave the host short of memory, keeps nothing (and, for memory,
+/// lowers the cache's limit to two fifths of what it holds, as
+/// llama-server does when an allocation fails): the request goes on.
+fn stash<B: Backend>(
+    backend: &B,
+    pc: &mut PromptCache,
+    slot: &Slot<B::Cache>,
+    prompt: &[u32],
+    metrics: &Metrics,
+) {
+    let held = slot.tokens.len().min(slot.cache.len());
+    let tokens = &slot.tokens[..held];
+    if held < SHARE_MIN || common_prefix(tokens, prompt) == held || !pc.wants(tokens) {
+        return;
+    }
+    // The bytes a position took in the cache's last save, or none yet.
+    let guess = pc
+        .bytes_per_token()
+        .map_or(0, |b| b.saturating_mul(held as u64));
+    if lamina_model::memory::check_host(guess, CACHE_RAM_RESERVE).is_err() {
+        pc.shrink_to(pc.bytes() / 5 * 2);
+        tracing::warn!(
+            "host memory is short: the prompt cache keeps {} bytes",
+            pc.bytes()
+        );
+        return;
+    }
+    match backend.save_cache(&slot.cache) {
+        Ok(state) => {
+            if lamina_model::memory::check_host(0, CACHE_RAM_RESERVE).is_err() {
+                drop(state);
+                pc.shrink_to(pc.bytes() / 5 * 2);
+                tracing::warn!(
+                    "host memory is short: the prompt cache keeps {} bytes",
+                    pc.bytes()
+                );
+                return;
+            }
+            let bytes = state.len();
+            if pc.insert(tokens.to_vec(), state) {
+                tracing::debug!(tokens = held, bytes, "prompt saved to the host cache");
+            }
+        }
+        Err(e) => tracing::debug!("prompt not saved to the host cache: {e}"),
+    }
+    metrics.prompt_cache(pc.len(), pc.bytes());
+}
+
+/// After [`share_prefix`]: when an entry of the host prompt cache holds at
+/// least [`SHARE_MIN`] more tokens of `prompt` than `slot` now does (and
+/// passes the cache's own rule, [`PromptCache::best`]), it is restored into
+/// the slot and cut to what `prompt` shares with it. A failed restore
+/// leaves the slot empty, which costs a full prefill and nothing else.
+fn recall<B: Backend>(
+    backend: &B,
+    pc: &mut PromptCache,
+    slot: &mut Slot<B::Cache>,
+    prompt: &[u32],
+    metrics: &Metrics,
+) {
+    let held = slot.tokens.len().min(slot.cache.len());
+    let kept = common_prefix(&slot.tokens[..held], prompt);
+    let Some((i, n)) = pc
+        .best(prompt, kept, held)
+        .filter(|&(_, n)| n >= kept.saturating_add(SHARE_MIN))
+    else {
+        return;
+    };
+    let Some(entry) = pc.take(i) else {
+        return;
+    };
+    metrics.prompt_cache(pc.len(), pc.bytes());
+    match backend.restore_cache(&mut slot.cache, &entry.state) {
+        Ok(_) => {
+            slot.cache.truncate(n);
+            // Fewer than `n` where a sliding-window ring no longer holds
+            // the window before it; never more than the entry's tokens.
+            let got = slot.cache.len().min(n).min(entry.tokens.len());
+            slot.tokens.clear();
+            slot.tokens.extend_from_slice(&entry.tokens[..got]);
+            metrics.prompt_restored(got);
+            tracing::debug!(tokens = got, "prompt restored from the host cache");
+        }
+        Err(e) => {
+            slot.cache.truncate(0);
+            slot.tokens.clear();
+            tracing::debug!("prompt not restored from the host cache: {e}");
+        }
+    }
+}
+
 /// Whether a slot holding `shared` positions of the start of a prompt
 /// should lend them to a slot that holds `own` of that start.
 fn worth_sharing(own: usize, shared: usize) -> bool {
     shared >= own.saturating_add(SHARE_MIN) && (shared - own).saturating_mul(SHARE_RATIO) >= shared
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Runs an embedding request's prompt in `slot` at once, from an empty

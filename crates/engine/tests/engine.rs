@@ -421,6 +421,104 @@ fn a_busy_slots_prompt_start_is_shared_on_the_gpu() {
     a_busy_slots_prompt_start_is_shared(&gpu_engine(None), &gpu_engine_warm(None, false));
 }
 
+/// A conversation whose slot went to another prompt resumes from the host
+/// prompt cache: its second turn reuses the first turn's prompt and reply
+/// (restored into the slot, `cache_n`) and gets the tokens a fresh engine
+/// gives; without the cache it prefills them again. `engine` has one slot.
+fn a_conversation_resumes_from_the_host_prompt_cache(
+    engine: &Engine,
+    without: &Engine,
+    fresh: &Engine,
+) {
+    let first = tokenize(
+        "You are a careful assistant. You answer in full sentences. \
+         Question: what is the capital of France? Answer:",
+    );
+    let other = tokenize("Once upon a time, in a land far away, there lived a dragon");
+    let run = |e: &Engine, prompt: &[u32], n: usize| {
+        tokens_and_summary(e.submit(params(prompt.to_vec(), n)).unwrap())
+    };
+    let (reply, done) = run(engine, &first, 6);
+    run(without, &first, 6);
+    // The slot goes to another prompt: the conversation leaves it.
+    let lcp = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let (_, s) = run(engine, &other, 4);
+    assert_eq!(s.timings.cache_n, lcp(&first, &other));
+    run(without, &other, 4);
+    let m = engine.metrics();
+    assert_eq!(m.prompt_cache_entries, 1);
+    assert!(m.prompt_cache_bytes > 0);
+    // The second turn: the first turn, its reply, and more.
+    let mut second = first.clone();
+    second.extend_from_slice(&reply);
+    second.extend(tokenize(" And of Italy? Answer:").into_iter().skip(1));
+    // The slot held the first prompt and the reply tokens fed back: all
+    // but the last when max_tokens cut it (that one was sampled and never
+    // fed back), all when an end-of-generation token ended it.
+    let held = first.len() + reply.len() - usize::from(done.finish == FinishReason::Length);
+    let (ids, s) = run(engine, &second, 6);
+    assert_eq!(s.timings.cache_n, held);
+    assert_eq!(s.timings.prompt_n, second.len() - held);
+    assert_eq!(ids, run(fresh, &second, 6).0);
+    let m = engine.metrics();
+    assert_eq!(
+        (m.prompt_cache_restores, m.prompt_cache_restored_tokens),
+        (1, held as u64)
+    );
+    // Restored entries leave the cache; the slot's last prompt was saved.
+    assert_eq!(m.prompt_cache_entries, 1);
+    // Without the cache the slot held the other prompt: nothing reused
+    // but what it shares with it.
+    let (_, s) = run(without, &second, 6);
+    assert_eq!(s.timings.cache_n, lcp(&other, &second));
+    assert_eq!(without.metrics().prompt_cache_restores, 0);
+}
+
+fn one_slot(cache_ram: Option<u64>, ngl: Ngl) -> Engine {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 1;
+    cfg.n_ctx = Some(512);
+    cfg.max_queue = 2;
+    cfg.ngl = ngl;
+    cfg.cache_ram = cache_ram;
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    e
+}
+
+#[test]
+fn a_conversation_resumes_from_the_host_prompt_cache_on_the_cpu() {
+    a_conversation_resumes_from_the_host_prompt_cache(
+        &one_slot(Some(64 << 20), Ngl::Layers(0)),
+        &one_slot(None, Ngl::Layers(0)),
+        &one_slot(None, Ngl::Layers(0)),
+    );
+}
+
+#[test]
+fn a_conversation_resumes_from_the_host_prompt_cache_on_the_gpu() {
+    a_conversation_resumes_from_the_host_prompt_cache(
+        &one_slot(Some(64 << 20), Ngl::All),
+        &one_slot(None, Ngl::All),
+        &one_slot(None, Ngl::All),
+    );
+}
+
+/// An entry larger than the limit is not kept: the conversation prefills
+/// again, as without a cache.
+#[test]
+fn a_prompt_larger_than_the_cache_is_not_kept() {
+    let engine = one_slot(Some(1024), Ngl::Layers(0));
+    let first = tokenize("You are a careful assistant. Question: what is the capital of France?");
+    let other = tokenize("Once upon a time, in a land far away");
+    tokens_and_summary(engine.submit(params(first.clone(), 2)).unwrap());
+    tokens_and_summary(engine.submit(params(other, 2)).unwrap());
+    let (_, s) = tokens_and_summary(engine.submit(params(first, 2)).unwrap());
+    assert!(s.timings.cache_n <= 1, "{}", s.timings.cache_n);
+    let m = engine.metrics();
+    assert_eq!((m.prompt_cache_entries, m.prompt_cache_restores), (0, 0));
+}
+
 #[test]
 fn dropped_receiver_frees_the_slot_and_queue_is_bounded() {
     let engine = start(1, 1);

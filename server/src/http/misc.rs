@@ -460,6 +460,18 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         "Steps whose sequences each needed only their greedy pick or their top-k candidates (no bias, penalties, grammar or log-probabilities), which the model selected where the logits are: a GPU head reads back k pairs a sequence instead of the vocabulary.",
         &one(m.top_k_steps as f64),
     );
+    metric(
+        "prompt_cache_restores_total",
+        "counter",
+        "Prompts restored from the host prompt cache (--cache-ram) into a slot that had given them up.",
+        &one(m.prompt_cache_restores as f64),
+    );
+    metric(
+        "prompt_cache_restored_tokens_total",
+        "counter",
+        "Prompt tokens those restores held for their requests.",
+        &one(m.prompt_cache_restored_tokens as f64),
+    );
     let slots = st.engine.info().map_or(0, |i| i.n_parallel);
     let usage = if m.kv_capacity > 0 {
         m.kv_used as f64 / m.kv_capacity as f64
@@ -492,6 +504,16 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             "kv_cache_usage_ratio",
             "Share of KV cache positions in use.",
             usage,
+        ),
+        (
+            "prompt_cache_entries",
+            "Prompts held in the host prompt cache (--cache-ram).",
+            m.prompt_cache_entries as f64,
+        ),
+        (
+            "prompt_cache_bytes",
+            "Host memory the prompt cache's entries take.",
+            m.prompt_cache_bytes as f64,
         ),
     ] {
         metric(name, "gauge", help, &one(v));
