@@ -11,6 +11,11 @@
 #   benches/serve-peer.sh                          # SmolLM2, 1/4/8 clients, 2 rounds
 #   REPS=3 CLIENTS=1,8 benches/serve-peer.sh
 #   MODEL=path/to/file.gguf benches/serve-peer.sh
+#   CONVERSATION=1 CLIENTS=4 PARALLEL=1 REQUESTS=6 MAX_TOKENS=64 benches/serve-peer.sh
+#       # each client one conversation of REQUESTS turns (bench serve
+#       # --conversation): more conversations than slots, so what each
+#       # server's host prompt cache (--cache-ram) keeps decides how much of
+#       # a history is prefilled again
 #
 # llama-server is built from the `llama-cpp-python` sdist's llama.cpp (the
 # CPU build of benches/peer.sh, with the server target added). Run on a quiet
@@ -30,8 +35,15 @@ MAX_TOKENS=${MAX_TOKENS:-32}
 THREADS=${THREADS:-$(nproc)}
 JOBS=${JOBS:-$(nproc)}
 PARALLEL=${PARALLEL:-$(tr , '\n' <<<"$CLIENTS" | sort -n | tail -1)}
+CONVERSATION=${CONVERSATION:-0}
+CONV_FLAG=
+TURNS=1
+if [ "$CONVERSATION" = 1 ]; then
+  CONV_FLAG=--conversation
+  TURNS=$REQUESTS
+fi
 # The context both get: what `lamina bench serve` gives its own server.
-CTX=${CTX:-$((PARALLEL * (MAX_TOKENS + 256)))}
+CTX=${CTX:-$((PARALLEL * (MAX_TOKENS + 256) * TURNS))}
 PORT=${PORT:-18090}
 
 log() { echo "serve-peer: $*" >&2; }
@@ -80,7 +92,7 @@ PY
 # One measurement of the server on $PORT: "tokens/s ttft_p99_ms" per level.
 measure() {
   "$LAMINA" bench serve --server "127.0.0.1:$PORT" --clients "$CLIENTS" \
-    --requests-per-client "$REQUESTS" --max-tokens "$MAX_TOKENS" --json |
+    --requests-per-client "$REQUESTS" --max-tokens "$MAX_TOKENS" $CONV_FLAG --json |
     python3 -c '
 import json, sys
 v = json.loads(sys.stdin.read().strip().splitlines()[-1])

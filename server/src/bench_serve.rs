@@ -50,6 +50,11 @@ pub struct ServeBenchArgs {
     pub ngl: Ngl,
     /// Seconds one request may take before it counts as failed.
     pub timeout_s: u64,
+    /// Each client's requests are the turns of one conversation.
+    pub conversation: bool,
+    /// The served model's host prompt cache (`EngineConfig::cache_ram`);
+    /// `None`: the engine's default.
+    pub cache_ram: Option<Option<u64>>,
     pub json: bool,
 }
 
@@ -78,6 +83,16 @@ const TOPICS: [&str; 16] = [
     "Explain how rain forms.",
 ];
 
+/// What a conversation's client asks after each reply (`--conversation`).
+const FOLLOW_UPS: [&str; 6] = [
+    "Tell me more about that.",
+    "Can you give an example?",
+    "Why is that so?",
+    "Summarise what you said in one sentence.",
+    "What would change if it were the other way around?",
+    "Go on.",
+];
+
 /// What one request measured.
 struct Sample {
     /// To the first non-empty content delta.
@@ -86,6 +101,8 @@ struct Sample {
     latency: Duration,
     /// `usage.completion_tokens` (content deltas if the usage chunk is missing).
     tokens: u64,
+    /// The reply's content.
+    text: String,
 }
 
 struct Level {
@@ -183,14 +200,17 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
         }
         Target::Model(file) => {
             let parallel = a.parallel.unwrap_or(max_clients).max(1);
+            let defaults = EngineConfig::new(file);
             let engine = Engine::start(EngineConfig {
-                n_ctx: Some(a.n_ctx.unwrap_or(parallel * (a.max_tokens + 256))),
+                // A conversation's last turn holds all of its turns.
+                n_ctx: Some(a.n_ctx.unwrap_or(parallel * slot_context(a))),
                 n_parallel: parallel,
                 max_queue: max_clients,
                 max_tokens: a.max_tokens,
                 timeout,
                 ngl: a.ngl,
-                ..EngineConfig::new(file)
+                cache_ram: a.cache_ram.unwrap_or(defaults.cache_ram),
+                ..defaults
             })?;
             let info = engine
                 .wait_ready(Duration::from_secs(600))
@@ -199,8 +219,17 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
                 eprintln!("{}", info.placement);
                 eprintln!(
                     "{}: --parallel {parallel} ({} tokens per slot), {threads} threads, {build} \
-                     build; {} requests per client, max_tokens {}, streaming, temperature {}",
-                    info.id, info.n_ctx_slot, a.requests_per_client, a.max_tokens, a.temperature
+                     build; {} requests per client{}, max_tokens {}, streaming, temperature {}",
+                    info.id,
+                    info.n_ctx_slot,
+                    a.requests_per_client,
+                    if a.conversation {
+                        " (one conversation each)"
+                    } else {
+                        ""
+                    },
+                    a.max_tokens,
+                    a.temperature
                 );
             }
             let levels = rt.block_on(drive(a, engine, timeout))?;
@@ -209,6 +238,7 @@ pub fn run(a: &ServeBenchArgs) -> anyhow::Result<()> {
                 "placement": info.placement,
                 "parallel": parallel,
                 "n_ctx_slot": info.n_ctx_slot,
+                "conversation": a.conversation,
                 "threads": threads,
                 "build": build,
             });
@@ -311,7 +341,7 @@ async fn measure(
     // a margin for the response to arrive.
     let deadline = timeout + Duration::from_secs(10);
 
-    let warm = body("Say hello.", a, 0);
+    let warm = body(&[user("Say hello.")], a, 0);
     tokio::time::timeout(deadline, request(addr, warm))
         .await
         .map_err(|_| anyhow::anyhow!("the warm-up request timed out"))?
@@ -323,19 +353,28 @@ async fn measure(
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
         for c in 0..clients {
-            let bodies: Vec<String> = (0..a.requests_per_client)
-                .map(|k| {
-                    let i = n + k * clients + c;
-                    body(&prompt(i), a, i)
-                })
+            let turns: Vec<usize> = (0..a.requests_per_client)
+                .map(|k| n + k * clients + c)
                 .collect();
+            let conversation = a.conversation;
+            let (max_tokens, temperature) = (a.max_tokens, a.temperature);
             tasks.spawn(async move {
                 let mut out = Vec::new();
-                for b in bodies {
+                // A conversation's messages so far; otherwise one prompt each.
+                let mut messages = Vec::new();
+                for (k, &i) in turns.iter().enumerate() {
+                    if !conversation || k == 0 {
+                        messages = vec![user(&prompt(i))];
+                    }
+                    let b = body_with(&messages, max_tokens, temperature, i);
                     let r = match tokio::time::timeout(deadline, request(addr, b)).await {
                         Ok(r) => r.map_err(|e| format!("{e:#}")),
                         Err(_) => Err(format!("no answer within {} s", deadline.as_secs())),
                     };
+                    if let Ok(s) = &r {
+                        messages.push(json!({"role": "assistant", "content": s.text}));
+                        messages.push(user(FOLLOW_UPS[k % FOLLOW_UPS.len()]));
+                    }
                     out.push(r);
                 }
                 out
@@ -368,18 +407,37 @@ fn prompt(n: usize) -> String {
     format!("Request {n}. {}", TOPICS[n % TOPICS.len()])
 }
 
-/// Request `n`'s body: its prompt, and for a positive temperature the
+/// A slot's context when the model is served here: a request's reply and
+/// 256 tokens for its prompt, times the turns of a conversation.
+fn slot_context(a: &ServeBenchArgs) -> usize {
+    let turns = if a.conversation {
+        a.requests_per_client.max(1)
+    } else {
+        1
+    };
+    (a.max_tokens + 256).saturating_mul(turns)
+}
+
+fn user(content: &str) -> Value {
+    json!({"role": "user", "content": content})
+}
+
+/// Request `n`'s body: its messages, and for a positive temperature the
 /// seed `n`.
-fn body(prompt: &str, a: &ServeBenchArgs, n: usize) -> String {
+fn body(messages: &[Value], a: &ServeBenchArgs, n: usize) -> String {
+    body_with(messages, a.max_tokens, a.temperature, n)
+}
+
+fn body_with(messages: &[Value], max_tokens: usize, temperature: f32, n: usize) -> String {
     let mut b = json!({
         "model": "bench",
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": a.max_tokens,
-        "temperature": a.temperature,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    if a.temperature > 0.0 {
+    if temperature > 0.0 {
         b["seed"] = json!(n);
     }
     b.to_string()
@@ -436,6 +494,7 @@ async fn request(addr: SocketAddr, body: String) -> anyhow::Result<Sample> {
                 ttft: events.ttft,
                 latency: t0.elapsed(),
                 tokens: events.usage.unwrap_or(events.deltas),
+                text: events.text,
             });
         }
         let n = read_some(&s, &mut buf).await?;
@@ -453,6 +512,7 @@ struct Events {
     ttft: Option<Duration>,
     deltas: u64,
     usage: Option<u64>,
+    text: String,
 }
 
 impl Events {
@@ -476,7 +536,8 @@ impl Events {
                     bail!("the stream failed: {e}");
                 }
                 let content = v["choices"][0]["delta"]["content"].as_str();
-                if content.is_some_and(|c| !c.is_empty()) {
+                if let Some(c) = content.filter(|c| !c.is_empty()) {
+                    self.text.push_str(c);
                     self.deltas += 1;
                     self.ttft.get_or_insert_with(|| t0.elapsed());
                 }
@@ -581,6 +642,7 @@ mod tests {
         }
         assert!(done);
         assert_eq!((e.deltas, e.usage), (1, Some(3)));
+        assert_eq!(e.text, "Hi");
         assert!(e.ttft.is_some());
     }
 }

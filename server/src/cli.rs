@@ -318,11 +318,12 @@ pub struct ServeCli {
     /// MiB of host memory for the prompt cache: a slot's cache is saved
     /// there when the slot goes to another prompt, and restored when its
     /// conversation comes back (llama-server's --cache-ram; -1: no limit,
-    /// 0: off). A save that would leave the host short is not kept.
-    #[arg(long = "cache-ram", env = "LAMINA_CACHE_RAM",
-          default_value_t = (lamina_engine::DEFAULT_CACHE_RAM >> 20) as i64,
-          allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..))]
-    pub cache_ram_mib: i64,
+    /// 0: off). Default: 8192, or a quarter of the memory available at
+    /// start where that is less. A save that would leave the host short
+    /// is not kept. Also -cram.
+    #[arg(long = "cache-ram", env = "LAMINA_CACHE_RAM", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub cache_ram_mib: Option<i64>,
     #[command(flatten)]
     pub placement: Placement,
     #[command(flatten)]

@@ -296,6 +296,16 @@ enum BenchCommand {
         /// Seconds one request may take before it counts as failed.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+        /// Each client holds one conversation: every request after its
+        /// first sends the conversation so far (the earlier prompts and
+        /// replies) and a follow-up question, as a chat app does.
+        #[arg(long)]
+        conversation: bool,
+        /// The served model's host prompt cache in MiB (serve's
+        /// --cache-ram; -1: no limit, 0: off).
+        #[arg(long = "cache-ram", conflicts_with = "server", allow_negative_numbers = true,
+              value_parser = clap::value_parser!(i64).range(-1..))]
+        cache_ram: Option<i64>,
         /// CPU threads (default: all cores).
         #[arg(short = 't', long)]
         threads: Option<usize>,
@@ -460,6 +470,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     ctx,
                     ngl,
                     timeout,
+                    conversation,
+                    cache_ram,
                     threads,
                     json,
                 },
@@ -482,6 +494,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 n_ctx: ctx,
                 ngl,
                 timeout_s: timeout,
+                conversation,
+                cache_ram: cache_ram.map(cache_ram_bytes),
                 json,
             })?
         }
@@ -645,16 +659,21 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
             .map(std::time::Duration::from_secs),
         no_mmap: a.no_mmap,
         no_warmup: a.no_warmup,
-        cache_ram: match a.cache_ram_mib {
-            0 => None,
-            -1 => Some(u64::MAX),
-            mib => Some(u64::try_from(mib).unwrap_or(0).saturating_mul(1 << 20)),
-        },
+        cache_ram: a.cache_ram_mib.map(cache_ram_bytes),
         mcp_servers: mcp_servers(
             a.llama.mcp_servers_config.as_deref(),
             a.llama.mcp_servers_json.as_deref(),
         )?,
     })
+}
+
+/// `--cache-ram MIB` as the engine takes it: 0 off, -1 no limit.
+fn cache_ram_bytes(mib: i64) -> Option<u64> {
+    match mib {
+        0 => None,
+        ..0 => Some(u64::MAX),
+        mib => Some(mib.unsigned_abs().saturating_mul(1 << 20)),
+    }
 }
 
 /// `--mcp-servers-config` and `--mcp-servers-json`, read before anything

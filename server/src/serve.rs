@@ -59,8 +59,9 @@ pub struct ServeArgs {
     pub no_mmap: bool,
     /// Skip the engine's warm-up steps at load (`EngineConfig::warmup`).
     pub no_warmup: bool,
-    /// The host prompt cache's bytes (`EngineConfig::cache_ram`).
-    pub cache_ram: Option<u64>,
+    /// The host prompt cache's bytes (`EngineConfig::cache_ram`); `None`:
+    /// the engine's default.
+    pub cache_ram: Option<Option<u64>>,
     /// Prompt tokens per step (`-b`/`-ub`); `None`: the engine's default.
     pub n_batch: Option<usize>,
     /// `--step-budget-ms`; `None`: prompts are not paced.
@@ -198,7 +199,9 @@ async fn serve(
         step_budget: a.step_budget,
         sleep_idle: a.sleep_idle,
         warmup: !a.no_warmup,
-        cache_ram: a.cache_ram,
+        cache_ram: a
+            .cache_ram
+            .unwrap_or_else(|| EngineConfig::new(&a.file).cache_ram),
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();

@@ -94,6 +94,15 @@ pub struct EngineConfig {
 /// taken, and a save that would leave the host short is not kept.
 pub const DEFAULT_CACHE_RAM: u64 = 8192 << 20;
 
+/// The prompt cache's size when none is asked for: [`DEFAULT_CACHE_RAM`],
+/// or a quarter of the host memory available now where that is less. A
+/// local app's machine is not the server's alone, and a cache that fills
+/// whatever is free would take it from the other programs by and by.
+pub fn default_cache_ram() -> u64 {
+    let quarter = lamina_model::memory::available().map_or(u64::MAX, |a| a.bytes / 4);
+    DEFAULT_CACHE_RAM.min(quarter)
+}
+
 impl EngineConfig {
     pub fn new(model: impl Into<PathBuf>) -> Self {
         Self {
@@ -116,7 +125,7 @@ impl EngineConfig {
             sleep_idle: None,
             select_top_on_gpu: None,
             warmup: true,
-            cache_ram: Some(DEFAULT_CACHE_RAM),
+            cache_ram: Some(default_cache_ram()),
         }
     }
 }

@@ -35,7 +35,7 @@ mod scheduler;
 mod stop;
 
 pub use backend::{Backend, Cache};
-pub use engine::{Engine, EngineConfig, Status, DEFAULT_CACHE_RAM};
+pub use engine::{default_cache_ram, Engine, EngineConfig, Status, DEFAULT_CACHE_RAM};
 pub use error::EngineError;
 pub use lamina_grammar::Constraint;
 pub use metrics::{Metrics, MetricsSnapshot, SlotView};

@@ -794,13 +794,14 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
 /// convenience, never worth pushing the host into swap or the OOM killer.
 const CACHE_RAM_RESERVE: u64 = 512 << 20;
 
-/// Before slot `slot` takes a request whose prompt does not continue all
-/// it holds: its positions go to the host prompt cache (prompt_cache.rs)
-/// unless the cache already holds them, so the conversation they belong to
-/// can resume from them when it comes back. A failed save, or one that
-/// would leave the host short of memory, keeps nothing (and, for memory,
-/// lowers the cache's limit to two fifths of what it holds, as
-/// llama-server does when an allocation fails): the request goes on.
+/// Before slot `slot` takes a request that keeps all but at least
+/// [`SHARE_MIN`] of the tokens it holds: its positions go to the host
+/// prompt cache (prompt_cache.rs) unless the cache already holds them, so
+/// the conversation they belong to can resume from them when it comes
+/// back. A failed save, or one that would leave the host short of memory,
+/// keeps nothing (and, for memory, lowers the cache's limit to two fifths
+/// of what it holds, as llama-server does when an allocation fails): the
+/// request goes on.
 fn stash<B: Backend>(
     backend: &B,
     pc: &mut PromptCache,
@@ -810,7 +811,12 @@ fn stash<B: Backend>(
 ) {
     let held = slot.tokens.len().min(slot.cache.len());
     let tokens = &slot.tokens[..held];
-    if held < SHARE_MIN || common_prefix(tokens, prompt) == held || !pc.wants(tokens) {
+    // What the request throws away must be worth a save: not the last few
+    // tokens of a reply that the same prompt asks for again. (llama-server
+    // saves only a slot it picked as least recently used, never one whose
+    // tokens resemble the request's, so a long history that shares a
+    // system prompt with the request is lost there; not here.)
+    if held - common_prefix(tokens, prompt).min(held) < SHARE_MIN || !pc.wants(tokens) {
         return;
     }
     // The bytes a position took in the cache's last save, or none yet.

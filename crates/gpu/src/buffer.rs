@@ -20,8 +20,9 @@ const STAGING_KEPT: usize = 4;
 
 /// Largest readback buffer kept: a step's logits (64 sequences of a
 /// 262144-token vocabulary). A larger readback (a slot's saved cache) gets
-/// a buffer of its own size, freed after it.
-const STAGING_KEPT_BYTES: u64 = 64 << 20;
+/// a buffer of its own size, freed after it; [`Gpu::read_runs`] groups its
+/// runs into readbacks of at most this.
+pub const STAGING_KEPT_BYTES: u64 = 64 << 20;
 
 /// Bytes after the last row of every weight chunk (see module docs).
 pub const WEIGHT_PAD: u64 = 128;
@@ -257,6 +258,71 @@ impl Gpu {
     /// (a KV cache slot, whatever its element type).
     pub fn read_words(&self, t: &Tensor, offset: usize, len: usize) -> Result<Vec<u8>, GpuError> {
         self.read_range(t, offset, len)
+    }
+
+    /// Several runs of 32-bit elements, `(tensor, offset, len)`, as bytes
+    /// in order: [`Gpu::read_words`] of each, with the runs that fit in
+    /// [`STAGING_KEPT_BYTES`] together read back in one submission and one
+    /// map (a KV cache slot is two runs per layer; one readback each cost
+    /// a submission and a wait each). Nothing is read when a run lies
+    /// outside its tensor.
+    pub fn read_runs(&self, runs: &[(&Tensor, usize, usize)]) -> Result<Vec<Vec<u8>>, GpuError> {
+        for &(t, offset, len) in runs {
+            if offset.checked_add(len).is_none_or(|end| end > t.len) {
+                return Err(GpuError::Shape {
+                    op: "read",
+                    message: format!("elements {offset}..+{len} of a tensor of {}", t.len),
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(runs.len());
+        let mut at = 0;
+        while at < runs.len() {
+            // The next group: as many runs as fit in one kept staging
+            // buffer, or one run alone that does not.
+            let mut end = at;
+            let mut size = 0u64;
+            while let Some(&(_, _, len)) = runs.get(end) {
+                let bytes = len as u64 * 4;
+                if end > at && size + bytes > STAGING_KEPT_BYTES {
+                    break;
+                }
+                size += bytes;
+                end += 1;
+            }
+            if size == 0 {
+                out.extend((at..end).map(|_| Vec::new()));
+                at = end;
+                continue;
+            }
+            let staging = self.take_staging(size)?;
+            self.submitted
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.scoped("tensor runs", size, || {
+                let mut enc = self
+                    .device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("readback runs"),
+                    });
+                let mut to = 0u64;
+                for &(t, offset, len) in &runs[at..end] {
+                    let bytes = len as u64 * 4;
+                    if bytes > 0 {
+                        enc.copy_buffer_to_buffer(&t.buf, offset as u64 * 4, &staging, to, bytes);
+                    }
+                    to += bytes;
+                }
+                self.queue.submit([enc.finish()]);
+            })?;
+            let data = self.map_staging(staging, size, "tensor runs")?;
+            let mut from = 0usize;
+            for &(_, _, len) in &runs[at..end] {
+                out.push(data[from..from + len * 4].to_vec());
+                from += len * 4;
+            }
+            at = end;
+        }
+        Ok(out)
     }
 
     /// Overwrites 32-bit elements from `offset` of `t` with `bytes` (a

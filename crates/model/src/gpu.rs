@@ -763,11 +763,15 @@ impl<'a> HybridModel<'a> {
         cache.cpu.save_state(kvd, &mut out);
         if let Some(g) = self.gpu.as_deref() {
             let arena = &cache.arena;
+            let mut runs = Vec::with_capacity(2 * arena.k.len());
             for i in 0..arena.k.len() {
                 let (off, words) = self.slot_words(cache, i);
-                for t in [&arena.k[i], &arena.v[i]] {
-                    crate::kv::put_run(&mut out, &g.read_words(t, off, words).map_err(gpu_err)?);
-                }
+                runs.push((&arena.k[i], off, words));
+                runs.push((&arena.v[i], off, words));
+            }
+            // Read back together (one submission, not one per tensor).
+            for run in g.read_runs(&runs).map_err(gpu_err)? {
+                crate::kv::put_run(&mut out, &run);
             }
         }
         Ok(out)

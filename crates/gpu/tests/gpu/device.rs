@@ -3,7 +3,7 @@
 use super::common;
 
 use lamina_gguf::GgmlType;
-use lamina_gpu::buffer::COPY_PIECE;
+use lamina_gpu::buffer::{COPY_PIECE, STAGING_KEPT_BYTES};
 use lamina_gpu::{list_adapters, GpuError, WordCopy};
 
 #[test]
@@ -253,4 +253,44 @@ fn device_copies_move_runs_within_and_between_tensors() {
         assert!(matches!(err, GpuError::Shape { op: "copy", .. }), "{err}");
         assert_eq!(gpu.read_u32(&b).unwrap(), want_b);
     }
+}
+
+/// Runs read back together give what each gives read alone, in order:
+/// across two tensors, empty runs, and more bytes than one readback group
+/// holds (so they take two); a run outside its tensor is refused.
+#[test]
+fn runs_read_back_together_as_each_read_alone() {
+    let (_turn, gpu) = common::gpu();
+    let group = (STAGING_KEPT_BYTES / 4) as usize;
+    let mut rng = common::Rng::new(43);
+    let a_host: Vec<u32> = (0..group + 5000).map(|_| rng.next_u64() as u32).collect();
+    let b_host: Vec<u32> = (0..300).map(|_| rng.next_u64() as u32).collect();
+    let a = gpu.upload_u32(&a_host).unwrap();
+    let b = gpu.upload_u32(&b_host).unwrap();
+    let runs = [
+        (&b, 7, 100),
+        (&a, 3, 2000),
+        (&b, 0, 0),
+        // With the runs before it, past one group: it starts the next.
+        (&a, 4000, group - 1000),
+        (&b, 200, 100),
+        (&a, 0, group + 5000),
+    ];
+    let got = gpu.read_runs(&runs).unwrap();
+    assert_eq!(got.len(), runs.len());
+    for (&(t, at, len), bytes) in runs.iter().zip(&got) {
+        let host = if std::ptr::eq(t, &a) {
+            &a_host
+        } else {
+            &b_host
+        };
+        let want: Vec<u8> = host[at..at + len]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        assert!(*bytes == want, "run {at}..+{len}");
+        assert!(*bytes == gpu.read_words(t, at, len).unwrap());
+    }
+    let err = gpu.read_runs(&[(&b, 0, 10), (&b, 250, 51)]).unwrap_err();
+    assert!(matches!(err, GpuError::Shape { op: "read", .. }), "{err}");
 }
