@@ -813,9 +813,9 @@ fn stash<B: Backend>(
     let tokens = &slot.tokens[..held];
     // What the request throws away must be worth a save: not the last few
     // tokens of a reply that the same prompt asks for again. (llama-server
-    // saves only a slot it picked as least recently used, never one whose
-    // tokens resemble the request's, so a long history that shares a
-    // system prompt with the request is lost there; not here.)
+    // saves a slot it picked for resembling the request only when the
+    // request keeps less than half of it, so a history that is 60 % system
+    // prompt and 40 % conversation loses the conversation there; not here.)
     if held - common_prefix(tokens, prompt).min(held) < SHARE_MIN || !pc.wants(tokens) {
         return;
     }
