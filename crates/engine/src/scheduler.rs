@@ -143,6 +143,9 @@ pub(crate) struct Slot<C> {
     /// The tokens whose keys and values `cache` holds, in order.
     tokens: Vec<u32>,
     seq: Option<Sequence>,
+    /// When a request last took it (admissions counted), for
+    /// [`free_slot`]'s least recently used.
+    last_used: u64,
 }
 
 /// A request while it runs in a slot.
@@ -277,6 +280,7 @@ pub(crate) fn slots<B: Backend>(
             cache,
             tokens: Vec::new(),
             seq: None,
+            last_used: 0,
         })
         .collect())
 }
@@ -401,6 +405,7 @@ pub(crate) fn run<B: Backend>(
     let mut pacer = Pacer::new(limits.step_budget);
     // Lives as long as the caches: released with them when the model sleeps.
     let mut prompt_cache = limits.cache_ram.map(PromptCache::new);
+    let mut admissions = 0u64;
     let mut open = true;
     loop {
         let busy = slots.iter().any(|s| s.seq.is_some());
@@ -468,6 +473,8 @@ pub(crate) fn run<B: Backend>(
                 break;
             };
             metrics.queued.fetch_sub(1, Relaxed);
+            admissions += 1;
+            slots[i].last_used = admissions;
             match job.work {
                 Work::Generate(params, events) => {
                     if let Some(pc) = prompt_cache.as_mut() {
@@ -671,18 +678,42 @@ fn publish_slots<C: Cache>(metrics: &Metrics, slots: &[Slot<C>]) {
     }
 }
 
-/// The free slot whose cached tokens share the longest prefix with the
-/// job's prompt; `None` when no slot is free or nothing waits.
+/// The free slot a waiting job takes; `None` when no slot is free or
+/// nothing waits. First a slot that loses fewer than [`SHARE_MIN`] of the
+/// tokens it holds to the job's prompt: one whose tokens the prompt
+/// continues (the same conversation; the longest such start first), else
+/// an empty one. Only then a slot that loses more (its tokens go to the
+/// host prompt cache first, when there is one): the one with the longest
+/// start of the prompt, then the least recently used, as llama-server
+/// takes its least recently used slot.
+///
+/// The pick decides what is lost, not what is reused: [`share_prefix`]
+/// then lends the slot the longest start any other slot holds, and
+/// [`recall`] the prompt cache's. Taking the slot with the longest start,
+/// as before, threw away a conversation held in one slot for a prompt
+/// that only shared its system prompt while an empty slot sat idle.
 fn free_slot<C>(slots: &[Slot<C>], job: Option<&Job>) -> Option<usize> {
-    let job = job?;
+    pick_slot(slots, job?.prompt())
+}
+
+/// [`free_slot`] for a prompt.
+fn pick_slot<C>(slots: &[Slot<C>], prompt: &[u32]) -> Option<usize> {
     slots
         .iter()
         .enumerate()
         .filter(|(_, s)| s.seq.is_none())
-        .map(|(i, s)| (common_prefix(&s.tokens, job.prompt()), i))
-        // Longest prefix first; among equals, the lowest index.
-        .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
-        .map(|(_, i)| i)
+        .map(|(i, s)| {
+            let lcp = common_prefix(&s.tokens, prompt);
+            let keeps = s.tokens.len() - lcp < SHARE_MIN;
+            (
+                keeps,
+                lcp,
+                std::cmp::Reverse(s.last_used),
+                std::cmp::Reverse(i),
+            )
+        })
+        .max()
+        .map(|(.., std::cmp::Reverse(i))| i)
 }
 
 /// Fails every running sequence and every waiting request with `e`.
@@ -1482,6 +1513,43 @@ fn finish<C: Cache>(slot: &mut Slot<C>, exit: Exit, ctx: &Ctx<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_conversation_keeps_its_slot_while_another_is_free() {
+        let slot = |tokens: Vec<u32>, last_used: u64| Slot {
+            cache: (),
+            tokens,
+            seq: None,
+            last_used,
+        };
+        let system: Vec<u32> = (1..=30).collect();
+        let with = |rest: std::ops::Range<u32>| -> Vec<u32> {
+            system.iter().copied().chain(rest).collect()
+        };
+        // Slot 0 holds conversation A, slot 1 nothing.
+        let slots = vec![slot(with(100..200), 1), slot(Vec::new(), 0)];
+        // A new conversation sharing only the system prompt takes the
+        // empty slot (it borrows the system prompt from slot 0), not A's.
+        assert_eq!(pick_slot(&slots, &with(500..520)), Some(1));
+        // A's next turn takes A's slot.
+        assert_eq!(pick_slot(&slots, &with(100..230)), Some(0));
+        // Losing fewer than SHARE_MIN tokens of it (the same prompt asked
+        // again, a reply regenerated) still counts as continuing it.
+        assert_eq!(pick_slot(&slots, &with(100..195)), Some(0));
+        // Every slot holds a conversation the prompt does not continue:
+        // the longest start first, then the least recently used.
+        let slots = vec![
+            slot(with(100..200), 3),
+            slot(with(200..300), 1),
+            slot(with(300..400), 2),
+        ];
+        assert_eq!(pick_slot(&slots, &with(500..520)), Some(1));
+        assert_eq!(pick_slot(&slots, &with(300..310)), Some(2));
+        // Ties on all of it: the lowest index.
+        let slots = vec![slot(Vec::new(), 0), slot(Vec::new(), 0)];
+        assert_eq!(pick_slot(&slots, &with(0..5)), Some(0));
+        assert_eq!(pick_slot::<()>(&[], &[1]), None);
+    }
 
     #[test]
     fn a_slot_lends_a_prompt_start_only_where_the_copy_pays() {

@@ -474,6 +474,37 @@ fn a_conversation_resumes_from_the_host_prompt_cache(
     assert_eq!(without.metrics().prompt_cache_restores, 0);
 }
 
+/// With a slot free, a new conversation does not take the slot that holds
+/// another: that one's next turn then finds its whole history in place
+/// (no prompt cache here), and its tokens are a fresh engine's.
+#[test]
+fn a_new_conversation_leaves_an_idle_one_in_its_slot() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 2;
+    cfg.n_ctx = Some(2 * 512);
+    cfg.cache_ram = None;
+    let engine = Engine::start(cfg).unwrap();
+    engine.wait_ready(Duration::from_secs(60)).unwrap();
+    let first =
+        tokenize("You are a careful assistant. Question: what is the capital of France? Answer:");
+    let other = tokenize("Once upon a time, in a land far away, there lived a dragon");
+    let run = |prompt: &[u32], n: usize| {
+        tokens_and_summary(engine.submit(params(prompt.to_vec(), n)).unwrap())
+    };
+    let (reply, done) = run(&first, 6);
+    run(&other, 4);
+    let mut second = first.clone();
+    second.extend_from_slice(&reply);
+    second.extend(tokenize(" And of Italy? Answer:").into_iter().skip(1));
+    let held = first.len() + reply.len() - usize::from(done.finish == FinishReason::Length);
+    let (ids, s) = run(&second, 6);
+    assert_eq!(s.timings.cache_n, held);
+    assert_eq!(
+        ids,
+        collect(start(1, 1).submit(params(second, 6)).unwrap()).0
+    );
+}
+
 fn one_slot(cache_ram: Option<u64>, ngl: Ngl) -> Engine {
     let mut cfg = EngineConfig::new(model_path());
     cfg.n_parallel = 1;
