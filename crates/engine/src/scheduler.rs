@@ -825,11 +825,11 @@ fn share_prefix<B: Backend>(backend: &B, slots: &mut [Slot<B::Cache>], i: usize,
 /// convenience, never worth pushing the host into swap or the OOM killer.
 const CACHE_RAM_RESERVE: u64 = 512 << 20;
 
-/// Before slot `slot` takes a request that keeps all but at least
-/// [`SHARE_MIN`] of the tokens it holds: its positions go to the host
-/// prompt cache (prompt_cache.rs) unless the cache already holds them, so
-/// the conversation they belong to can resume from them when it comes
-/// back. A failed save, or one that would leave the host short of memory,
+/// Before slot `slot` takes a request that drops at least [`SHARE_MIN`]
+/// of the tokens it holds (its prompt does not continue them): its
+/// positions go to the host prompt cache (prompt_cache.rs) unless the
+/// cache already holds them, so the conversation they belong to can
+/// resume from them when it comes back. A failed save, or one that would leave the host short of memory,
 /// keeps nothing (and, for memory, lowers the cache's limit to two fifths
 /// of what it holds, as llama-server does when an allocation fails): the
 /// request goes on.
