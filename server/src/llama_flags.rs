@@ -272,6 +272,23 @@ mod tests {
         assert_eq!(s.sampling.sampler().unwrap().seed, None);
         assert_eq!(s.sampling.n_predict(), None);
 
+        // The prompt cache: -cram as llama.cpp spells it, -1 for no limit,
+        // nothing below; unset leaves the engine's default.
+        let serve = |args: &[&str]| {
+            let mut all = vec!["lamina", "serve", "-m", "f"];
+            all.extend_from_slice(args);
+            match parse(&all).map(|c| c.command) {
+                Ok(crate::Command::Serve(s)) => Ok(s.cache_ram_mib),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e),
+            }
+        };
+        assert_eq!(serve(&["-cram", "512"]).unwrap(), Some(512));
+        assert_eq!(serve(&["--cache-ram", "-1"]).unwrap(), Some(-1));
+        assert_eq!(serve(&["--cache-ram", "0"]).unwrap(), Some(0));
+        assert_eq!(serve(&[]).unwrap(), None);
+        assert!(serve(&["--cache-ram", "-2"]).is_err());
+
         let cli = parse(&[
             "lamina", "run", "-m", "f", "-p", "hi", "-ngl", "99", "-n", "8",
         ]);
