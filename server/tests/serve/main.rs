@@ -488,3 +488,49 @@ fn offloaded_serve_answers_like_the_cpu() {
         "{placement}"
     );
 }
+
+/// Through the HTTP API, as llama-server's users spell it (`-cram`): a
+/// conversation whose one slot another client took meanwhile resumes from
+/// the host prompt cache, and /metrics counts the restore; with the cache
+/// off (`--cache-ram 0`) its next turn reuses nothing but the template's
+/// opening, and it answers the same either way.
+#[test]
+fn a_conversation_resumes_from_the_prompt_cache_over_http() {
+    let turn = |server: &Server| {
+        let first = json!({"role": "user", "content": "Name three rivers of France."});
+        let a = server.chat(json!({"messages": [first], "temperature": 0, "max_tokens": 16}));
+        assert_eq!(a.status, 200, "{}", a.body);
+        let b = server.chat(user("Write a haiku about the sea.", 8));
+        assert_eq!(b.status, 200, "{}", b.body);
+        let next = json!({
+            "messages": [
+                first,
+                {"role": "assistant", "content": content(&a.json())},
+                {"role": "user", "content": "Which of them is the longest?"},
+            ],
+            "temperature": 0,
+            "max_tokens": 16,
+        });
+        let r = server.chat(next);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        let cached = v["timings"]["cache_n"].as_u64().unwrap();
+        (content(&v), cached, prompt)
+    };
+    let on = Server::start(&["--parallel", "1", "-c", "1024", "-cram", "64"], &[]);
+    let (text, cached, prompt) = turn(&on);
+    // The first turn's prompt and reply came back: most of the prompt.
+    assert!(cached * 2 > prompt, "{cached} of {prompt} reused");
+    on.wait_metric("lamina_prompt_cache_restores_total", 1.0);
+    let (entries, metrics) = on.metric("lamina_prompt_cache_entries");
+    assert_eq!(entries, Some(1.0), "{metrics}");
+    let off = Server::start(&["--parallel", "1", "-c", "1024", "--cache-ram", "0"], &[]);
+    let (text_off, cached_off, _) = turn(&off);
+    assert!(
+        cached_off < cached / 2,
+        "{cached_off} reused without the cache"
+    );
+    assert_eq!(text, text_off);
+    off.wait_metric("lamina_prompt_cache_restores_total", 0.0);
+}
