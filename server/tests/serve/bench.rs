@@ -55,6 +55,45 @@ fn bench_serve_reports_every_level_in_json() {
     }
 }
 
+/// `--conversation`: each client's requests are the turns of one
+/// conversation (each resends the history), two conversations over one
+/// slot, every turn answered.
+#[test]
+fn bench_serve_runs_conversations() {
+    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["bench", "serve", "-m", &model(), "--conversation"])
+        .args([
+            "--clients",
+            "2",
+            "--parallel",
+            "1",
+            "--requests-per-client",
+            "3",
+        ])
+        .args(["--max-tokens", "4", "--timeout", "120", "--json"])
+        .env_remove("LAMINA_API_KEY")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["conversation"], true, "{v}");
+    assert_eq!(v["parallel"], 1, "{v}");
+    // A slot sized for a conversation's three turns.
+    assert_eq!(v["n_ctx_slot"], 3 * (4 + 256), "{v}");
+    let level = &v["levels"][0];
+    assert_eq!(
+        (level["requests"].as_u64(), level["errors"].as_u64()),
+        (Some(6), Some(0)),
+        "{level}"
+    );
+    assert!(level["generated_tokens"].as_u64().unwrap() >= 6, "{level}");
+}
+
 /// `--server`: the same client measures a server in another process (how
 /// `benches/serve-peer.sh` compares Lamina with llama-server), and a server
 /// that is not there is a clear error, not a hang.
