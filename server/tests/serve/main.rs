@@ -365,6 +365,11 @@ fn a_long_prompt_beside_a_stream_is_paced_and_answers_as_alone() {
     assert!(solo["usage"]["prompt_tokens"].as_u64().unwrap() > 600);
     let (paced, _) = server.metric("lamina_paced_steps_total");
     assert_eq!(paced, Some(0.0), "nothing decoded beside the solo prompt");
+    // Its slot forgets it: the story takes the other slot, and the same
+    // question would otherwise find its whole prompt there and prefill
+    // nothing beside the stream.
+    let erased = client::post(server.port, "/slots/0?action=erase", &json!({}));
+    assert_eq!(erased.status, 200, "{}", erased.body);
 
     let mut story = stream_story(server.port, 1000, &[]);
     let beside = server.chat(user(&question, 8));
