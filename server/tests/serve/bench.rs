@@ -6,13 +6,12 @@ use serde_json::Value;
 
 use super::model;
 
-#[test]
-fn bench_serve_reports_every_level_in_json() {
+/// `lamina bench serve ARGS --json`, which must succeed: its report.
+fn bench_json(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
-        .args(["bench", "serve", "-m", &model()])
-        .args(["--clients", "1,2", "--requests-per-client", "1"])
-        .args(["--max-tokens", "2", "--timeout", "120", "--json"])
-        .args(["--temperature", "0.5"])
+        .args(["bench", "serve"])
+        .args(args)
+        .arg("--json")
         .env_remove("LAMINA_API_KEY")
         .output()
         .unwrap();
@@ -22,7 +21,25 @@ fn bench_serve_reports_every_level_in_json() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_str(&stdout).unwrap();
+    serde_json::from_str(&stdout).unwrap()
+}
+
+#[test]
+fn bench_serve_reports_every_level_in_json() {
+    let v = bench_json(&[
+        "-m",
+        &model(),
+        "--clients",
+        "1,2",
+        "--requests-per-client",
+        "1",
+        "--max-tokens",
+        "2",
+        "--timeout",
+        "120",
+        "--temperature",
+        "0.5",
+    ]);
     assert_eq!(v["model"], "SmolLM2-135M-Instruct.Q4_1.gguf", "{v}");
     assert_eq!(v["temperature"], 0.5, "{v}");
     assert_eq!(v["parallel"], 2, "{v}");
@@ -60,27 +77,21 @@ fn bench_serve_reports_every_level_in_json() {
 /// slot, every turn answered.
 #[test]
 fn bench_serve_runs_conversations() {
-    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
-        .args(["bench", "serve", "-m", &model(), "--conversation"])
-        .args([
-            "--clients",
-            "2",
-            "--parallel",
-            "1",
-            "--requests-per-client",
-            "3",
-        ])
-        .args(["--max-tokens", "4", "--timeout", "120", "--json"])
-        .env_remove("LAMINA_API_KEY")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let v = bench_json(&[
+        "-m",
+        &model(),
+        "--conversation",
+        "--clients",
+        "2",
+        "--parallel",
+        "1",
+        "--requests-per-client",
+        "3",
+        "--max-tokens",
+        "4",
+        "--timeout",
+        "120",
+    ]);
     assert_eq!(v["conversation"], true, "{v}");
     assert_eq!(v["parallel"], 1, "{v}");
     // A slot sized for a conversation's three turns.
@@ -101,19 +112,18 @@ fn bench_serve_runs_conversations() {
 fn bench_serve_measures_a_running_server() {
     let server = super::Server::start(&["--parallel", "2"], &[]);
     let addr = format!("127.0.0.1:{}", server.port);
-    let out = Command::new(env!("CARGO_BIN_EXE_lamina"))
-        .args(["bench", "serve", "--server", &addr])
-        .args(["--clients", "2", "--requests-per-client", "2"])
-        .args(["--max-tokens", "3", "--timeout", "120", "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(&stdout).unwrap();
+    let v = bench_json(&[
+        "--server",
+        &addr,
+        "--clients",
+        "2",
+        "--requests-per-client",
+        "2",
+        "--max-tokens",
+        "3",
+        "--timeout",
+        "120",
+    ]);
     assert_eq!(v["server"], addr.as_str(), "{v}");
     let level = &v["levels"][0];
     assert_eq!(level["requests"], 4, "{v}");
