@@ -201,7 +201,7 @@ async fn serve(
         warmup: !a.no_warmup,
         cache_ram: a
             .cache_ram
-            .unwrap_or_else(|| EngineConfig::new(&a.file).cache_ram),
+            .unwrap_or_else(|| Some(lamina_engine::default_cache_ram())),
         ..EngineConfig::new(&a.file)
     })?;
     let keyed = api_key.is_some();

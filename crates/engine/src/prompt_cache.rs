@@ -97,12 +97,8 @@ impl PromptCache {
             }
             !contained
         });
-        while self.bytes + size > self.limit {
-            let Some(old) = self.entries.pop_front() else {
-                break;
-            };
-            self.bytes -= old.state.len() as u64;
-        }
+        // size <= limit, checked above.
+        self.evict_to(self.limit - size);
         self.bytes += size;
         self.entries.push_back(Entry { tokens, state });
         true
@@ -112,7 +108,12 @@ impl PromptCache {
     /// the rest fit (the host ran short of memory).
     pub fn shrink_to(&mut self, limit: u64) {
         self.limit = limit;
-        while self.bytes > self.limit {
+        self.evict_to(limit);
+    }
+
+    /// Drops the oldest entries until the rest hold at most `bytes`.
+    fn evict_to(&mut self, bytes: u64) {
+        while self.bytes > bytes {
             let Some(old) = self.entries.pop_front() else {
                 break;
             };

@@ -850,27 +850,30 @@ fn stash<B: Backend>(
     if held - common_prefix(tokens, prompt).min(held) < SHARE_MIN || !pc.wants(tokens) {
         return;
     }
+    // Whether `needed` more bytes would leave the host short; if so the
+    // cache shrinks.
+    let short = |pc: &mut PromptCache, needed: u64| {
+        let short = lamina_model::memory::check_host(needed, CACHE_RAM_RESERVE).is_err();
+        if short {
+            pc.shrink_to(pc.bytes() / 5 * 2);
+            tracing::warn!(
+                "host memory is short: the prompt cache keeps {} bytes",
+                pc.bytes()
+            );
+        }
+        short
+    };
     // The bytes a position took in the cache's last save, or none yet.
     let guess = pc
         .bytes_per_token()
         .map_or(0, |b| b.saturating_mul(held as u64));
-    if lamina_model::memory::check_host(guess, CACHE_RAM_RESERVE).is_err() {
-        pc.shrink_to(pc.bytes() / 5 * 2);
-        tracing::warn!(
-            "host memory is short: the prompt cache keeps {} bytes",
-            pc.bytes()
-        );
+    if short(pc, guess) {
         return;
     }
     match backend.save_cache(&slot.cache) {
         Ok(state) => {
-            if lamina_model::memory::check_host(0, CACHE_RAM_RESERVE).is_err() {
-                drop(state);
-                pc.shrink_to(pc.bytes() / 5 * 2);
-                tracing::warn!(
-                    "host memory is short: the prompt cache keeps {} bytes",
-                    pc.bytes()
-                );
+            // Taken now: the check is against what is left.
+            if short(pc, 0) {
                 return;
             }
             let bytes = state.len();
