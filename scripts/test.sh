@@ -14,6 +14,7 @@ export LAMINA_VOCABS="${LAMINA_VOCABS:-$HOME/.cache/lamina/vocabs}"
 
 cargo fmt --all -- --check
 bash scripts/check-deploy.sh
+python3 scripts/check-doc-links.py
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 

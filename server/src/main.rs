@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use cli::{parse_size, Placement, SamplingArgs, ServeCli};
 use lamina_gguf::{LoadMode, Model};
 
 mod bench;
 mod bench_serve;
 mod cli;
+mod cli_doc;
 mod devices;
 mod fit;
 mod http;
@@ -184,6 +185,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print docs/cli.md: every subcommand's --help as markdown.
+    #[command(hide = true)]
+    CliDoc,
 }
 
 #[derive(Subcommand)]
@@ -546,6 +550,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement.moe.rules()?,
         )?,
         Command::Devices { json } => devices::run(json).context("listing GPU adapters")?,
+        Command::CliDoc => print!("{}", cli_doc::markdown(Cli::command())),
     }
     Ok(())
 }
