@@ -33,8 +33,7 @@
 // row and two sets of value sums, 4 * HD values, and Gemma 3's heads of 256
 // spilled enough of them to run slower than attention.wgsl, whose
 // workgroups also share each key among the four query heads of the group
-// (pp128 attention 360-400 ms against 210-225 on lavapipe; SmolLM2's heads
-// of 64: 94-96 against 353-380).
+// (measured on lavapipe: docs/perf/lavapipe.md, 2026-12-06).
 {{KV_ENABLE}}
 
 #include "common/params.wgsl"

@@ -62,10 +62,10 @@ fn dominant_type(model: &Model) -> GgmlType {
 /// step reads over its time. The GPU's: a 4096×4096 mat-vec of the
 /// dominant type. Earlier versions timed the CPU on a cache-sized synthetic
 /// matrix, then on the model's first blocks' mat-vecs one call at a time:
-/// half the decode speed `bench model` measured at 1B and 8B for the first,
-/// and for a model small enough to stay in the CPU's caches (SmolLM2: 77
-/// against 167 tokens/s) for the second, which paid a pool round trip per
-/// mat-vec that the forward pass does not.
+/// the first read half the decode speed `bench model` measures at 1B and 8B,
+/// the second far too little for a model small enough to stay in the CPU's
+/// caches, paying a pool round trip per mat-vec that the forward pass does
+/// not (docs/perf/memory.md, "memory and fit at 1B and 8B").
 fn probe(model: &Model, cpu_bytes: u64) -> anyhow::Result<Probe> {
     const N: usize = 4096;
     // Steps timed, unless one step takes longer than this (a large model):

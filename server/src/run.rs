@@ -1,6 +1,7 @@
 //! `lamina run`: one prompt, streamed continuation, then the timings, as
-//! llama-cli prints them. Runs the CPU forward pass over the mapped weights
-//! (the GPU forward pass and placement come next).
+//! llama-cli prints them. The layers are placed by `-ngl` (on the GPU, on the
+//! CPU over the mapped weights, or split between them) through
+//! `lamina_model::placement`, the same loader `serve` and `bench` use.
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 // Every mat-vec and mat-mul variant computes each unit's contribution with
 // exactly this sequence of operations, which is what makes column j of an
 // N-column product bit-identical to the 1-column product (see
-// crates/gpu/src/ops.rs for the whole reduction order):
+// crates/gpu/src/ops/matmul.rs for the whole reduction order):
 //
 //     s = 0;  for j in 0..32 (ascending): s = fma(w[j], x[j], s)
 //
