@@ -448,7 +448,10 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         None
     };
     if let Some(f) = a.yarn {
-        if !(f.is_finite() && f > 1.0) || long_rope.is_some() || arch == "gemma3" {
+        if !(f.is_finite() && f > 1.0)
+            || long_rope.is_some()
+            || lamina_model::arch::find(arch).is_some_and(|r| r.swa.is_some())
+        {
             bail!("--yarn {f}: a factor above 1, without --long-rope, for a shape without sliding windows");
         }
         w = w
@@ -462,10 +465,18 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
                 Value::U32((8192.0 / f) as u32),
             );
     }
+    // The optional tensors each block of this architecture has, from the
+    // table that the loader reads too.
+    let row = lamina_model::arch::find(arch).with_context(|| {
+        format!(
+            "shape {}: architecture {arch} is not in the table",
+            shape.name
+        )
+    })?;
     for il in 0..shape.layers {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         tensors.push((n("attn_norm"), vec![e], f32v));
-        if arch == "phi3" {
+        if row.fused_gate_up {
             // Q, K, V fused; gate and up fused (the gate's rows first).
             tensors.push((n("attn_qkv"), vec![e, qd + 2 * kvd], ty));
             tensors.push((n("attn_output"), vec![qd, e], ty));
@@ -477,12 +488,12 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         tensors.push((n("attn_q"), vec![e, qd], ty));
         tensors.push((n("attn_k"), vec![e, kvd], ty));
         tensors.push((n("attn_v"), vec![e, kvd], ty));
-        if arch == "qwen2moe" {
+        if row.qkv_bias {
             for (b, d) in [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)] {
                 tensors.push((format!("blk.{il}.{b}.bias"), vec![d], f32v));
             }
         }
-        if arch == "qwen3moe" {
+        if row.qk_norm {
             tensors.push((n("attn_q_norm"), vec![hd], f32v));
             tensors.push((n("attn_k_norm"), vec![hd], f32v));
         }

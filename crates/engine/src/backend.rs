@@ -300,7 +300,7 @@ impl Backend for HybridModel<'_> {
                 picks
                     .first()
                     .copied()
-                    .ok_or_else(|| ModelError::Gpu("a greedy step returned no pick".into()))
+                    .ok_or_else(|| ModelError::Step("a greedy step returned no pick".into()))
             })
             .collect()
     }
@@ -332,7 +332,7 @@ impl Backend for HybridModel<'_> {
             .map(|(tokens, cache)| {
                 let mut one = self.forward_multi_top(&mut [(*tokens, &mut **cache)], k)?;
                 one.pop()
-                    .ok_or_else(|| ModelError::Gpu("a top-k step returned nothing".into()))
+                    .ok_or_else(|| ModelError::Step("a top-k step returned nothing".into()))
             })
             .collect()
     }

@@ -5,6 +5,9 @@
 //! rest are faults of the server (500).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use lamina_model::ModelError;
 
 use thiserror::Error;
 
@@ -54,9 +57,16 @@ pub enum EngineError {
     #[error("{0}")]
     Constraint(String),
 
-    /// The forward pass failed mid-request.
+    /// The forward pass failed mid-request (the same fault for every
+    /// sequence of a failed step). Memory that ran out is the client's cue
+    /// to retry ([`EngineError::is_out_of_memory`]); anything else is a
+    /// fault of the server.
     #[error("model fault: {0}")]
-    Model(String),
+    Model(#[source] ModelFault),
+
+    /// The sampler could not draw from what a step gave it.
+    #[error("sampling: {0}")]
+    Sampling(String),
 
     /// A mapped model file was truncated, resized or written in place while
     /// being served: the weights under the map are no longer the ones
@@ -68,6 +78,42 @@ pub enum EngineError {
         path.display()
     )]
     FileChanged { path: PathBuf, reason: String },
+}
+
+impl EngineError {
+    /// Memory ran out (on the GPU or the host) while running a request.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, EngineError::Model(f) if f.0.is_out_of_memory())
+    }
+}
+
+/// A [`ModelError`] that several requests can hold (`EngineError` is
+/// cloned to each waiter); equal when its message is.
+#[derive(Debug, Clone)]
+pub struct ModelFault(pub Arc<ModelError>);
+
+impl std::fmt::Display for ModelFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ModelFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for ModelFault {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl From<ModelError> for EngineError {
+    fn from(e: ModelError) -> Self {
+        EngineError::Model(ModelFault(Arc::new(e)))
+    }
 }
 
 impl From<lamina_gguf::FileChanged> for EngineError {

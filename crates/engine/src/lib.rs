@@ -36,7 +36,7 @@ mod stop;
 
 pub use backend::{Backend, Cache};
 pub use engine::{default_cache_ram, Engine, EngineConfig, Status, DEFAULT_CACHE_RAM};
-pub use error::EngineError;
+pub use error::{EngineError, ModelFault};
 pub use lamina_grammar::Constraint;
 pub use metrics::{Metrics, MetricsSnapshot, SlotView};
 pub use model_info::{ModelInfo, TemplateOrigin};

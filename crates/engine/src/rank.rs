@@ -111,7 +111,7 @@ impl RankHead {
         Ok(Some(RankHead {
             cls,
             out,
-            softmax: matches!(arch, "qwen3" | "qwen3vl"),
+            softmax: lamina_model::arch::find(arch).is_some_and(|r| r.rank_softmax),
         }))
     }
 

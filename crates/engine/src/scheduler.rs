@@ -962,7 +962,7 @@ fn hidden<B: Backend>(
         .and_then(|()| {
             backend
                 .hidden(tokens, &mut slot.cache)
-                .map_err(|e| EngineError::Model(e.to_string()))
+                .map_err(EngineError::from)
         })
         .and_then(|rows| unchanged().map(|()| rows));
     match result {
@@ -1176,7 +1176,7 @@ fn step<B: Backend>(
                 // The cache may hold part of this call: forget all of it.
                 slot.cache.truncate(0);
                 slot.tokens.clear();
-                finish(slot, Exit::Failed(EngineError::Model(e.to_string())), ctx);
+                finish(slot, Exit::Failed(EngineError::from(e)), ctx);
                 continue;
             }
         };
@@ -1303,7 +1303,7 @@ fn choose_top(seq: &mut Sequence, c: &Candidates) -> Result<(u32, Option<Logprob
     seq.sampler
         .sample_top(&c.best)
         .map(|id| (id, None))
-        .map_err(|e| Exit::Failed(EngineError::Model(e.to_string())))
+        .map_err(|e| Exit::Failed(EngineError::Sampling(e.to_string())))
 }
 
 /// Where a token's reported log-probability comes from.

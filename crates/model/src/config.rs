@@ -1,7 +1,6 @@
 //! A model's hyper-parameters, read from the metadata keys of its
-//! architecture (`{arch}.block_count`, …), and what distinguishes each
-//! architecture, as data: llama, qwen2, qwen3 and gemma3 differ in flags and
-//! constants, not in code.
+//! architecture (`{arch}.block_count`, …), with the flags and defaults of
+//! its row in [`crate::arch::ARCHS`].
 
 use lamina_gguf::{Model, Value};
 
@@ -31,28 +30,11 @@ pub enum Arch {
 
 impl Arch {
     pub fn from_name(name: &str) -> Option<Self> {
-        Some(match name {
-            "llama" => Self::Llama,
-            "qwen2" => Self::Qwen2,
-            "qwen3" => Self::Qwen3,
-            "gemma3" => Self::Gemma3,
-            "qwen2moe" => Self::Qwen2Moe,
-            "qwen3moe" => Self::Qwen3Moe,
-            "phi3" => Self::Phi3,
-            _ => return None,
-        })
+        crate::arch::find(name).map(|r| r.arch)
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-            Self::Qwen3 => "qwen3",
-            Self::Gemma3 => "gemma3",
-            Self::Qwen2Moe => "qwen2moe",
-            Self::Qwen3Moe => "qwen3moe",
-            Self::Phi3 => "phi3",
-        }
+        crate::arch::row(self).name
     }
 }
 
@@ -307,8 +289,8 @@ impl Config {
                 reason: format!("{rope_dim} must be even and at most the head dim {head_dim}"),
             });
         }
-        let gemma = arch == Arch::Gemma3;
-        let default_base = if gemma { 1_000_000.0 } else { 10_000.0 };
+        let row = crate::arch::row(arch);
+        let default_base = row.default_rope_base;
         // Phi-3's 128k variants rotate with per-pair LongRoPE factors (one
         // set for each of all layers); a file with per-layer copies only
         // is refused rather than run without them.
@@ -356,7 +338,7 @@ impl Config {
                 // YaRN's blend is folded into per-pair divisors for every
                 // layer, which a sliding-window layer (unscaled in
                 // llama.cpp) or a second set of divisors would contradict.
-                if gemma || long_rope.is_some() {
+                if row.swa.is_some() || long_rope.is_some() {
                     return Err(ModelError::UnsupportedArch(format!(
                         "{arch_name} with YaRN RoPE scaling beside sliding-window layers or \
                          LongRoPE factors"
@@ -381,8 +363,8 @@ impl Config {
                 (1.0, Some(factors), mscale)
             }
         };
-        let moe = match arch {
-            Arch::Qwen2Moe | Arch::Qwen3Moe => {
+        let moe = match row.moe {
+            Some(kind) => {
                 let n_expert = k.usize("expert_count")?;
                 let n_used = k.usize("expert_used_count")?;
                 if n_expert == 0 || n_expert > MAX_EXPERTS || n_used == 0 || n_used > n_expert {
@@ -401,18 +383,18 @@ impl Config {
                     n_expert,
                     n_used,
                     n_ff_exp,
-                    norm_weights: arch == Arch::Qwen3Moe,
+                    norm_weights: kind == crate::arch::MoeKind::Renormalised,
                     weights_scale: k.f32_opt("expert_weights_scale")?.unwrap_or(0.0),
-                    n_ff_shared: match arch {
-                        Arch::Qwen2Moe => Some(
+                    n_ff_shared: match kind {
+                        crate::arch::MoeKind::SharedExpert => Some(
                             k.usize_opt("expert_shared_feed_forward_length")?
                                 .unwrap_or(k.usize("feed_forward_length")?),
                         ),
-                        _ => None,
+                        crate::arch::MoeKind::Renormalised => None,
                     },
                 })
             }
-            _ => None,
+            None => None,
         };
         Ok(Config {
             arch,
@@ -431,29 +413,27 @@ impl Config {
             context_length: k.usize_opt("context_length")?.unwrap_or(2048),
             rms_eps: k
                 .f32_opt("attention.layer_norm_rms_epsilon")?
-                .unwrap_or(if gemma { 1e-6 } else { 1e-5 }),
+                .unwrap_or(row.default_rms_eps),
             rope_dim,
             rope_base,
-            rope_neox: arch != Arch::Llama,
+            rope_neox: row.rope_neox,
             rope_scale,
             rope_factors,
             long_rope,
             rope_mscale,
-            sliding_window: if gemma {
-                Some(k.usize_opt("attention.sliding_window")?.unwrap_or(512))
-            } else {
-                None
+            sliding_window: match row.swa {
+                Some(swa) => Some(
+                    k.usize_opt("attention.sliding_window")?
+                        .unwrap_or(swa.default_window),
+                ),
+                None => None,
             },
-            rope_base_swa: 10_000.0,
-            embed_scale: gemma.then(|| (n_embd as f32).sqrt()),
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
-            post_norms: gemma,
-            qkv_bias: matches!(arch, Arch::Qwen2 | Arch::Qwen2Moe),
-            activation: if gemma {
-                Activation::GeGlu
-            } else {
-                Activation::SwiGlu
-            },
+            rope_base_swa: row.swa.map_or(10_000.0, |s| s.rope_base as f32),
+            embed_scale: row.embed_scale.then(|| (n_embd as f32).sqrt()),
+            qk_norm: row.qk_norm,
+            post_norms: row.post_norms,
+            qkv_bias: row.qkv_bias,
+            activation: row.activation,
             // Gemma 3 27B scales by 1/√(n_embd/n_head) instead (its
             // query_pre_attn_scalar); the sizes here all use the head dim.
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
@@ -462,10 +442,13 @@ impl Config {
         })
     }
 
-    /// Whether layer `il` attends through a sliding window: Gemma 3's pattern
-    /// is five local layers then one global (`il % 6 < 5`).
+    /// Whether layer `il` attends through a sliding window, by its
+    /// architecture's pattern (Gemma 3: five local layers then one global).
     pub fn is_swa(&self, il: usize) -> bool {
-        self.sliding_window.is_some() && il % 6 < 5
+        match (self.sliding_window, crate::arch::row(self.arch).swa) {
+            (Some(_), Some(p)) => il % p.period < p.local,
+            _ => false,
+        }
     }
 
     pub fn rope_base_for(&self, il: usize) -> f32 {

@@ -1,185 +1,20 @@
 //! The forward pass on the CPU, over the mapped quantized weights.
 //!
-//! One op list for every architecture: the layer's optional weights decide
-//! biases, Q/K norms and post-norms, its [`Block`] the activation, RoPE and
-//! sliding window, as they do for the GPU recorder.
+//! Each layer runs its block program ([`crate::program`]) op by op.
 //! A batch of tokens (a prompt, or one token while decoding) goes through each
 //! layer as one matrix product per weight, so a weight is read once per step.
 
 use rayon::prelude::*;
 
 use crate::block::Block;
-use crate::config::{Activation, Config, Moe};
+use crate::config::{Activation, Config};
 use crate::error::ModelError;
-use crate::kv::{KvStore, KvType, Rings};
-use crate::ops;
-use crate::weights::{Experts, Ffn, Matrix, Weights};
+use crate::kv::{KvCache, KvStore};
+use crate::moe::{experts, gated};
+use crate::ops::{self, sized};
+use crate::program::{Op, Program};
+use crate::weights::{Ffn, Weights};
 use lamina_quant::act::Glu;
-
-/// Values of the gated activation per rayon task: a few microseconds of work.
-const GLU_CHUNK: usize = 8192;
-
-/// Keys and values of every layer, for positions `0..len`, in the
-/// config's cache types ([`crate::kv`]). A sliding-window layer keeps a
-/// ring of [`crate::kv::layer_rows`] rows (position p in row p mod rows),
-/// any other layer every position.
-pub struct KvCache {
-    n_ctx: usize,
-    k: Vec<KvStore>,
-    v: Vec<KvStore>,
-    /// Rows each layer keeps.
-    rows: Vec<usize>,
-    rings: Rings,
-    len: usize,
-}
-
-impl KvCache {
-    /// A cache of `n_ctx` positions for every layer. Fails, rather than
-    /// aborting, when the allocator refuses the memory.
-    pub fn new(c: &Config, n_ctx: usize) -> Result<Self, ModelError> {
-        Self::for_layers(c, n_ctx, c.n_layer)
-    }
-
-    /// A cache for the first `n_layers` layers only (the ones on the CPU when
-    /// the rest are offloaded: placement always offloads a suffix).
-    ///
-    /// Every byte is counted with checked arithmetic and every allocation is
-    /// fallible (`n_ctx` comes from the command line): a request too large
-    /// for the machine is an error, never an abort. The values are written
-    /// at once (not left to the kernel's lazy zero pages), so memory that
-    /// overcommit promised but cannot deliver shows at startup rather than
-    /// as the OOM killer mid-request; [`crate::memory::check_host`] is what
-    /// keeps it from coming to that.
-    pub fn for_layers(c: &Config, n_ctx: usize, n_layers: usize) -> Result<Self, ModelError> {
-        crate::memory::kv_host_bytes(c, 1, n_layers, n_ctx)?;
-        if n_layers > 0 {
-            c.kv.check_head(c.head_dim)?;
-        }
-        let rows: Vec<usize> = (0..n_layers)
-            .map(|il| crate::kv::layer_rows(c, il, n_ctx))
-            .collect();
-        let layers = |ty: KvType| -> Result<Vec<KvStore>, ModelError> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n_layers)
-                .map_err(|_| ModelError::Alloc {
-                    bytes: (n_layers as u64).saturating_mul(std::mem::size_of::<KvStore>() as u64),
-                })?;
-            for &r in &rows {
-                // Counted above: no overflow.
-                v.push(KvStore::new(ty, r * c.kv_dim())?);
-            }
-            Ok(v)
-        };
-        Ok(Self {
-            n_ctx,
-            k: layers(c.kv.k)?,
-            v: layers(c.kv.v)?,
-            rows,
-            rings: Rings::new(c, n_ctx),
-            len: 0,
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.n_ctx
-    }
-
-    /// Forgets positions `len..` (to reuse a shared prefix). Where a
-    /// sliding-window ring no longer holds the window before `len`, the
-    /// whole cache is forgotten: [`KvCache::len`] says what was kept.
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.rings.keep(self.len, len);
-    }
-
-    /// Positions `0..len` are written.
-    fn advance(&mut self, len: usize) {
-        self.len = len;
-        self.rings.advance(len);
-    }
-
-    /// Appends what [`KvCache::restore_state`] needs to hold these
-    /// positions again: per layer, the rows in use (a ring's whole ring),
-    /// keys then values, each as a length-prefixed run of stored bytes.
-    pub(crate) fn save_state(&self, kvd: usize, out: &mut Vec<u8>) {
-        for (il, &ring) in self.rows.iter().enumerate() {
-            let rows = if ring < self.n_ctx { ring } else { self.len };
-            for store in [&self.k[il], &self.v[il]] {
-                crate::kv::put_run(out, store.row_bytes(0, rows, kvd));
-            }
-        }
-    }
-
-    /// Makes this cache (of the same geometry) hold `other`'s first `len`
-    /// positions: their rows (a ring's whole ring) copied across, then cut
-    /// as [`KvCache::truncate`] cuts, which keeps less where a ring no
-    /// longer holds the window before `len`.
-    pub(crate) fn copy_from(
-        &mut self,
-        kvd: usize,
-        other: &KvCache,
-        len: usize,
-    ) -> Result<(), ModelError> {
-        if self.n_ctx != other.n_ctx || self.rows != other.rows {
-            return Err(ModelError::KvType(
-                "a cache can only be copied into one of the same size".into(),
-            ));
-        }
-        for (il, &ring) in other.rows.iter().enumerate() {
-            let rows = if ring < other.n_ctx {
-                ring
-            } else {
-                len.min(other.len)
-            };
-            for (from, to) in [
-                (&other.k[il], &mut self.k[il]),
-                (&other.v[il], &mut self.v[il]),
-            ] {
-                if !to.set_row_bytes(0, kvd, from.row_bytes(0, rows, kvd)) {
-                    return Err(ModelError::KvType("a cache's layers differ in type".into()));
-                }
-            }
-        }
-        self.len = other.len;
-        self.rings = other.rings;
-        self.truncate(len);
-        Ok(())
-    }
-
-    /// Reads [`KvCache::save_state`]'s bytes from the front of `data` into
-    /// this cache (of the same geometry: the caller checked it) as `len`
-    /// positions, advancing `data`. A ring then holds only its last rows.
-    pub(crate) fn restore_state(
-        &mut self,
-        kvd: usize,
-        len: usize,
-        data: &mut &[u8],
-    ) -> Result<(), ModelError> {
-        let bad = || ModelError::KvType("a saved slot's cache is cut short or mis-sized".into());
-        if len > self.n_ctx {
-            return Err(bad());
-        }
-        for il in 0..self.rows.len() {
-            for v in [false, true] {
-                let bytes = crate::kv::take_run(data).ok_or_else(bad)?;
-                let store = if v { &mut self.v[il] } else { &mut self.k[il] };
-                if !store.set_row_bytes(0, kvd, bytes) {
-                    return Err(bad());
-                }
-            }
-        }
-        self.len = len;
-        self.rings = Rings::default_for(&self.rings, len);
-        Ok(())
-    }
-}
 
 /// Runs a step of `n` tokens as steps of at most `limit` tokens (what a
 /// sliding-window ring allows, [`crate::kv::max_step`]): `run(range,
@@ -248,179 +83,75 @@ pub(crate) fn split_multi<C, T: Default>(
     }
 }
 
-/// `out = down(act(gate · x) * (up · x))` for `n` columns of `x`, with `g`
-/// and `u` as the gate's and up's buffers.
-#[allow(clippy::too_many_arguments)]
-fn gated(
-    gate: &Matrix<'_>,
-    up: &Matrix<'_>,
-    down: &Matrix<'_>,
-    x: &[f32],
-    n: usize,
-    g: &mut Vec<f32>,
-    u: &mut Vec<f32>,
-    out: &mut [f32],
-    glu: Glu,
-) -> Result<(), ModelError> {
-    let ff = gate.rows;
-    let g = sized(g, n * ff);
-    let u = sized(u, n * ff);
-    gate.matmul(x, n, g)?;
-    up.matmul(x, n, u)?;
-    // Element-wise, so the split changes no bits; on both cores, since a
-    // prompt's gate holds n · n_ff values.
-    g.par_chunks_mut(GLU_CHUNK)
-        .zip(u.par_chunks(GLU_CHUNK))
-        .for_each(|(g, u)| lamina_quant::act::glu(glu, g, u));
-    down.matmul(g, n, &mut out[..n * down.rows])?;
-    Ok(())
-}
-
-/// A mixture of experts over `n` tokens of width `e` in `h` (normed), into
-/// `out`, as llama.cpp's `build_moe_ffn` with softmax gating: per token the
-/// router's softmax, the `n_used` most probable experts (ties to the lower
-/// index), their probabilities as weights (renormalised to sum 1 for
-/// qwen3moe, then scaled where the file says), and
-/// `out = Σ_slot w · expert(h)` summed in slot order, product then add.
-/// Each expert runs once over all the tokens that chose it (its weights
-/// read once a step); every product is batch invariant, so a token's
-/// result does not depend on the others. A qwen2moe shared expert adds
-/// `sigmoid(h · gate_inp_shexp) · shared(h)`.
-fn experts(
-    ex: &Experts<'_>,
-    m: &Moe,
-    e: usize,
-    h: &[f32],
-    n: usize,
-    out: &mut [f32],
-) -> Result<(), ModelError> {
-    let mut logits = vec![0.0f32; n * m.n_expert];
-    ex.router.matmul(h, n, &mut logits)?;
-    routed_experts(ex, m, e, h, n, &mut logits, out)?;
-    if let Some((gate_inp, sg, su, sd)) = &ex.shared {
-        let mut sy = vec![0.0f32; n * e];
-        let (mut g, mut u) = (Vec::new(), Vec::new());
-        gated(sg, su, sd, h, n, &mut g, &mut u, &mut sy, Glu::Silu)?;
-        add_shared(gate_inp, e, h, &sy, out);
-    }
-    Ok(())
-}
-
-/// The routed part of [`experts`] from the router's `logits` (`n_expert`
-/// per token, softmaxed in place): `out = Σ_slot w · expert(h)`. What a
-/// block split between the devices runs on the CPU, its router's logits
-/// computed on the GPU.
-pub(crate) fn routed_experts(
-    ex: &Experts<'_>,
-    m: &Moe,
-    e: usize,
-    h: &[f32],
-    n: usize,
-    logits: &mut [f32],
-    out: &mut [f32],
-) -> Result<(), ModelError> {
-    let (nx, k) = (m.n_expert, m.n_used);
-    let chosen = route(m, n, logits);
-    // Each expert over the tokens that chose it; outputs by (token, slot).
-    let mut ys = vec![0.0f32; n * k * e];
-    let (mut xin, mut y, mut g, mut u) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut who: Vec<usize> = Vec::new();
-    for x in 0..nx {
-        who.clear();
-        who.extend((0..n * k).filter(|&i| chosen[i].0 == x));
-        if who.is_empty() {
-            continue;
-        }
-        let mm = who.len();
-        xin.clear();
-        for &i in &who {
-            let t = i / k;
-            xin.extend_from_slice(&h[t * e..(t + 1) * e]);
-        }
-        let y = sized(&mut y, mm * e);
-        gated(
-            &ex.gate[x],
-            &ex.up[x],
-            &ex.down[x],
-            &xin,
-            mm,
-            &mut g,
-            &mut u,
-            y,
-            Glu::Silu,
-        )?;
-        for (j, &i) in who.iter().enumerate() {
-            ys[i * e..(i + 1) * e].copy_from_slice(&y[j * e..(j + 1) * e]);
-        }
-    }
-    weigh_experts(&chosen, k, e, &ys, &mut out[..n * e]);
-    Ok(())
-}
-
-/// Routing from the router's `logits` (`n_expert` per token, softmaxed in
-/// place): each token's `n_used` (expert, weight) pairs in slot order.
-pub(crate) fn route(m: &Moe, n: usize, logits: &mut [f32]) -> Vec<(usize, f32)> {
-    let (nx, k) = (m.n_expert, m.n_used);
-    let mut chosen = vec![(0usize, 0.0f32); n * k];
-    let mut order: Vec<usize> = Vec::with_capacity(nx);
-    for (row, sel) in logits[..n * nx].chunks_mut(nx).zip(chosen.chunks_mut(k)) {
-        ops::softmax(row);
-        order.clear();
-        order.extend(0..nx);
-        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-        for (s, &i) in sel.iter_mut().zip(&order) {
-            *s = (i, row[i]);
-        }
-        if m.norm_weights {
-            // llama.cpp clamps the sum to f16's smallest normal.
-            let sum = sel.iter().map(|s| s.1).sum::<f32>().max(6.103_515_6e-5);
-            sel.iter_mut().for_each(|s| s.1 /= sum);
-        }
-        if m.weights_scale != 0.0 && m.weights_scale != 1.0 {
-            sel.iter_mut().for_each(|s| s.1 *= m.weights_scale);
-        }
-    }
-    chosen
-}
-
-/// `out = Σ_slot w · y` per token, in slot order, product then add: the
-/// experts' outputs `ys` by (token, slot), `k` slots a token.
-pub(crate) fn weigh_experts(
-    chosen: &[(usize, f32)],
-    k: usize,
-    e: usize,
-    ys: &[f32],
-    out: &mut [f32],
-) {
-    for (t, o) in out.chunks_mut(e).enumerate() {
-        for s in 0..k {
-            let w = chosen[t * k + s].1;
-            let y = &ys[(t * k + s) * e..][..e];
-            if s == 0 {
-                o.iter_mut().zip(y).for_each(|(o, y)| *o = y * w);
-            } else {
-                o.iter_mut().zip(y).for_each(|(o, y)| *o += y * w);
-            }
-        }
-    }
-}
-
-/// `out += sigmoid(h · gate_inp) · sy` per token: the qwen2moe shared
-/// expert's output `sy` under its gate, added after the routed experts.
-pub(crate) fn add_shared(gate_inp: &[f32], e: usize, h: &[f32], sy: &[f32], out: &mut [f32]) {
-    for (t, (o, y)) in out.chunks_mut(e).zip(sy.chunks(e)).enumerate() {
-        let z = lamina_quant::dot_f32(&h[t * e..(t + 1) * e], gate_inp);
-        let gate = 1.0 / (1.0 + (-z).exp());
-        o.iter_mut().zip(y).for_each(|(o, y)| *o += y * gate);
-    }
-}
-
 /// Rows of a multi-sequence batch that belong to one sequence.
 #[derive(Clone, Copy, Debug)]
 struct Segment {
     start: usize,
     n: usize,
     pos0: usize,
+}
+
+/// What the ops of one layer's step share: the layer, the step's rows and
+/// the sequences' caches.
+struct Step<'s, 'c> {
+    il: usize,
+    n: usize,
+    blk: &'s Block,
+    segs: &'s [Segment],
+    caches: &'s mut [&'c mut KvCache],
+}
+
+/// Attention of every row's queries `q` over its sequence's cache rows
+/// (`kv[seq]`: keys, values, rows kept), one task per token and run of
+/// `gs` query heads that share a KV head: each key and value row is read
+/// once for the run (a long context streams the cache once per KV head,
+/// not once per query head), with the bits of one head at a time. The run
+/// is the whole group unless that leaves fewer than two tasks per thread
+/// (a decode step of a model with one KV head would run on one core).
+fn attend(
+    c: &Config,
+    blk: &Block,
+    q: &[f32],
+    kv: &[(&KvStore, &KvStore, usize)],
+    row_seg: &[usize],
+    row_pos: &[usize],
+    attn: &mut [f32],
+) {
+    let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let n = q.len() / qd;
+    let group = c.n_head / c.n_head_kv;
+    let threads = rayon::current_num_threads().max(1);
+    let gs = (1..=group)
+        .rev()
+        .filter(|d| group % d == 0)
+        .find(|&d| n * c.n_head / d >= threads)
+        .unwrap_or(1);
+    attn.par_chunks_mut(gs * hd)
+        .enumerate()
+        .for_each(|(i, out)| {
+            let runs = c.n_head / gs;
+            let (t, head) = (i / runs, i % runs * gs);
+            let (kc, vc, ring) = kv[row_seg[t]];
+            let p = row_pos[t];
+            let lo = blk.window.first(p);
+            let len = p + 1 - lo;
+            let qh = &q[t * qd + head * hd..][..gs * hd];
+            let koff = head / group * hd;
+            let mut scores = vec![0.0f32; gs * len];
+            lamina_quant::attention_scores_rows(
+                qh,
+                &kc.rows(koff, kvd, hd, lo % ring, ring),
+                blk.attn_scale,
+                &mut scores,
+            );
+            scores.chunks_mut(len).for_each(ops::softmax);
+            lamina_quant::attention_values_rows(
+                &scores,
+                len,
+                &vc.rows(koff, kvd, hd, lo % ring, ring),
+                out,
+            );
+        });
 }
 
 /// Which positions of a batch get logits.
@@ -466,19 +197,14 @@ pub(crate) struct Scratch {
     row_pos: Vec<usize>,
 }
 
-/// `buf` with exactly `len` values, allocating only when it must grow. The
-/// contents are stale: every user overwrites all of them.
-fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
-}
-
 pub struct CpuModel<'a> {
     pub config: Config,
     pub weights: Weights<'a>,
     /// The weights are read in place from a map (not `--no-mmap`): their
     /// pages are page cache, which the cache's memory check keeps free.
     pub(crate) mapped: bool,
+    /// Each layer's block program.
+    pub(crate) programs: Vec<Program>,
 }
 
 /// Runs `f` on a thread of rayon's pool (at once when already on one).
@@ -505,6 +231,7 @@ impl<'a> CpuModel<'a> {
         let weights = Weights::load(model, &config)?;
         let mapped = model.shards().iter().all(|f| f.is_mapped());
         Ok(Self {
+            programs: Program::all(&config),
             config,
             weights,
             mapped,
@@ -672,7 +399,7 @@ impl<'a> CpuModel<'a> {
         )
     }
 
-    /// Runs layer `il` over several sequences at once: rows
+    /// Runs layer `il`'s program over several sequences at once: rows
     /// `seg.start..seg.start + seg.n` of `x` belong to the sequence whose
     /// cache is `caches[i]`, at positions `seg.pos0..`. The projections are
     /// one matrix product over all rows (each weight read once per step);
@@ -687,6 +414,37 @@ impl<'a> CpuModel<'a> {
         caches: &mut [&mut KvCache],
         scratch: &mut Scratch,
     ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = x.len() / c.n_embd;
+        // Each row's sequence and position.
+        scratch.row_seg.clear();
+        scratch.row_pos.clear();
+        for (si, sg) in segs.iter().enumerate() {
+            scratch.row_seg.extend(std::iter::repeat_n(si, sg.n));
+            scratch.row_pos.extend(sg.pos0..sg.pos0 + sg.n);
+        }
+        let program = &self.programs[il];
+        let mut step = Step {
+            il,
+            n,
+            blk: &program.block,
+            segs,
+            caches,
+        };
+        for op in &program.ops {
+            self.run_op(op, &mut step, x, scratch)?;
+        }
+        Ok(())
+    }
+
+    /// One op of a block's program ([`crate::program`]) over a step's rows.
+    fn run_op(
+        &self,
+        op: &Op,
+        st: &mut Step<'_, '_>,
+        x: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), ModelError> {
         let Scratch {
             h,
             q,
@@ -699,140 +457,134 @@ impl<'a> CpuModel<'a> {
             row_seg,
             row_pos,
         } = scratch;
-        let l = &self.weights.layers[il];
+        let l = &self.weights.layers[st.il];
         let c = &self.config;
-        let blk = Block::new(c, il);
         let (e, qd, kvd, hd) = (c.n_embd, c.q_dim(), c.kv_dim(), c.head_dim);
-        let n = x.len() / e;
-        // Each row's sequence and position.
-        row_seg.clear();
-        row_pos.clear();
-        for (si, sg) in segs.iter().enumerate() {
-            row_seg.extend(std::iter::repeat_n(si, sg.n));
-            row_pos.extend(sg.pos0..sg.pos0 + sg.n);
-        }
-        let (row_seg, row_pos) = (&row_seg[..], &row_pos[..]);
-
-        let h = sized(h, n * e);
-        h.copy_from_slice(x);
-        h.chunks_mut(e)
-            .for_each(|r| ops::rms_norm(r, &l.attn_norm, blk.eps));
-        let q = sized(q, n * qd);
-        let k = sized(k, n * kvd);
-        let v = sized(v, n * kvd);
-        l.wq.matmul(h, n, q)?;
-        l.wk.matmul(h, n, k)?;
-        l.wv.matmul(h, n, v)?;
-        for (buf, bias, dim) in [
-            (&mut *q, &l.bq, qd),
-            (&mut *k, &l.bk, kvd),
-            (&mut *v, &l.bv, kvd),
-        ] {
-            if let Some(b) = bias {
-                buf.chunks_mut(dim)
-                    .for_each(|r| r.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+        let (n, il, blk) = (st.n, st.il, st.blk);
+        match *op {
+            Op::AttnNorm | Op::FfnNorm => {
+                let w = if *op == Op::AttnNorm {
+                    &l.attn_norm
+                } else {
+                    &l.ffn_norm
+                };
+                let h = sized(h, n * e);
+                h.copy_from_slice(x);
+                h.chunks_mut(e).for_each(|r| ops::rms_norm(r, w, blk.eps));
             }
-        }
-        let rope = blk.rope;
-        let mut angles = Vec::with_capacity(rope.n_rot / 2);
-        for (t, (qrow, krow)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
-            let factors = rope.factors_for(caches[row_seg[t]].n_ctx);
-            ops::rope_angles(
-                row_pos[t],
-                rope.base,
-                rope.n_rot,
-                rope.scale,
-                factors.map(|f| f.get()),
-                rope.mscale,
-                &mut angles,
-            );
-            for (row, norm) in [(qrow, &l.q_norm), (krow, &l.k_norm)] {
-                for head in row.chunks_mut(hd) {
-                    if let Some(w) = norm {
-                        ops::rms_norm(head, w, blk.eps);
+            Op::Qkv { bias } => {
+                let h = &h[..n * e];
+                let q = sized(q, n * qd);
+                let k = sized(k, n * kvd);
+                let v = sized(v, n * kvd);
+                l.wq.matmul(h, n, q)?;
+                l.wk.matmul(h, n, k)?;
+                l.wv.matmul(h, n, v)?;
+                if bias {
+                    for (buf, b, dim) in [(q, &l.bq, qd), (k, &l.bk, kvd), (v, &l.bv, kvd)] {
+                        if let Some(b) = b {
+                            buf.chunks_mut(dim)
+                                .for_each(|r| r.iter_mut().zip(b).for_each(|(a, b)| *a += b));
+                        }
                     }
-                    ops::rope_with(head, &angles, rope.neox);
                 }
             }
-        }
-        for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
-            // Position p in row p mod rows (a ring wraps mid-step).
-            let ring = cache.rows[il];
-            for t in 0..sg.n {
-                let src = (sg.start + t) * kvd..(sg.start + t + 1) * kvd;
-                let at = (sg.pos0 + t) % ring * kvd;
-                cache.k[il].write(at, &k[src.clone()]);
-                cache.v[il].write(at, &v[src]);
+            Op::HeadNorms => {
+                for (buf, norm, dim) in [(&mut *q, &l.q_norm, qd), (&mut *k, &l.k_norm, kvd)] {
+                    if let Some(w) = norm {
+                        buf[..n * dim]
+                            .chunks_mut(hd)
+                            .for_each(|head| ops::rms_norm(head, w, blk.eps));
+                    }
+                }
+            }
+            Op::RopeStore => {
+                let rope = blk.rope;
+                let mut angles = Vec::with_capacity(rope.n_rot / 2);
+                let (q, k) = (&mut q[..n * qd], &mut k[..n * kvd]);
+                for (t, (qrow, krow)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
+                    let factors = rope.factors_for(st.caches[row_seg[t]].n_ctx);
+                    ops::rope_angles(
+                        row_pos[t],
+                        rope.base,
+                        rope.n_rot,
+                        rope.scale,
+                        factors.map(|f| f.get()),
+                        rope.mscale,
+                        &mut angles,
+                    );
+                    for head in qrow.chunks_mut(hd).chain(krow.chunks_mut(hd)) {
+                        ops::rope_with(head, &angles, rope.neox);
+                    }
+                }
+                for (sg, cache) in st.segs.iter().zip(st.caches.iter_mut()) {
+                    // Position p in row p mod rows (a ring wraps mid-step).
+                    let ring = cache.rows[il];
+                    for t in 0..sg.n {
+                        let src = (sg.start + t) * kvd..(sg.start + t + 1) * kvd;
+                        let at = (sg.pos0 + t) % ring * kvd;
+                        cache.k[il].write(at, &k[src.clone()]);
+                        cache.v[il].write(at, &v[src]);
+                    }
+                }
+            }
+            Op::Attend => {
+                let kv: Vec<(&KvStore, &KvStore, usize)> = st
+                    .caches
+                    .iter()
+                    .map(|cache| (&cache.k[il], &cache.v[il], cache.rows[il]))
+                    .collect();
+                attend(
+                    c,
+                    blk,
+                    &q[..n * qd],
+                    &kv,
+                    row_seg,
+                    row_pos,
+                    sized(attn, n * qd),
+                );
+            }
+            Op::AttnOut { post_norm } => {
+                let o = sized(o, n * e);
+                l.wo.matmul(&attn[..n * qd], n, o)?;
+                let w = if post_norm {
+                    l.post_attn_norm.as_deref()
+                } else {
+                    None
+                };
+                self.residual(x, o, w);
+            }
+            Op::GatedFfn(act) => {
+                let Ffn::Dense { gate, up, down } = &l.ffn else {
+                    return Err(ModelError::Placement(format!(
+                        "blk.{il} has experts but its program a dense feed-forward"
+                    )));
+                };
+                let glu = match act {
+                    Activation::SwiGlu => Glu::Silu,
+                    Activation::GeGlu => Glu::GeluTanh,
+                };
+                // The down product's output reuses o's buffer (its values
+                // are spent).
+                gated(gate, up, down, &h[..n * e], n, g, u, sized(o, n * e), glu)?;
+            }
+            Op::Experts(m) => {
+                let Ffn::Moe(ex) = &l.ffn else {
+                    return Err(ModelError::Placement(format!(
+                        "blk.{il} has a dense feed-forward but its program experts"
+                    )));
+                };
+                experts(ex, &m, e, &h[..n * e], n, sized(o, n * e))?;
+            }
+            Op::FfnOut { post_norm } => {
+                let w = if post_norm {
+                    l.post_ffn_norm.as_deref()
+                } else {
+                    None
+                };
+                self.residual(x, &mut o[..n * e], w);
             }
         }
-
-        // Attention, one task per token and run of `gs` query heads that
-        // share a KV head: each key and value row is read once for the run
-        // (a long context streams the cache once per KV head, not once per
-        // query head), with the bits of one head at a time. The run is the
-        // whole group unless that leaves fewer than two tasks per thread
-        // (a decode step of a model with one KV head would run on one core).
-        let group = c.n_head / c.n_head_kv;
-        let threads = rayon::current_num_threads().max(1);
-        let gs = (1..=group)
-            .rev()
-            .filter(|d| group % d == 0)
-            .find(|&d| n * c.n_head / d >= threads)
-            .unwrap_or(1);
-        let kv: Vec<(&KvStore, &KvStore, usize)> = caches
-            .iter()
-            .map(|cache| (&cache.k[il], &cache.v[il], cache.rows[il]))
-            .collect();
-        let q = &*q;
-        let attn = sized(attn, n * qd);
-        attn.par_chunks_mut(gs * hd)
-            .enumerate()
-            .for_each(|(i, out)| {
-                let runs = c.n_head / gs;
-                let (t, head) = (i / runs, i % runs * gs);
-                let (kc, vc, ring) = kv[row_seg[t]];
-                let p = row_pos[t];
-                let lo = blk.window.first(p);
-                let len = p + 1 - lo;
-                let qh = &q[t * qd + head * hd..][..gs * hd];
-                let koff = head / group * hd;
-                let mut scores = vec![0.0f32; gs * len];
-                lamina_quant::attention_scores_rows(
-                    qh,
-                    &kc.rows(koff, kvd, hd, lo % ring, ring),
-                    blk.attn_scale,
-                    &mut scores,
-                );
-                scores.chunks_mut(len).for_each(ops::softmax);
-                lamina_quant::attention_values_rows(
-                    &scores,
-                    len,
-                    &vc.rows(koff, kvd, hd, lo % ring, ring),
-                    out,
-                );
-            });
-        let o = sized(o, n * e);
-        l.wo.matmul(attn, n, o)?;
-        self.residual(x, o, l.post_attn_norm.as_deref());
-
-        h.copy_from_slice(x);
-        h.chunks_mut(e)
-            .for_each(|r| ops::rms_norm(r, &l.ffn_norm, blk.eps));
-        let glu = match blk.activation {
-            Activation::SwiGlu => Glu::Silu,
-            Activation::GeGlu => Glu::GeluTanh,
-        };
-        // The down product's output reuses o's buffer (its values are spent).
-        match (&l.ffn, c.moe) {
-            (Ffn::Dense { gate, up, down }, _) => gated(gate, up, down, h, n, g, u, o, glu)?,
-            (Ffn::Moe(ex), Some(m)) => experts(ex, &m, e, h, n, o)?,
-            (Ffn::Moe(_), None) => {
-                return Err(ModelError::Placement(format!(
-                    "blk.{il} has experts but the config no mixture"
-                )))
-            }
-        }
-        self.residual(x, o, l.post_ffn_norm.as_deref());
         Ok(())
     }
 
@@ -844,139 +596,5 @@ impl<'a> CpuModel<'a> {
                 .for_each(|r| ops::rms_norm(r, w, self.config.rms_eps));
         }
         x.iter_mut().zip(y.iter()).for_each(|(a, b)| *a += b);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use lamina_gguf::GgmlType;
-
-    fn noise(n: usize, seed: &mut u64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                *seed ^= *seed << 13;
-                *seed ^= *seed >> 7;
-                *seed ^= *seed << 17;
-                ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.6
-            })
-            .collect()
-    }
-
-    fn matrix(name: &str, rows: usize, cols: usize, vals: &[f32]) -> Matrix<'static> {
-        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Matrix {
-            name: name.into(),
-            ty: GgmlType::F32,
-            rows,
-            cols,
-            data: Box::leak(bytes.into_boxed_slice()),
-        }
-    }
-
-    fn mv(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
-        (0..rows)
-            .map(|r| {
-                (0..cols)
-                    .map(|c| f64::from(w[r * cols + c]) * f64::from(x[c]))
-                    .sum()
-            })
-            .collect()
-    }
-
-    /// The mixture against a float64 reference on random weights: the
-    /// router's softmax and top-k, the qwen3moe renormalisation, the
-    /// weighted sum and the qwen2moe shared expert with its sigmoid gate.
-    #[test]
-    fn experts_match_a_float64_reference() {
-        let (e, nx, k, fe, fs, n) = (48, 7, 3, 40, 24, 5);
-        let mut seed = 0x5eed_u64;
-        let router = noise(nx * e, &mut seed);
-        let gates: Vec<Vec<f32>> = (0..nx).map(|_| noise(fe * e, &mut seed)).collect();
-        let ups: Vec<Vec<f32>> = (0..nx).map(|_| noise(fe * e, &mut seed)).collect();
-        let downs: Vec<Vec<f32>> = (0..nx).map(|_| noise(e * fe, &mut seed)).collect();
-        let (sgi, sg, su, sd) = (
-            noise(e, &mut seed),
-            noise(fs * e, &mut seed),
-            noise(fs * e, &mut seed),
-            noise(e * fs, &mut seed),
-        );
-        let h = noise(n * e, &mut seed);
-        let silu = |v: f64| v / (1.0 + (-v).exp());
-        for (norm, shared) in [(true, false), (false, true)] {
-            let ex = Experts {
-                router: matrix("router", nx, e, &router),
-                gate: gates.iter().map(|g| matrix("g", fe, e, g)).collect(),
-                up: ups.iter().map(|u| matrix("u", fe, e, u)).collect(),
-                down: downs.iter().map(|d| matrix("d", e, fe, d)).collect(),
-                shared: shared.then(|| {
-                    (
-                        sgi.clone(),
-                        matrix("sg", fs, e, &sg),
-                        matrix("su", fs, e, &su),
-                        matrix("sd", e, fs, &sd),
-                    )
-                }),
-            };
-            let m = Moe {
-                n_expert: nx,
-                n_used: k,
-                n_ff_exp: fe,
-                norm_weights: norm,
-                weights_scale: 0.0,
-                n_ff_shared: shared.then_some(fs),
-            };
-            let mut out = vec![0.0f32; n * e];
-            experts(&ex, &m, e, &h, n, &mut out).unwrap();
-            for t in 0..n {
-                let x = &h[t * e..(t + 1) * e];
-                let logits = mv(&router, nx, e, x);
-                let mx = logits.iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = logits.iter().map(|l| (l - mx).exp()).sum();
-                let p: Vec<f64> = logits.iter().map(|l| (l - mx).exp() / z).collect();
-                let mut order: Vec<usize> = (0..nx).collect();
-                order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-                let chosen = &order[..k];
-                let sum: f64 = chosen.iter().map(|&i| p[i]).sum();
-                let mut want = vec![0.0f64; e];
-                for &i in chosen {
-                    let w = if norm { p[i] / sum } else { p[i] };
-                    let g = mv(&gates[i], fe, e, x);
-                    let u = mv(&ups[i], fe, e, x);
-                    let a: Vec<f32> = g
-                        .iter()
-                        .zip(&u)
-                        .map(|(g, u)| (silu(*g) * u) as f32)
-                        .collect();
-                    let y = mv(&downs[i], e, fe, &a);
-                    want.iter_mut().zip(&y).for_each(|(o, y)| *o += w * y);
-                }
-                if shared {
-                    let gl: f64 = x
-                        .iter()
-                        .zip(&sgi)
-                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-                        .sum();
-                    let gate = 1.0 / (1.0 + (-gl).exp());
-                    let g = mv(&sg, fs, e, x);
-                    let u = mv(&su, fs, e, x);
-                    let a: Vec<f32> = g
-                        .iter()
-                        .zip(&u)
-                        .map(|(g, u)| (silu(*g) * u) as f32)
-                        .collect();
-                    let y = mv(&sd, e, fs, &a);
-                    want.iter_mut().zip(&y).for_each(|(o, y)| *o += gate * y);
-                }
-                let got = &out[t * e..(t + 1) * e];
-                let scale = want.iter().map(|v| v.abs()).fold(0.0, f64::max);
-                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (f64::from(*g) - w).abs() <= 1e-5 * scale.max(1e-3),
-                        "norm {norm} shared {shared} token {t} value {j}: {g} vs {w}"
-                    );
-                }
-            }
-        }
     }
 }

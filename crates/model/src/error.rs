@@ -8,7 +8,7 @@ pub enum ModelError {
     MissingKey { key: String },
     #[error("metadata key {key} {reason}")]
     BadKey { key: String, reason: String },
-    #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, phi3)")]
+    #[error("unsupported architecture {0:?} (supported: {supported})", supported = crate::arch::supported())]
     UnsupportedArch(String),
     #[error("missing tensor {name}")]
     MissingTensor { name: String },
@@ -59,8 +59,42 @@ pub enum ModelError {
     Alloc { bytes: u64 },
     #[error("KV cache type: {0}")]
     KvType(String),
+    /// The device failed an operation (out of memory, lost, a kernel that
+    /// would not build).
     #[error("GPU: {0}")]
-    Gpu(String),
+    Gpu(#[from] lamina_gpu::GpuError),
+    /// Uploading a tensor to the device failed.
+    #[error("GPU: {name}: {source}")]
+    GpuTensor {
+        name: String,
+        #[source]
+        source: lamina_gpu::GpuError,
+    },
+    /// Opening the device `-ngl` asked for failed.
+    #[error("opening the GPU for -ngl: {0}")]
+    OpenGpu(#[source] lamina_gpu::GpuError),
+    /// A GPU step asked for what this model, as loaded, cannot run (a
+    /// caller's or this crate's bug), or that came back other than asked.
+    #[error("GPU step: {0}")]
+    Step(String),
     #[error(transparent)]
     Quant(#[from] lamina_quant::QuantError),
+}
+
+impl ModelError {
+    /// Memory ran out, on the device or the host: a request may succeed
+    /// once others finish (the server answers 503 with Retry-After).
+    pub fn is_out_of_memory(&self) -> bool {
+        use lamina_gpu::GpuError::OutOfMemory;
+        matches!(
+            self,
+            ModelError::Gpu(OutOfMemory { .. })
+                | ModelError::GpuTensor {
+                    source: OutOfMemory { .. },
+                    ..
+                }
+                | ModelError::Alloc { .. }
+                | ModelError::HostMemory { .. }
+        )
+    }
 }

@@ -84,6 +84,13 @@ pub use lamina_quant::act::silu;
 /// products compute it.
 pub use lamina_quant::act::gelu_tanh;
 
+/// `buf` with exactly `len` values, allocating only when it must grow. The
+/// contents are stale: every user overwrites all of them.
+pub(crate) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

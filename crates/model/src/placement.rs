@@ -92,7 +92,7 @@ fn open_gpu(ngl: Ngl) -> Result<Option<Arc<Gpu>>, ModelError> {
             eprintln!("lamina: no usable GPU ({e}); running on the CPU");
             Ok(None)
         }
-        Err(e) => Err(ModelError::Gpu(format!("opening the GPU for -ngl: {e}"))),
+        Err(e) => Err(ModelError::OpenGpu(e)),
     }
 }
 

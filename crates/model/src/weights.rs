@@ -233,7 +233,7 @@ impl<'a> Weights<'a> {
                 ffn: match c.moe {
                     // phi3's gate and up: one `ffn_up` of 2 · n_ff rows, the
                     // gate's first (ggml_swiglu's halves).
-                    None if c.arch == crate::config::Arch::Phi3 => {
+                    None if crate::arch::row(c.arch).fused_gate_up => {
                         let [gate, up] = f.split(&n("ffn_up.weight"), e, [ff, ff])?;
                         Ffn::Dense {
                             gate,

@@ -9,10 +9,13 @@
 //! wired on both devices identically.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
 use lamina_gguf::{File, GgmlType, Model, Value, Writer};
 use lamina_gpu::{Gpu, GpuOptions};
+use lamina_model::arch::{MoeKind, ARCHS};
 use lamina_model::plan::{self, PlanParams};
 use lamina_model::{CpuModel, HybridModel, KvCache, KvType, KvTypes, Logits};
 
@@ -64,6 +67,11 @@ fn q8_0_bytes(v: &[f32]) -> Vec<u8> {
     out
 }
 
+/// The table's row of an architecture the tests name.
+fn row(arch: &str) -> &'static lamina_model::arch::ArchRow {
+    lamina_model::arch::find(arch).unwrap()
+}
+
 struct Spec {
     arch: &'static str,
     head_dim: usize,
@@ -92,8 +100,8 @@ impl Spec {
         Spec {
             arch,
             head_dim: E / HEADS,
-            bias: arch == "qwen2" || arch == "qwen2moe",
-            qk_norm: arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3",
+            bias: row(arch).qkv_bias,
+            qk_norm: row(arch).qk_norm,
             tied: arch != "llama",
             skip_tensor: None,
             bad_shape: None,
@@ -136,7 +144,9 @@ fn build(spec: &Spec) -> Vec<u8> {
         ),
         (format!("{a}.attention.sliding_window"), Value::U32(3)),
     ];
-    let moe = a.ends_with("moe");
+    let r = row(a);
+    let moe = r.moe.is_some();
+    let shared_expert = r.moe == Some(MoeKind::SharedExpert);
     let mut keys = keys;
     if spec.long_rope {
         keys.push((
@@ -156,7 +166,7 @@ fn build(spec: &Spec) -> Vec<u8> {
             format!("{a}.expert_feed_forward_length"),
             Value::U32(FF_EXP as u32),
         ));
-        if a == "qwen2moe" {
+        if shared_expert {
             keys.push((
                 format!("{a}.expert_shared_feed_forward_length"),
                 Value::U32(FF_SHARED as u32),
@@ -194,7 +204,7 @@ fn build(spec: &Spec) -> Vec<u8> {
     for il in 0..LAYERS {
         let n = |s: &str| format!("blk.{il}.{s}");
         w = add(w, &n("attn_norm.weight"), &[E], false, &mut rng);
-        if a == "phi3" {
+        if r.fused_gate_up {
             // Fused Q, K, V (or the same values as three tensors), and gate
             // and up as one `ffn_up` of 2 · FF rows, the gate's first.
             let (q, k, v) = (rng.vec(E * qd), rng.vec(E * kvd), rng.vec(E * kvd));
@@ -246,7 +256,7 @@ fn build(spec: &Spec) -> Vec<u8> {
             w = add(w, &n("attn_q_norm.weight"), &[hd], false, &mut rng);
             w = add(w, &n("attn_k_norm.weight"), &[hd], false, &mut rng);
         }
-        if a == "gemma3" {
+        if r.post_norms {
             w = add(w, &n("post_attention_norm.weight"), &[E], false, &mut rng);
             w = add(w, &n("post_ffw_norm.weight"), &[E], false, &mut rng);
         }
@@ -263,7 +273,7 @@ fn build(spec: &Spec) -> Vec<u8> {
                 true,
                 &mut rng,
             );
-            if a == "qwen2moe" {
+            if shared_expert {
                 w = add(w, &n("ffn_gate_inp_shexp.weight"), &[E], false, &mut rng);
                 w = add(
                     w,
@@ -1139,4 +1149,110 @@ fn rope_frequency_factors_and_linear_scaling_turn_the_angles() {
     };
     let e = load_err(bad);
     assert!(e.contains("rope_freqs"), "{e}");
+}
+
+/// Every architecture's logits and block dispatches, bit for bit as the
+/// build before the block program (`tests/reference/bits/synthetic.txt`):
+/// a prompt as one batch, two decode steps, and a step of two sequences,
+/// with every layer on the CPU, split, and all on the GPU; the cache in
+/// each type the GPU stores.
+#[test]
+fn every_architecture_keeps_its_bits() {
+    let mut specs: Vec<(String, Spec, KvType, usize)> = Vec::new();
+    for r in ARCHS {
+        specs.push((r.name.into(), Spec::new(r.name), KvType::F16, usize::MAX));
+    }
+    let variants = [
+        // q8_0 blocks are 32 values: heads of 32.
+        (
+            "llama-q8cache",
+            Spec {
+                head_dim: 32,
+                ..Spec::new("llama")
+            },
+            KvType::Q8_0,
+        ),
+        ("llama-f32cache", Spec::new("llama"), KvType::F32),
+        (
+            "llama-gate-q8",
+            Spec {
+                gate_q8: true,
+                ..Spec::new("llama")
+            },
+            KvType::F16,
+        ),
+        (
+            "llama-rope-freqs",
+            Spec {
+                rope_freqs: Some(0.5),
+                ..Spec::new("llama")
+            },
+            KvType::F16,
+        ),
+        (
+            "qwen3-wide-head",
+            Spec {
+                head_dim: 32,
+                ..Spec::new("qwen3")
+            },
+            KvType::F16,
+        ),
+        (
+            "phi3-unfused",
+            Spec {
+                unfused_qkv: true,
+                ..Spec::new("phi3")
+            },
+            KvType::F16,
+        ),
+        (
+            "phi3-long-rope",
+            Spec {
+                long_rope: true,
+                ..Spec::new("phi3")
+            },
+            KvType::F16,
+        ),
+    ];
+    for (name, spec, kv) in variants {
+        specs.push((name.into(), spec, kv, usize::MAX));
+    }
+    for arch in ["qwen3moe", "qwen2moe"] {
+        specs.push((
+            format!("{arch}-gpu-experts"),
+            Spec::new(arch),
+            KvType::F16,
+            0,
+        ));
+    }
+    let mut lines = Vec::new();
+    for (name, spec, kv, cpu_moe) in &specs {
+        let file = open(spec);
+        for ngl in [0, LAYERS, LAYERS + 1] {
+            let mut cpu = CpuModel::load(&file).unwrap();
+            cpu.config.kv = KvTypes::uniform(*kv);
+            let params = PlanParams {
+                n_ctx: 32,
+                cpu_moe: *cpu_moe,
+                ..PlanParams::default()
+            };
+            let p = plan::plan(&file, &cpu.config, ngl, &params);
+            let m = HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap();
+            let mut cache = m.new_cache(32).unwrap();
+            let mut out = m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap();
+            for t in [7, 8] {
+                out.extend(m.forward(&[t], &mut cache, Logits::Last).unwrap());
+            }
+            let mut caches = m.new_caches(2, 32).unwrap();
+            let (a, b) = caches.split_at_mut(1);
+            let mut work: Vec<(&[u32], &mut lamina_model::HybridCache)> =
+                vec![(&PROMPT[..3], &mut a[0]), (&PROMPT[3..], &mut b[0])];
+            for l in m.forward_multi(&mut work).unwrap() {
+                out.extend(l);
+            }
+            let d = (ngl > 0).then(|| m.block_dispatches());
+            lines.push(common::bits_line(&format!("{name} -ngl {ngl}"), &out, d));
+        }
+    }
+    common::check_bits("synthetic.txt", &lines);
 }

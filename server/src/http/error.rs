@@ -220,12 +220,14 @@ impl From<EngineError> for ApiError {
                 err.context = Some((n_prompt, n_ctx));
                 err
             }
-            EngineError::Invalid { param, message } => {
-                let mut err = ApiError::invalid(param, message);
-                if param == "prompt" {
-                    err.code = Some("context_length_exceeded");
-                }
-                err
+            // Only a prompt longer than the context is
+            // `context_length_exceeded` (ContextExceeded above): an empty
+            // prompt or a token outside the vocabulary is a plain 400.
+            EngineError::Invalid { param, message } => ApiError::invalid(param, message),
+            // Memory that ran out may be free again once other requests
+            // finish: 503 with Retry-After, as for a full queue.
+            EngineError::Model(_) if e.is_out_of_memory() => {
+                ApiError::unavailable(e.to_string(), "out_of_memory")
             }
             // A constraint that failed while generating: what the request
             // asked for could not be kept (a grammar engine limit, or
@@ -235,9 +237,10 @@ impl From<EngineError> for ApiError {
                 err.code = Some("constraint_failed");
                 err
             }
-            EngineError::Stopped | EngineError::Load(_) | EngineError::Model(_) => {
-                ApiError::internal(e.to_string())
-            }
+            EngineError::Stopped
+            | EngineError::Load(_)
+            | EngineError::Model(_)
+            | EngineError::Sampling(_) => ApiError::internal(e.to_string()),
         }
     }
 }

@@ -158,7 +158,7 @@ impl Shape {
             o: n * e,
             gu: n * 2 * ff,
             a: n * ff,
-            moe_io: (n * c.moe.map_or(0, |m| super::moe_io_width(c, &m))).max(1),
+            moe_io: (n * c.moe.map_or(0, |m| super::moe::moe_io_width(c, &m))).max(1),
             sgu: (n * 2 * fs).max(1),
             sa: (n * fs).max(1),
             xin: (slots * e).max(1),
@@ -205,7 +205,7 @@ impl Deref for Scratch {
 
 fn view(t: &Tensor, len: usize) -> Result<Tensor, ModelError> {
     t.prefix(len)
-        .ok_or_else(|| ModelError::Gpu("a scratch buffer smaller than its step".into()))
+        .ok_or_else(|| ModelError::Step("a scratch buffer smaller than its step".into()))
 }
 
 impl Pool {

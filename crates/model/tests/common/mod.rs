@@ -118,3 +118,65 @@ pub fn deltas(case: &Case, logits: &[f32], n_vocab: usize) -> (Vec<f64>, usize) 
     }
     (all, agree)
 }
+
+/// FNV-1a over the bits of `values`: a fingerprint that any changed bit
+/// changes, short enough to commit per case.
+pub fn fingerprint(values: &[f32]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in values {
+        for b in v.to_bits().to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// A case's logits and the block dispatches its GPU part recorded, as
+/// one line of a bits file.
+pub fn bits_line(case: &str, logits: &[f32], dispatches: Option<u64>) -> String {
+    let d = dispatches.map_or("-".to_string(), |d| d.to_string());
+    format!("{case} {} {:016x} {d}", logits.len(), fingerprint(logits))
+}
+
+/// Checks `lines` against `tests/reference/bits/<name>` (the logits of
+/// the build before a refactor, see that folder's README); with
+/// `LAMINA_BLESS=1` writes them there instead.
+pub fn check_bits(name: &str, lines: &[String]) {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/reference/bits")
+        .join(name);
+    let got = lines.join("\n") + "\n";
+    if std::env::var_os("LAMINA_BLESS").is_some() {
+        std::fs::write(&p, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&p).unwrap();
+    // Keyed by case (the text before the count), so the order of the
+    // cases may change.
+    let key = |l: &str| l.rsplitn(4, ' ').nth(3).unwrap_or(l).to_string();
+    let want: std::collections::BTreeMap<String, &str> =
+        want.lines().map(|l| (key(l), l)).collect();
+    let mut differ: Vec<String> = lines
+        .iter()
+        .filter(|g| want.get(&key(g)) != Some(&g.as_str()))
+        .map(|g| {
+            format!(
+                "  got  {g}\n  want {}",
+                want.get(&key(g)).unwrap_or(&"(none)")
+            )
+        })
+        .collect();
+    let got: std::collections::BTreeSet<String> = lines.iter().map(|l| key(l)).collect();
+    differ.extend(
+        want.keys()
+            .filter(|k| !got.contains(*k))
+            .map(|k| format!("  missing {k}")),
+    );
+    assert!(
+        differ.is_empty(),
+        "logits or dispatch counts differ from {}:\n{}",
+        p.display(),
+        differ.join("\n")
+    );
+}

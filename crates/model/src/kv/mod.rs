@@ -22,6 +22,10 @@ use crate::block::{Block, Window};
 use crate::config::Config;
 use crate::error::ModelError;
 
+mod host;
+
+pub use host::KvCache;
+
 /// One cached key or value element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvType {

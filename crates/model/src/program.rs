@@ -1,0 +1,195 @@
+//! The block program: what one transformer block computes, as a list of
+//! steps built once per layer from the [`Config`], and the only place
+//! their order is written. The CPU runs it op by op
+//! ([`crate::cpu`]); the GPU turns it into dispatches with their fusions
+//! ([`crate::gpu::fusion`], a pure function of the program, the device's
+//! kind and the weights' bindings) and records those.
+//!
+//! A new architecture adds a row to [`crate::arch`] and, where its block
+//! does something no op here does, a new [`Op`] with an arm in each
+//! executor (see `docs/dev/adding-an-architecture.md`).
+
+use crate::block::Block;
+use crate::config::{Activation, Config, Moe};
+
+/// One step of a block. The hidden state `x` enters and leaves each block;
+/// `h` is a normed copy of it, `y` a sub-layer's output before the residual
+/// add.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// `h = rms_norm(x) · attn_norm`.
+    AttnNorm,
+    /// `q, k, v = h · W_q, h · W_k, h · W_v`, plus their biases (qwen2).
+    Qkv { bias: bool },
+    /// RMSNorm of every head of q and k (qwen3, gemma3).
+    HeadNorms,
+    /// RoPE of q and k at each token's position, then k and v into the
+    /// token's cache rows.
+    RopeStore,
+    /// Each query over its window of the cache: `softmax(scale · q·Kᵀ) · V`.
+    Attend,
+    /// `x += post_norm?(attn · W_o)` (the post-norm: gemma3).
+    AttnOut { post_norm: bool },
+    /// `h = rms_norm(x) · ffn_norm`.
+    FfnNorm,
+    /// `y = down(act(gate · h) · (up · h))`.
+    GatedFfn(Activation),
+    /// `y = Σ_chosen w · expert(h)`, plus a gated shared expert where the
+    /// mixture has one.
+    Experts(Moe),
+    /// `x += post_norm?(y)`.
+    FfnOut { post_norm: bool },
+}
+
+/// Layer `il`'s program: its ops in order, and the constants they take.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub block: Block,
+    pub ops: Vec<Op>,
+}
+
+impl Program {
+    /// The program of layer `il`. The optional weights the ops name (biases,
+    /// head norms, post-norms) are loaded by the same `Config` flags
+    /// (`Weights::load`), so an op never meets a missing weight.
+    pub fn new(c: &Config, il: usize) -> Self {
+        let mut ops = vec![Op::AttnNorm, Op::Qkv { bias: c.qkv_bias }];
+        if c.qk_norm {
+            ops.push(Op::HeadNorms);
+        }
+        ops.extend([
+            Op::RopeStore,
+            Op::Attend,
+            Op::AttnOut {
+                post_norm: c.post_norms,
+            },
+            Op::FfnNorm,
+            match c.moe {
+                Some(m) => Op::Experts(m),
+                None => Op::GatedFfn(c.activation),
+            },
+            Op::FfnOut {
+                post_norm: c.post_norms,
+            },
+        ]);
+        Program {
+            block: Block::new(c, il),
+            ops,
+        }
+    }
+
+    /// Every layer's program.
+    pub fn all(c: &Config) -> Vec<Program> {
+        (0..c.n_layer).map(|il| Program::new(c, il)).collect()
+    }
+
+    pub fn has(&self, op: impl Fn(&Op) -> bool) -> bool {
+        self.ops.iter().any(op)
+    }
+
+    /// The QKV biases' op is there.
+    pub fn qkv_bias(&self) -> bool {
+        self.has(|o| matches!(o, Op::Qkv { bias: true }))
+    }
+
+    pub fn head_norms(&self) -> bool {
+        self.has(|o| matches!(o, Op::HeadNorms))
+    }
+
+    /// Either sub-layer normalises its output before the residual add.
+    pub fn post_norms(&self) -> bool {
+        self.has(|o| {
+            matches!(
+                o,
+                Op::AttnOut { post_norm: true } | Op::FfnOut { post_norm: true }
+            )
+        })
+    }
+
+    /// The feed-forward is a mixture of experts.
+    pub fn moe(&self) -> Option<Moe> {
+        self.ops.iter().find_map(|o| match o {
+            Op::Experts(m) => Some(*m),
+            _ => None,
+        })
+    }
+
+    /// The gated feed-forward's activation (a mixture's experts: SwiGLU).
+    pub fn activation(&self) -> Activation {
+        self.ops
+            .iter()
+            .find_map(|o| match o {
+                Op::GatedFfn(a) => Some(*a),
+                _ => None,
+            })
+            .unwrap_or(Activation::SwiGlu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::ARCHS;
+
+    /// Each architecture's block, op by op: the order of the steps is
+    /// written in `Program::new` alone, so these are its whole truth.
+    #[test]
+    fn every_architecture_has_its_program() {
+        use Op::*;
+        for row in ARCHS {
+            let c = crate::arch::test_config(row.arch);
+            let p = Program::new(&c, 0);
+            let ffn = match c.moe {
+                Some(m) => Experts(m),
+                None => GatedFfn(c.activation),
+            };
+            let want: Vec<Op> = match row.name {
+                "llama" | "phi3" => vec![
+                    AttnNorm,
+                    Qkv { bias: false },
+                    RopeStore,
+                    Attend,
+                    AttnOut { post_norm: false },
+                    FfnNorm,
+                    ffn,
+                    FfnOut { post_norm: false },
+                ],
+                "qwen2" | "qwen2moe" => vec![
+                    AttnNorm,
+                    Qkv { bias: true },
+                    RopeStore,
+                    Attend,
+                    AttnOut { post_norm: false },
+                    FfnNorm,
+                    ffn,
+                    FfnOut { post_norm: false },
+                ],
+                "qwen3" | "qwen3moe" => vec![
+                    AttnNorm,
+                    Qkv { bias: false },
+                    HeadNorms,
+                    RopeStore,
+                    Attend,
+                    AttnOut { post_norm: false },
+                    FfnNorm,
+                    ffn,
+                    FfnOut { post_norm: false },
+                ],
+                "gemma3" => vec![
+                    AttnNorm,
+                    Qkv { bias: false },
+                    HeadNorms,
+                    RopeStore,
+                    Attend,
+                    AttnOut { post_norm: true },
+                    FfnNorm,
+                    GatedFfn(Activation::GeGlu),
+                    FfnOut { post_norm: true },
+                ],
+                other => panic!("no expected program for {other}"),
+            };
+            assert_eq!(p.ops, want, "{}", row.name);
+            assert_eq!(p.moe().is_some(), row.name.ends_with("moe"), "{}", row.name);
+        }
+    }
+}
