@@ -4,24 +4,57 @@
 # reference fixtures. Idempotent; prints what it does and why.
 #
 # Lavapipe comes from bookworm-backports when it can (Mesa 25: ~3x faster
-# compute than bookworm's Mesa 22.3, and Vulkan 1.4). The backports source is
-# derived from the machine's own Debian source entry with the suite changed, so
-# no package host is written here.
+# compute than bookworm's Mesa 22.3, Vulkan 1.4, and the memory-budget
+# extension), and an older Mesa already installed is upgraded to it. The
+# backports source is derived from the machine's own Debian source entry with
+# the suite changed, so no package host is written here.
 set -euo pipefail
+
+# The Mesa the suite is written for (bookworm-backports'). Bookworm's own
+# 22.3 runs, but its lavapipe has no VK_EXT_memory_budget and is slower.
+MESA_WANT=25
 
 have_vulkan_icd() {
   ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 \
     || ls /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1
 }
 
+# The installed mesa-vulkan-drivers version; empty when not installed.
+mesa_version() {
+  { dpkg-query -W -f='${db:Status-Abbrev}${Version}' mesa-vulkan-drivers 2>/dev/null || true; } \
+    | sed -n 's/^ii *//p'
+}
+
+mesa_is_old() { # version
+  [ -n "$1" ] && dpkg --compare-versions "$1" lt "$MESA_WANT~"
+}
+
+# What a Mesa older than MESA_WANT leaves out, said where it cannot be fixed.
+warn_old_mesa() { # version
+  cat >&2 <<EOF
+install-deps: mesa-vulkan-drivers $1 is older than the Mesa $MESA_WANT the suite is written for.
+  Its lavapipe may lack VK_EXT_memory_budget (22.3 does): \`lamina devices\` then
+  says free memory is "not reported by the driver", and -ngl auto fits to a
+  fixed guess instead of the free memory. Its compute is about 3x slower, so
+  the GPU tests take that much longer.
+EOF
+}
+
 install_lavapipe() {
-  if have_vulkan_icd && ldconfig -p | grep -q libvulkan.so.1; then
-    echo "install-deps: a Vulkan driver is already installed"
+  local had now
+  had=$(mesa_version)
+  if have_vulkan_icd && ldconfig -p | grep -q libvulkan.so.1 && ! mesa_is_old "$had"; then
+    echo "install-deps: a Vulkan driver is already installed${had:+ (mesa-vulkan-drivers $had)}"
     return
   fi
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-    echo "install-deps: no Vulkan driver found. Install Mesa's lavapipe as root:" >&2
-    echo "  apt-get install mesa-vulkan-drivers libvulkan1" >&2
+    if mesa_is_old "$had"; then
+      warn_old_mesa "$had"
+      echo "  To upgrade, run scripts/install-deps.sh as root on Debian 12." >&2
+    else
+      echo "install-deps: no Vulkan driver found. Install Mesa's lavapipe as root:" >&2
+      echo "  apt-get install mesa-vulkan-drivers libvulkan1" >&2
+    fi
     return
   fi
   local src=/etc/apt/sources.list.d/debian.sources
@@ -39,7 +72,17 @@ install_lavapipe() {
     echo "install-deps: backports Mesa failed, falling back to the release one" >&2
     apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
   fi
-  echo "install-deps: installed $(dpkg-query -W -f='mesa-vulkan-drivers ${Version}' mesa-vulkan-drivers)"
+  now=$(mesa_version)
+  if [ -z "$had" ]; then
+    echo "install-deps: installed mesa-vulkan-drivers $now"
+  elif [ "$had" != "$now" ]; then
+    echo "install-deps: upgraded mesa-vulkan-drivers $had to $now (the suite is written for Mesa $MESA_WANT)"
+  else
+    echo "install-deps: apt offers no newer mesa-vulkan-drivers than $now"
+  fi
+  if mesa_is_old "$now"; then
+    warn_old_mesa "$now"
+  fi
 }
 
 install_python() {
