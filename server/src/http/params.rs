@@ -340,6 +340,9 @@ fn stop(b: &Body) -> Result<Vec<String>, ApiError> {
 /// OpenAI's `{"token id": bias}` object, or llama-server's `[[id, bias]]`;
 /// as in llama-server, a key (or first element) that is text rather than a
 /// token id biases every token of that text, and a bias of `false` bans.
+/// A key that is an integer outside the vocabulary is a 400, where
+/// llama-server drops it silently: read as text it would bias the tokens of
+/// its digits, which is never what a client sending an id meant.
 fn logit_bias(b: &Body, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
     let n_vocab = info.config.n_vocab;
     let entries: Vec<(String, &Value)> = match b.get("logit_bias") {
@@ -349,7 +352,15 @@ fn logit_bias(b: &Body, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
             .iter()
             .map(|pair| match pair.as_array().map(Vec::as_slice) {
                 Some([Value::String(text), bias]) => Ok((text.clone(), bias)),
-                Some([id @ Value::Number(_), bias]) => Ok((id.to_string(), bias)),
+                Some([Value::Number(id), bias]) => match (id.as_i64(), id.as_u64()) {
+                    (Some(n), _) => Ok((n.to_string(), bias)),
+                    (_, Some(n)) => Ok((n.to_string(), bias)),
+                    // A fraction, or an integer past 64 bits (read as a float).
+                    _ => Err(ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias token id {id} must be an integer"),
+                    )),
+                },
                 _ => Err(ApiError::invalid(
                     "logit_bias",
                     "logit_bias pairs must be [token_id or text, bias]",
@@ -365,17 +376,19 @@ fn logit_bias(b: &Body, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
     };
     let mut out = Vec::with_capacity(entries.len());
     for (key, v) in entries {
-        let ids = match key.parse::<u64>() {
-            Ok(id) if id < n_vocab as u64 => vec![id as u32],
-            Ok(_) => {
+        let ids = match integer_key(&key) {
+            Some(Some(id)) if id < n_vocab as u64 => vec![id as u32],
+            Some(_) => {
                 return Err(ApiError::invalid(
                     "logit_bias",
                     format!(
-                    "logit_bias key {key} must be a token id below the vocabulary size {n_vocab}"
-                ),
+                        "logit_bias key {key:?} is not a token id of this model: ids run \
+                         from 0 to {}, below the vocabulary size {n_vocab}",
+                        n_vocab.saturating_sub(1)
+                    ),
                 ))
             }
-            Err(_) => info.tokenizer.encode(&key, false, false),
+            None => info.tokenizer.encode(&key, false, false),
         };
         if ids.is_empty() {
             return Err(ApiError::invalid(
@@ -398,6 +411,31 @@ fn logit_bias(b: &Body, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
         out.extend(ids.into_iter().map(|id| (id, bias)));
     }
     Ok(out)
+}
+
+/// A `logit_bias` key read as an integer: `None` when it is text,
+/// `Some(Some(n))` for a non-negative integer within `u64`, `Some(None)` for
+/// a negative one or one past `u64` (no token's id either way).
+///
+/// "An integer" is what llama-server reads as one: it parses a key with
+/// C's `strtol(key, &end, 10)` and takes it as an id when the whole key is
+/// consumed, so leading whitespace and a sign are allowed and leading zeros
+/// are decimal ("007" is token 7). Keeping its reading means a key means
+/// the same token here as there. Its one oddity is left out: `strtol` reads
+/// an empty key as 0, which here stays an empty text (a 400).
+fn integer_key(key: &str) -> Option<Option<u64>> {
+    // C's isspace in the "C" locale.
+    let t = key.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let (negative, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    // Only digits remain, so the parse fails only past u64::MAX.
+    Some(digits.parse::<u64>().ok().filter(|&n| !negative || n == 0))
 }
 
 /// Chat messages as the template receives them: roles checked, `content`
@@ -623,4 +661,35 @@ pub fn ending(b: &Body, messages: Value) -> Result<(Value, Ending), ApiError> {
         _ => String::new(),
     };
     Ok((Value::Array(list), Ending::Continue(text)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::integer_key;
+
+    #[test]
+    fn logit_bias_keys_are_integers_as_strtol_reads_them() {
+        for (key, want) in [
+            ("7", Some(Some(7))),
+            ("007", Some(Some(7))),
+            ("+7", Some(Some(7))),
+            (" \t7", Some(Some(7))),
+            ("-0", Some(Some(0))),
+            ("-1", Some(None)),
+            ("18446744073709551615", Some(Some(u64::MAX))),
+            ("18446744073709551616", Some(None)),
+            ("-99999999999999999999999", Some(None)),
+            ("", None),
+            ("-", None),
+            ("+-7", None),
+            ("7 ", None),
+            ("1e3", None),
+            ("0x10", None),
+            ("Hello", None),
+            // Arabic-Indic seven: a digit to Unicode, not to strtol.
+            ("\u{0667}", None),
+        ] {
+            assert_eq!(integer_key(key), want, "{key:?}");
+        }
+    }
 }

@@ -1147,6 +1147,117 @@ async fn ignore_eos_bans_the_end_tokens() {
     assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
 }
 
+/// A `logit_bias` key that is an integer outside the vocabulary is a 400
+/// naming the key and the vocabulary size, on every route that takes
+/// `logit_bias`, streamed or not (the error comes before the stream), in
+/// the object form and llama-server's pair form: read as text, `"-1"`
+/// would bias the tokens of its characters.
+#[tokio::test]
+async fn logit_bias_ids_outside_the_vocabulary_are_400_naming_the_key() {
+    let n_vocab = model_info().config.n_vocab;
+    let keys = [
+        "-1".to_string(),
+        n_vocab.to_string(),
+        (1u64 << 32).to_string(),
+        "18446744073709551616".to_string(),
+        format!("00{n_vocab}"),
+        "-007".to_string(),
+        format!(" +{n_vocab}"),
+    ];
+    let routes = [
+        ("/v1/chat/completions", chat(json!({}))),
+        (
+            "/v1/completions",
+            json!({"prompt": "Hi", "max_tokens": 1, "temperature": 0}),
+        ),
+        (
+            "/completion",
+            json!({"prompt": "Hi", "n_predict": 1, "temperature": 0}),
+        ),
+    ];
+    for (route, base) in &routes {
+        for key in &keys {
+            for bias in [json!({ key.as_str(): 5 }), json!([[key, 5]])] {
+                for stream in [false, true] {
+                    let mut body = base.clone();
+                    body["logit_bias"] = bias.clone();
+                    body["stream"] = json!(stream);
+                    let (s, v) = post_json(route, body.clone()).await;
+                    assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+                    assert_eq!(v["error"]["param"], "logit_bias", "{route} {body}: {v}");
+                    let msg = v["error"]["message"].as_str().unwrap();
+                    assert!(
+                        msg.contains(&format!("{key:?}"))
+                            && msg.contains(&format!("vocabulary size {n_vocab}")),
+                        "{route} {body}: {msg:?}"
+                    );
+                }
+            }
+        }
+        // Ids given as JSON numbers in the pair form, 2^64 among them
+        // (too large for json!, so sent as text).
+        for id in [
+            "-1",
+            &n_vocab.to_string(),
+            "4294967296",
+            "18446744073709551616",
+            "7.5",
+        ] {
+            let mut body = base.clone();
+            body["logit_bias"] = json!("ID");
+            let text = body.to_string().replace("\"ID\"", &format!("[[{id}, 5]]"));
+            let (s, v, _) = send(router(None, 1 << 20), post(route, text.clone())).await;
+            assert_error(s, &v, StatusCode::BAD_REQUEST, "invalid_request_error");
+            assert_eq!(v["error"]["param"], "logit_bias", "{route} {text}: {v}");
+        }
+    }
+    // Ollama takes no logit_bias: its options refuse the name outright.
+    let (s, v) = post_json(
+        "/api/chat",
+        json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}],
+               "options": {"logit_bias": {"-1": 5}}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+}
+
+/// A `logit_bias` key inside the vocabulary is that token however
+/// llama-server's `strtol` spells it ("007", "+7"), and a text key biases
+/// the tokens of its text (llama-server's feature), in both forms.
+#[tokio::test]
+async fn logit_bias_ids_in_any_spelling_and_text_keys_bias_their_tokens() {
+    let first = |bias: Value| async move {
+        let (s, v) = post_json(
+            "/completion",
+            json!({"prompt": "Hi", "n_predict": 1, "temperature": 0,
+                   "return_tokens": true, "logit_bias": bias}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        v["tokens"][0].as_u64().unwrap()
+    };
+    let plain = first(json!({})).await;
+    let id = if plain == 7 { 8 } else { 7 };
+    for key in [
+        id.to_string(),
+        format!("00{id}"),
+        format!("+{id}"),
+        format!(" {id}"),
+    ] {
+        assert_eq!(first(json!({ key.as_str(): 100 })).await, id, "{key:?}");
+        assert_eq!(first(json!([[key, 100]])).await, id, "{key:?}");
+    }
+    let hello = model_info().tokenizer.encode("Hello", false, false);
+    assert!(!hello.is_empty());
+    for bias in [json!({"Hello": 100}), json!([["Hello", 100]])] {
+        let got = first(bias.clone()).await;
+        assert!(
+            hello.contains(&(got as u32)),
+            "{bias}: {got} not in {hello:?}"
+        );
+    }
+}
+
 /// `/v1/chat/completions/input_tokens` counts the prompt the chat route
 /// would run (a prefill and tools included), with llama-server's `object`,
 /// and refuses what the chat route refuses.
