@@ -331,6 +331,7 @@ pub fn model(a: &ModelArgs) -> anyhow::Result<()> {
         kv: a.kv,
         cpu_moe: a.cpu_moe,
         experts: a.experts.clone(),
+        gpu: None,
     };
     let (m, table) = lamina_model::placement::load(&file, &load_args)?;
     if !a.json {

@@ -73,6 +73,7 @@ pub fn generate(a: &RunArgs, mut on_text: impl FnMut(&str)) -> anyhow::Result<Ge
         kv: a.kv,
         cpu_moe: a.cpu_moe,
         experts: a.experts.clone(),
+        gpu: None,
     };
     let (model, table) = lamina_model::placement::load_with_progress(
         &file,

@@ -80,6 +80,7 @@ pub fn score(
         kv,
         cpu_moe,
         experts,
+        gpu: None,
     };
     let (m, _) = placement::load(&model, &args)?;
     let mut cache = m.new_cache(n_ctx)?;

@@ -88,6 +88,9 @@ pub struct EngineConfig {
     /// Bytes of host memory the prompt cache may hold (llama-server's
     /// `--cache-ram`, see prompt_cache.rs); `None`: no prompt cache.
     pub cache_ram: Option<u64>,
+    /// A device already open to place layers on (a program embedding the
+    /// engine, or a test that holds it); `None` opens one as `ngl` asks.
+    pub gpu: Option<Arc<lamina_gpu::Gpu>>,
 }
 
 /// llama-server's default `--cache-ram`: 8192 MiB. Only what is saved is
@@ -126,6 +129,7 @@ impl EngineConfig {
             select_top_on_gpu: None,
             warmup: true,
             cache_ram: Some(default_cache_ram()),
+            gpu: None,
         }
     }
 }
@@ -451,6 +455,7 @@ fn load_and_serve(
         kv: cfg.kv,
         cpu_moe: cfg.cpu_moe,
         experts: cfg.experts.clone(),
+        gpu: cfg.gpu.clone(),
     };
     let (mut model, table) =
         placement::load(&file, &load).map_err(|e| fail(EngineError::Load(e.to_string())))?;

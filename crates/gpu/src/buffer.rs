@@ -10,6 +10,7 @@
 //! chunk is also kept below 4 GiB.
 
 use lamina_gguf::GgmlType;
+use std::sync::atomic::Ordering::Relaxed;
 
 use crate::device::{lock, Gpu};
 use crate::error::GpuError;
@@ -150,6 +151,16 @@ impl Gpu {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer, GpuError> {
+        let failing = &self.failing;
+        let forced = failing
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if forced {
+            return Err(GpuError::OutOfMemory {
+                what: what.to_string(),
+                bytes: size,
+            });
+        }
         if size > self.limits().max_buffer_size {
             return Err(GpuError::TooLarge {
                 what: what.to_string(),

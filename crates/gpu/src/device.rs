@@ -307,6 +307,8 @@ pub struct Gpu {
     /// Mappable buffers kept for readbacks ([`Gpu::take_staging`]), so a
     /// step's logits or picks come back without a buffer made for them.
     pub(crate) staging: Mutex<Vec<wgpu::Buffer>>,
+    /// Buffer allocations still to fail ([`Gpu::fail_next_allocations`]).
+    pub(crate) failing: std::sync::atomic::AtomicUsize,
 }
 
 /// Host-side work of the submissions since the device was opened.
@@ -468,6 +470,7 @@ impl Gpu {
             pipelines: Mutex::new(HashMap::new()),
             binds: Default::default(),
             staging: Mutex::new(Vec::new()),
+            failing: Default::default(),
         })
     }
 
@@ -538,6 +541,14 @@ impl Gpu {
     /// The adapter this device was opened on.
     pub fn adapter_info(&self) -> &AdapterInfo {
         &self.info
+    }
+
+    /// Makes the next `n` buffer allocations fail as out of memory, as a
+    /// device whose memory ran out fails them: how the tests check what a
+    /// failed allocation does to a running request (it fails alone, and
+    /// the server answers 503 and goes on).
+    pub fn fail_next_allocations(&self, n: usize) {
+        self.failing.store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether kernels may use f16 (`SHADER_F16` is enabled): f16 KV caches.

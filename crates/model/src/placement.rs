@@ -72,6 +72,9 @@ pub struct LoadArgs {
     pub cpu_moe: usize,
     /// `-ot` rules for the routed experts, over `cpu_moe` ([`plan::ExpertRule`]).
     pub experts: Vec<plan::ExpertRule>,
+    /// A device already open (a program embedding the engine, or a test
+    /// that holds it); `None` opens one as `ngl` asks.
+    pub gpu: Option<Arc<Gpu>>,
 }
 
 /// Opens the GPU for `-ngl`: `auto` uses only hardware adapters (a software
@@ -286,7 +289,10 @@ pub fn load_with_progress<'m>(
     let mut cpu = CpuModel::load(model)?;
     cpu.config.kv = a.kv;
     cpu.config.kv.check_head(cpu.config.head_dim)?;
-    let gpu = open_gpu(a.ngl)?;
+    let gpu = match &a.gpu {
+        Some(g) if a.ngl != Ngl::Layers(0) => Some(g.clone()),
+        _ => open_gpu(a.ngl)?,
+    };
     let info = gpu.as_ref().map(|g| g.adapter_info());
     let mut p = choose_plan(model, &cpu.config, a, info)?;
     let mut kv_note = String::new();

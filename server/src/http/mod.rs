@@ -20,6 +20,8 @@ mod cors;
 mod cors_proxy;
 mod embed;
 mod error;
+#[cfg(test)]
+mod fault_tests;
 mod gcp;
 mod generate;
 mod listen;
