@@ -6,7 +6,7 @@
 //!   one step over every active sequence (continuous batching at the
 //!   granularity the backend offers), cancellation of abandoned requests.
 //! - [`Backend`] (`backend.rs`): the seam to the forward pass; the CPU model
-//!   implements it, a GPU model will implement the same trait.
+//!   and the hybrid model (layers on the GPU and the CPU) implement it.
 //! - `pacing.rs`: how many prompt tokens a step may take while others
 //!   decode, so a long prompt never freezes the streams beside it.
 //! - [`StopMatcher`] (`stop.rs`): stop strings held back while they form.
