@@ -17,10 +17,10 @@
 //   every invocation loads the same activation at the same time. With XSRC
 //   `uniform` the activations are bound as a uniform buffer, which a
 //   software rasteriser reads once per SIMD lane group (a storage load costs
-//   a gather per lane, whatever the index: measured 3-4x slower overall on
-//   lavapipe). No lane idles when a row has fewer than 32 units (K = 576 is
-//   18 units), and the tree runs in registers: no workgroup memory, no
-//   barrier.
+//   a gather per lane, whatever the index: several times slower on
+//   lavapipe, docs/perf/kernels.md, 2026-12-03). No lane idles when a row
+//   has fewer than 32 units (K = 576 is 18 units), and the tree runs in
+//   registers: no workgroup memory, no barrier.
 // * TPR 8..32 (GPUs): a team of threads per row. Thread t does the tree's
 //   levels that stay within its own lanes (16 .. TPR), then the team's TPR
 //   values meet in workgroup memory for the last levels.

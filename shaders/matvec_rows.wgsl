@@ -166,9 +166,10 @@ fn short_unit(wv: array<array<vec4<f32>, 8>, RPT>, k0: u32, c: u32) -> array<f32
 }
 
 // unit_partials column by column, only the RPT row chains interleaved: for
-// the one-column kernel (measured: the interleaved form costs the mat-vec
-// 10-20 % on lavapipe, its code otherwise the same but laid out
-// differently), and for runs, which skip the columns they do not have.
+// the one-column kernel (the interleaved form is slower there on lavapipe,
+// its code otherwise the same but laid out differently:
+// docs/perf/lavapipe.md, 2026-12-07), and for runs, which skip the
+// columns they do not have.
 fn unit_partials_cols(wv: array<array<vec4<f32>, 8>, RPT>, u: u32, sgl: u32) -> array<f32, NO> {
     var o: array<f32, NO>;
     let k0 = 32u * u;

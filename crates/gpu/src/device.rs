@@ -421,18 +421,16 @@ impl Gpu {
         // between dependent ones), and the prologue's reduction is a few
         // hundred cycles of a workgroup beside its weight stream. A
         // CPU-backed device runs the prologue's partial sums as per-lane
-        // loads and its tree as coroutine switches in every workgroup: on
-        // lavapipe, SmolLM2 decoding fell from 20.3-20.6 to 18.7-19.5
-        // tokens/s and a 128-token prompt from 72-78 to 62-64 with it, so
-        // there the last workgroup of the product before each norm runs it
-        // instead (ops::NormAfter), and prompts keep the separate kernels.
-        // A barrier-free prologue (each subgroup of 8 computing the
-        // canonical partials itself and joining them by subgroupBroadcast,
-        // the same bits) did no better:
-        // 20.6-22.0 against 21.2-22.5 tokens/s, because all eight
-        // subgroups of every workgroup repeat the K loads, which lavapipe
-        // gathers lane by lane (+140 us per gate/up dispatch, about what
-        // the separate norm dispatch costs).
+        // loads and its tree as coroutine switches in every workgroup, so
+        // on lavapipe decoding and prompts both slowed with it
+        // (docs/perf/lavapipe.md, 2026-12-05): there the last workgroup of
+        // the product before each norm runs it instead (ops::NormAfter),
+        // and prompts keep the separate kernels. A barrier-free prologue
+        // (each subgroup of 8 computing the canonical partials itself and
+        // joining them by subgroupBroadcast, the same bits) did no better,
+        // because all eight subgroups of every workgroup repeat the K
+        // loads, which lavapipe gathers lane by lane (each gate/up dispatch
+        // gained about what the separate norm dispatch costs).
         let norm_prologue = switch(
             opts.norm_prologue,
             "LAMINA_GPU_NORM_PROLOGUE",

@@ -13,17 +13,16 @@
 //! are `var<private>` with a constant initializer, never written: naga
 //! indexes those through a pointer, while a run-time index into a WGSL
 //! `const` array makes it copy the whole array into a local variable at
-//! every access (measured on lavapipe: an IQ1_S mat-vec took 160 s to
-//! compile and ran 70x slower with `const`). Mesa then turns the unwritten
-//! array into constant data (`nir_opt_large_constants`).
+//! every access (on lavapipe an IQ1_S mat-vec then took minutes to compile
+//! and ran far slower: docs/perf/kernels.md, 2026-12-05). Mesa then turns
+//! the unwritten array into constant data (`nir_opt_large_constants`).
 //!
 //! The 8-weight grids take only three values, so they are packed to two
 //! bits per weight (the value's position in [`IQ2_LEVELS`] or
 //! [`IQ1_LEVELS`]), 16 bits per entry, entry `2i` in the low half of word
 //! `i` and `2i + 1` in the high half; the decoders map a code back to its
 //! value with exact arithmetic. Packed, IQ1_S's grid is 1024 words instead
-//! of 4096, and lavapipe's compile time grows with the array (measured: a
-//! 4096-word IQ1_S mat-vec ~10 s to compile, IQ2_XS's 1024 words ~1.7 s).
+//! of 4096, and lavapipe's compile time grows with the array (same entry).
 //! The 4-weight IQ3 grids keep one byte per weight (512 words at most).
 //! `grids_round_trip` checks every packed entry against its table.
 //!

@@ -100,8 +100,8 @@ pub(crate) fn weight_defs_with(
 /// Whether dispatches of a `ty` weight bind its buffer a second time (as
 /// binding 3, see [`weight_defs`]), so its decoder loads quants as vec4
 /// words: Q4_K and Q5K, whose 144- and 176-byte super-blocks are 16-byte
-/// aligned (Gemma 3 decode ~1.3x on lavapipe with Q4_K), and the types kept
-/// in the [`split_fields`] layout.
+/// aligned (faster Q4_K decoding: docs/perf/lavapipe.md, 2026-12-03), and
+/// the types kept in the [`split_fields`] layout.
 pub(crate) fn binds_twice(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4K | GgmlType::Q5K) || split_fields(ty).is_some()
 }
@@ -126,9 +126,10 @@ pub(crate) struct Field {
 /// the byte helpers altogether); split, each unit's quants are one
 /// or two aligned vec4 loads, and lanes reading adjacent units read adjacent
 /// 16-byte pieces. The values decoded are the same, so every kernel keeps
-/// its bits. Measured on lavapipe, Q8_0 at Gemma 3's 262144×640 head: 1.0 →
-/// 1.3-1.45 GB/s. The layout costs under 2 % of padding at the models' row
-/// lengths and one bounded bounce buffer at upload (`Gpu::upload_stacked`).
+/// its bits, and Q8_0's mat-vec got faster on lavapipe
+/// (docs/perf/kernels.md, 2026-12-04). The layout costs under 2 % of
+/// padding at the models' row lengths and one bounded bounce buffer at
+/// upload (`Gpu::upload_stacked`).
 pub(crate) fn split_fields(ty: GgmlType) -> Option<&'static [Field]> {
     use GgmlType::*;
     Some(match ty {

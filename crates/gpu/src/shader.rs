@@ -222,11 +222,11 @@ impl KernelSpec {
 /// `force_loop_bounding`. That option makes naga add a hidden iteration
 /// counter to every loop, so that a shader with an infinite loop cannot be
 /// miscompiled; it also hides each loop's trip count from the driver's
-/// compiler, which then unrolls nothing (measured on lavapipe: the Q4_1
-/// mat-vec 1.3x slower with it). Lamina compiles only its own kernels, and
-/// every loop in them runs to a constant or to a bound taken from a uniform
-/// parameter that the host has checked, so the counter guards nothing.
-/// Bounds checks stay on.
+/// compiler, which then unrolls nothing (the mat-vec is slower with it on
+/// lavapipe: docs/perf/kernels.md, 2026-12-03). Lamina compiles only its
+/// own kernels, and every loop in them runs to a constant or to a bound
+/// taken from a uniform parameter that the host has checked, so the
+/// counter guards nothing. Bounds checks stay on.
 const RUNTIME_CHECKS: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks {
     force_loop_bounding: false,
     ..wgpu::ShaderRuntimeChecks::checked()

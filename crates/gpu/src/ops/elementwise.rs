@@ -202,8 +202,8 @@ const ATTN_Q_VALUES: usize = 2048;
 /// idle, so heads are not grouped further. A CPU-backed device (lavapipe)
 /// runs a workgroup per CPU thread at a time and pays for every workgroup's
 /// barriers, so there the floor is its thread count: serving all the query
-/// heads of a KV group in one workgroup decodes SmolLM2 7% faster there
-/// (9 workgroups per token become 3).
+/// heads of a KV group in one workgroup (9 workgroups per SmolLM2 token
+/// become 3) decodes faster there (docs/perf/lavapipe.md, 2026-12-05).
 const ATTN_MIN_WGS: usize = 16;
 /// Positions per attention chunk (`shaders/attention.wgsl`). Each chunk of a
 /// token is a workgroup, so a decoded token at position p spreads over
@@ -262,13 +262,11 @@ const LANES_MIN_TOKENS: usize = 16;
 /// it). Its grid is a workgroup per 64 tokens and head, each lane walking
 /// its token's positions three times, where attention.wgsl spreads every
 /// (token, head group, 256-position chunk) over a workgroup: a few tokens
-/// over a long cache leave the lanes kernel too few, too long tasks.
-/// Measured on lavapipe, SmolLM2 (`bench model --ngl all`): pp128 from an
-/// empty cache 59-64 -> 69-72 tokens/s; filling 4096 positions in
-/// 512-token steps and then `-p 16 -n 16 -d 4096` took 2 min 9 s against
-/// 7 min 14 s, but the 16 tokens at depth 4096 ran at 6.7 tokens/s against
-/// 9.2. So: steps of a workgroup's 64 tokens or more, or whose positions
-/// fit one chunk.
+/// over a long cache leave the lanes kernel too few, too long tasks. On
+/// lavapipe it made prompts and filling a long cache faster but 16 tokens
+/// at depth 4096 slower (docs/perf/lavapipe.md, 2026-12-06, "the q8_0 GPU
+/// cache, …"). So: steps of a workgroup's 64 tokens or more, or whose
+/// positions fit one chunk.
 fn lanes_fit(n_tokens: usize, kv_len: usize) -> bool {
     n_tokens >= LANES_MIN_TOKENS && (n_tokens >= ATTN_WG || kv_len <= ATTN_CHUNK)
 }

@@ -125,9 +125,8 @@ impl MatvecShape {
         }
         if gpu.adapter_info().device_type == "cpu" {
             // Two rows per thread: each (uniform) activation load feeds two
-            // independent fma chains. Measured on lavapipe at 1536×1024,
-            // best of four runs: Q4_0 587 µs against 852 with one row,
-            // Q4_1 611 / 837, Q8_0 845 / 1219; four rows lose again.
+            // independent fma chains, faster than one row or four on
+            // lavapipe (docs/perf/kernels.md, 2026-12-03).
             return MatvecShape {
                 tpr: 1,
                 rpt: 2,
@@ -750,8 +749,7 @@ impl Batch<'_> {
 
     /// A CPU-backed device runs the one-thread-per-row small-N kernel faster
     /// than the tiled one at any width (its activation loads are uniform,
-    /// the tiled kernel's are per lane): measured 1.3-1.4x on SmolLM2's
-    /// 128-token prompt on lavapipe.
+    /// the tiled kernel's are per lane: docs/perf/lavapipe.md, 2026-12-03).
     fn small_n_everywhere(&self) -> bool {
         self.gpu.adapter_info().device_type == "cpu"
     }
@@ -976,8 +974,8 @@ impl Batch<'_> {
             // columns of a chunk, filled or not (matvec_rows.wgsl): a few
             // columns past the last full chunk go to a dispatch of their own
             // with a narrower kernel (a prompt chunk beside decodes, 9 to 12
-            // columns, measured 0.55 ms for one column's GLU product on
-            // SmolLM2 against 1.33 for a chunk of eight on lavapipe).
+            // columns: one column costs far less than a chunk of eight,
+            // docs/perf/lavapipe.md, 2026-12-07).
             let rest = nc % MAX_SMALL_COLS;
             if kernel == MatmulKernel::Small
                 && thread_shape.tpr == 1
