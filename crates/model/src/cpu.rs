@@ -211,12 +211,13 @@ pub struct CpuModel<'a> {
 ///
 /// The kernels split a product over the pool only where the split pays for
 /// its hand-off (lamina-quant's `dot.rs`): asked from a thread outside the
-/// pool, a split costs two thread wake-ups (6–10 µs here), so every product
-/// of a small model's decode step (SmolLM2's 576×576 takes ~13 µs on one
-/// core) ran on the calling thread alone, one core of two. Inside the pool a
-/// split is a steal (~1 µs) and both cores share each product. A forward
-/// call makes one hand-off instead. The kernels give the same bits however
-/// the rows are split, so this changes speed only.
+/// pool, a split costs two thread wake-ups, about as long as a small model's
+/// whole product, so every product of its decode step ran on the calling
+/// thread alone, one core of two. Inside the pool a split is a steal, far
+/// cheaper, and both cores share each product (docs/perf/cpu.md,
+/// 2026-12-05). A forward call makes one hand-off instead. The kernels
+/// give the same bits however the rows are split, so this changes speed
+/// only.
 pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
         f()

@@ -280,9 +280,9 @@ impl<'a> HybridModel<'a> {
     /// The largest `k` [`HybridModel::forward_multi_top`] takes, where it
     /// runs: the head is on the GPU, and the device is one whose readback
     /// costs what a selection there saves. A CPU-backed device (lavapipe)
-    /// copies the logits at memory speed and the host selects 0.1 ms a
-    /// sequence at Gemma 3's vocabulary, far less than its sorting network
-    /// ([`HybridModel::select_top_on_gpu`] overrides the choice, for the
+    /// copies the logits at memory speed and the host's selection costs far
+    /// less than its sorting network (docs/perf/kernels.md, 2026-12-06;
+    /// [`HybridModel::select_top_on_gpu`] overrides the choice, for the
     /// tests and for comparisons).
     pub fn top_on_gpu(&self) -> Option<usize> {
         let g = self.gpu.as_deref()?;

@@ -19,9 +19,8 @@ use crate::weights::Ffn;
 /// whose products are bound by arithmetic rather than by the weight reads,
 /// two pairs that chose one expert cost twice its work unless packed
 /// together: there only a lone token (whose experts are distinct) skips
-/// the packing. Measured on lavapipe with a synthetic qwen3moe (32
-/// experts, 4 used), four sequences decode 44–46 tokens/s packed, 35–37
-/// unpacked. Either way the bits are the same.
+/// the packing (docs/perf/moe.md, 2026-12-06, "four sequences on
+/// lavapipe"). Either way the bits are the same.
 pub(super) fn route_on_device_tokens(g: &Gpu) -> usize {
     if g.adapter_info().device_type == "cpu" {
         1
@@ -35,11 +34,9 @@ pub(super) fn route_on_device_tokens(g: &Gpu) -> usize {
 /// A larger step packs its pairs by expert on the device, on a CPU-backed
 /// device too: there a packed product's workgroup skips the columns its run
 /// lacks (`matvec_rows.wgsl`), so the device's runs cost what the host's
-/// exact runs cost without the readback (lavapipe, the synthetic qwen3moe,
-/// pp32 97–105 tokens/s packed on the device against 100–104 on the host,
-/// four sequences 46–48 against 47–49; 77–90 and 38–42 before the kernel
-/// skipped those columns). The host packs only what the packing kernel
-/// cannot hold.
+/// exact runs cost without the readback (docs/perf/moe.md, 2026-12-06,
+/// "experts weighed and routed on the GPU"). The host packs only what the
+/// packing kernel cannot hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum DeviceExperts {
     /// Each (token, slot) pair from the router's own one-column runs.

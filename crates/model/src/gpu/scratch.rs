@@ -5,9 +5,10 @@
 //! scratch used to be sized to each step's shape and made anew whenever the
 //! shape changed, and then every dispatch bound new buffers. In
 //! `lamina bench serve --ngl all --clients 1,8` on SmolLM2, over half of
-//! the eight-client level's steps changed shape; keeping the buffers took
-//! that level from 32-33 to 35-36 tokens/s (the rest of what those steps
-//! cost was kernels compiled on first use: see the engine's warm-up).
+//! the eight-client level's steps changed shape; keeping the buffers made
+//! that level faster (docs/perf/server.md, 2026-12-07, "warm-up, kept
+//! scratch, shared prompt starts"; the rest of what those steps cost was
+//! kernels compiled on first use: see the engine's warm-up).
 //!
 //! So the buffers ([`Pool`]) only grow: each tensor keeps the largest size a
 //! step has needed, rounded up so that a growing prompt chunk does not make
