@@ -33,8 +33,9 @@ use minijinja::{Error, ErrorKind, State};
 /// costs more than copying it; Lamina's serialisers charge the same.
 pub(crate) const SERIALISED_BYTES_PER_FUEL: u64 = 4;
 
-/// Reading the clock costs ~25 ns; `range` reads it once per this many
-/// items, so a loop pays for it less than once per microsecond of work.
+/// Reading the clock costs tens of nanoseconds (docs/perf/server.md,
+/// 2026-12-04); `range` reads it once per this many items, so a loop pays
+/// for it less than once per microsecond of work.
 const RANGE_ITEMS_PER_CHECK: u32 = 64;
 
 thread_local! {

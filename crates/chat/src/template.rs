@@ -74,16 +74,16 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        // Measured on the development machine (2 cores), a fuel-bound loop
-        // runs ~20 M units/s, and every rendering of the golden corpus
-        // (tool schemas and recursive macros included) takes under 1,000.
-        // 64 Ki units is then ~3 ms and at most 4 MiB allocated for any
-        // request up to a few KiB; a long conversation gets more, up to
-        // 1 Mi units (~50 ms, 64 MiB), reached near a 1 MiB request, the
-        // default body limit. The clock stops a render at 50 ms whatever
-        // its fuel: a render of an ordinary conversation takes well under
-        // a millisecond, so only a template that does work fuel prices
-        // cheaply, or a starved machine, meets it.
+        // Every rendering of the golden corpus (tool schemas and recursive
+        // macros included) takes under 1,000 units, so 64 Ki units leave
+        // room to spare and bound a request of a few KiB to milliseconds
+        // and a few MiB; a long conversation gets more, up to 1 Mi units,
+        // reached near a 1 MiB request, the default body limit, and about
+        // what the clock allows (docs/perf/server.md, 2026-12-04, "what a
+        // chat template render costs"). The clock stops a render at 50 ms
+        // whatever its fuel: an ordinary conversation renders far faster,
+        // so only a template that does work fuel prices cheaply, or a
+        // starved machine, meets it.
         Limits {
             fuel: 64 * 1024,
             max_fuel: 1024 * 1024,
@@ -612,7 +612,7 @@ struct BoundedSink {
 }
 
 /// The sink reads the clock once per this many writes (a write is often a
-/// few bytes; the clock costs ~25 ns).
+/// few bytes; the clock costs tens of nanoseconds).
 const WRITES_PER_CHECK: u32 = 16;
 
 impl io::Write for BoundedSink {

@@ -56,7 +56,8 @@ pub struct ModelInfo {
     /// with `{query}` and `{document}` in it, as llama.cpp reads it.
     pub rerank_template: Option<String>,
     /// The vocabulary as the grammar engine sees it: built by the first
-    /// request with a constraint (a walk over every token, ~0.1–0.5 s),
+    /// request with a constraint (a walk over every token, a noticeable
+    /// wait: docs/perf/server.md, 2026-12-05, "structured output's costs"),
     /// so a server that never sees one never pays for it.
     grammar: OnceLock<Result<Vocab, GrammarError>>,
 }

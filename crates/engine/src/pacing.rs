@@ -2,13 +2,13 @@
 //!
 //! A step runs every active sequence together, so a prompt chunk in it
 //! delays every decoding sequence's next token by what the chunk costs. On
-//! a small CPU a 512-token chunk is more than a second (SmolLM2 prefills
-//! ~365 tokens/s in 512-token chunks on 2 cores, Gemma 3 ~285), which a
-//! reader of a stream sees as the answer freezing whenever someone else
-//! sends a long prompt. The pacer measures
-//! what steps cost and, while anyone decodes, gives prompts only the tokens
-//! that fit a time budget per step; with nobody decoding a prompt takes the
-//! whole batch (`n_batch`), which is what finishes it soonest.
+//! a small CPU a 512-token chunk is more than a second (docs/perf/server.md,
+//! 2026-12-05, "the step budget"), which a reader of a stream sees as the
+//! answer freezing whenever someone else sends a long prompt. The pacer
+//! measures what steps cost and, while anyone decodes, gives prompts only
+//! the tokens that fit a time budget per step; with nobody decoding a
+//! prompt takes the whole batch (`n_batch`), which is what finishes it
+//! soonest.
 //!
 //! The cost model is a line: a step of `n` tokens costs `fixed + n ×
 //! per_token`. `fixed` (one pass over the weights, the host's share of a
@@ -32,10 +32,8 @@ pub(crate) const MIN_CHUNK: usize = 16;
 /// The most prompt tokens a paced chunk leaves for a step of their own: a
 /// shorter rest joins the chunk, over the budget. A step costs the
 /// decoders its fixed part (a pass over the weights) whatever its tokens,
-/// and a tail costs little beside a chunk: measured with `lamina bench
-/// serve --ngl all --clients 8` on SmolLM2 (lavapipe), seven decodes with
-/// a 16-token chunk took 304 ms and with the 3-token tail of the same
-/// prompt 214 ms, where 19 tokens at once cost about 340.
+/// and a tail costs little beside a chunk (docs/perf/server.md,
+/// 2026-12-07, "a prompt's tail beside its chunk").
 const TAIL: usize = MIN_CHUNK / 2;
 
 /// Steps with fewer prompt tokens are not used to learn `per_token`: their
@@ -48,11 +46,10 @@ const WEIGHT: f64 = 0.3;
 
 /// The default budget: the longest a step with prompt tokens in it should
 /// hold back the sequences that decode. 200 ms is about where a reader of a
-/// stream starts to see it stop. Measured on a 2-core CPU (`lamina bench
-/// model --ngl 0 -p N`): one 512-token chunk holds every stream 1.4 s
-/// (SmolLM2) to 1.8 s (Gemma 3), while the 60–80 tokens this budget allows
-/// there prefill at the speed of 64-token chunks (SmolLM2 465, Gemma 3 381
-/// tokens/s), so a prompt loses little.
+/// stream starts to see it stop. On a 2-core CPU one 512-token chunk holds
+/// every stream for seconds, while the tokens this budget allows there
+/// prefill at the speed of 64-token chunks, so a prompt loses little
+/// (docs/perf/server.md, 2026-12-05, "the step budget").
 pub const DEFAULT_BUDGET: Duration = Duration::from_millis(200);
 
 /// Learns what steps cost and sizes prompt chunks from it.

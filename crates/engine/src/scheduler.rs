@@ -302,12 +302,12 @@ const WARM_PROMPT: usize = 16;
 /// and a paced prompt chunk beside 1 to [`WARM_SEQS`] - 1 decodes.
 ///
 /// A GPU compiles a kernel the first time a step needs it, which on a
-/// CPU-backed device took 100-150 ms a kernel even with the driver's
-/// cache warm, and the first requests of every shape paid it: measured
-/// with `lamina bench serve --ngl all --clients 1,8` on SmolLM2 before
-/// there was a warm-up, 71 kernels, 1.4 s of the one-client level's 7.8 s
-/// and 4.5 s of the eight-client level's 28.7 s. llama-server warms up at
-/// start too (`--no-warmup` turns it off there and here).
+/// CPU-backed device is slow even with the driver's cache warm, and the
+/// first requests of every shape paid it: before there was a warm-up it
+/// was a large share of `lamina bench serve`'s levels on lavapipe
+/// (docs/perf/server.md, 2026-12-07, "warm-up, kept scratch, shared prompt
+/// starts"). llama-server warms up at start too (`--no-warmup` turns it
+/// off there and here).
 pub(crate) fn warm_up<B: Backend>(
     backend: &B,
     slots: &mut [Slot<B::Cache>],
@@ -1253,8 +1253,10 @@ type Chosen = Result<(u32, Option<LogprobFrom>), Exit>;
 /// Chooses the next token of every sequence in `work` (its slot and what
 /// the step gave it), each from its own logits, mask and sampler, so the
 /// choices are the same in any order: in parallel where several need the
-/// logits (a sampled step over a 262144-token vocabulary is about 0.1 ms a
-/// sequence on the host, which a GPU step's other work does not hide).
+/// logits (a sampled step over a large vocabulary costs the host a
+/// noticeable share of a GPU step, which its other work does not hide:
+/// docs/perf/server.md, 2026-12-06, "greedy picks and the top-k sampling
+/// pass").
 fn choose_all<C>(slots: &mut [Slot<C>], work: Vec<(usize, Next)>) -> Vec<(usize, Chosen)> {
     let parallel = work
         .iter()

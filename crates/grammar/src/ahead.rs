@@ -4,8 +4,8 @@
 //! The mask for step n+1 depends only on the tokens sampled up to step n,
 //! so it can be computed while the model runs step n+1's forward pass.
 //! Computing a mask walks the vocabulary's trie through the grammar's
-//! lexer and parser: about 0.1–1 ms for small grammars, more for large
-//! schemas, which on the engine thread would add to every constrained
+//! lexer and parser (docs/perf/server.md, 2026-12-05, "structured output's
+//! costs"), which on the engine thread would add to every constrained
 //! token's latency and hold up every other sequence in the step. Here the
 //! engine hands the sampled token over ([`Ahead::commit`]) and goes on to
 //! the next forward pass; when the logits arrive the mask is usually

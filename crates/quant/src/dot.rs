@@ -60,13 +60,13 @@ const CHUNK: usize = 256;
 /// Columns sharing one decoded chunk in the portable `matmul`.
 const COL_TILE: usize = 8;
 /// Least estimated single-thread time per rayon task, in ns, when called from a pool
-/// worker: a split then costs a steal, about a microsecond.
+/// worker: a split then costs only a steal.
 const MIN_TASK_NS_IN_POOL: usize = 2_500;
 /// The same when called from any other thread: the caller hands the call to the pool
-/// and sleeps until it is done, two thread wake-ups that cost 6–10 µs on a 2-core
-/// x86 VM (more on a busy machine), so only calls long enough to absorb them are
-/// split. (A model's 1536 × 576 projection, ~37 µs on one core with AVX-512, ran no
-/// faster split in two from outside the pool.)
+/// and sleeps until it is done, two thread wake-ups that cost several microseconds
+/// (more on a busy machine), so only calls long enough to absorb them are split. (A
+/// model's 1536 × 576 projection ran no faster split in two from outside the pool:
+/// docs/perf/cpu.md, 2026-12-02, "splitting a product".)
 const MIN_TASK_NS_OUTSIDE_POOL: usize = 40_000;
 /// Rows per rayon task are a multiple of this, so the SIMD path's row groups stay whole.
 const ROW_GROUP: usize = 4;

@@ -62,8 +62,8 @@ impl<'a> KvRows<'a> {
     /// Row `j` as f32: borrowed from the cache, or widened into `buf` (from
     /// [`KvRows::buffer`]). `F16C`: the caller is compiled with the `f16c`
     /// feature (x86-64), and f16 rows widen eight values an instruction
-    /// inline; else through `half`, a call per row (measured 5–7 % of a
-    /// SmolLM2 step at short context).
+    /// inline; else through `half`, a call per row (a visible share of a
+    /// small model's step: docs/perf/cpu.md, 2026-12-05, "f16 cache rows").
     #[inline(always)]
     pub(crate) fn row<'b, const F16C: bool>(&'b self, j: usize, buf: &'b mut [f32]) -> &'b [f32] {
         let (d, at) = (self.d, (self.first + j) % self.ring * self.stride);

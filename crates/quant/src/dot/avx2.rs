@@ -183,9 +183,9 @@ unsafe fn tile<K: Unit, const R: usize, const T: usize>(
 /// tile prefetches at the same distance, so together they cover the `R · row_bytes`
 /// bytes that far ahead in address order. Needed for short rows: a head of 576-weight
 /// Q8_0 rows is four interleaved 612-byte streams per tile, which the hardware
-/// prefetcher picks up too late (measured 2.8× slower without). 16 KiB (a third of a
-/// 48 KiB L1) keeps memory-bound types at the read bandwidth: a 262144 × 640 Q8_0 head
-/// on two threads streamed 18 GB/s at 4 KiB, 37–44 GB/s at 16 KiB.
+/// prefetcher picks up too late. 16 KiB (a third of a 48 KiB L1) keeps memory-bound
+/// types at the read bandwidth, where 4 KiB fell well short (docs/perf/cpu.md,
+/// 2026-12-02, "software prefetch").
 const PREFETCH_AHEAD: usize = 16384;
 
 /// Prefetches the cache lines [`PREFETCH_AHEAD`] bytes past the block at `bp`.
