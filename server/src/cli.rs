@@ -120,6 +120,17 @@ pub struct CacheTypes {
     /// --swa-full.
     #[arg(long)]
     pub swa_full: bool,
+    /// MiB of host memory each sequence may keep in checkpoints of its
+    /// recurrent state (hybrid models' recurrent blocks), newest kept: how
+    /// far back a conversation's prefix can be reused without processing
+    /// it again. Counted by fit and the placement table. 0: none.
+    #[arg(
+        long,
+        env = "LAMINA_CTX_CHECKPOINT_RAM",
+        default_value_t = lamina_model::kv::DEFAULT_CHECKPOINT_BYTES >> 20,
+        value_name = "MIB"
+    )]
+    pub ctx_checkpoint_ram: u64,
 }
 
 impl CacheTypes {
@@ -128,6 +139,7 @@ impl CacheTypes {
             k: self.k,
             v: self.v,
             swa_full: self.swa_full,
+            checkpoint_bytes: self.ctx_checkpoint_ram.saturating_mul(1 << 20),
         }
     }
 }

@@ -57,6 +57,13 @@ pub struct ArchRow {
     /// A reranker of this architecture turns its `cls.output` scores into
     /// probabilities (llama.cpp's rank pooling for qwen3).
     pub rank_softmax: bool,
+    /// Some blocks are recurrent (a [`crate::config::Recurrent`] mixer in
+    /// place of attention): every `full_attention_interval`-th block
+    /// attends, the others keep a state per sequence.
+    pub recurrent: bool,
+    /// For the tests only: no released model has it, so it is left out of
+    /// the names Lamina says it runs.
+    pub test_only: bool,
 }
 
 const LLAMA: ArchRow = ArchRow {
@@ -74,6 +81,8 @@ const LLAMA: ArchRow = ArchRow {
     moe: None,
     fused_gate_up: false,
     rank_softmax: false,
+    recurrent: false,
+    test_only: false,
 };
 
 /// Every architecture Lamina runs.
@@ -147,6 +156,19 @@ pub const ARCHS: &[ArchRow] = &[
         fused_gate_up: true,
         ..LLAMA
     },
+    // A stand-in recurrent block for the tests of a sequence's state
+    // (`kv/state.rs`) until the first real one: llama's block with some
+    // attentions replaced by a causal depthwise convolution (a window of
+    // past inputs per sequence) and a per-channel linear recurrence (a
+    // state vector per sequence), the two kinds of state Gated DeltaNet
+    // keeps.
+    ArchRow {
+        arch: Arch::RecurrentTest,
+        name: "lamina-recurrent-test",
+        recurrent: true,
+        test_only: true,
+        ..LLAMA
+    },
 ];
 
 /// The row of `general.architecture = name`, if Lamina runs it.
@@ -161,7 +183,12 @@ pub fn row(arch: Arch) -> &'static ArchRow {
 
 /// The names Lamina runs, for messages: "llama, qwen2, …".
 pub fn supported() -> String {
-    ARCHS.iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
+    ARCHS
+        .iter()
+        .filter(|r| !r.test_only)
+        .map(|r| r.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A small config of `arch` read from a file of keys alone, for unit
@@ -182,6 +209,7 @@ pub(crate) fn test_config(arch: Arch) -> crate::config::Config {
         ("expert_count", 8),
         ("expert_used_count", 2),
         ("expert_feed_forward_length", 32),
+        ("ssm.inner_size", 48),
     ] {
         w = w.kv(format!("{a}.{k}"), Value::U32(v));
     }
@@ -224,6 +252,7 @@ mod tests {
             assert_eq!(c.moe.is_some(), r.moe.is_some(), "{}", r.name);
             assert_eq!(c.rope_base, r.default_rope_base, "{}", r.name);
             assert_eq!(c.rms_eps, r.default_rms_eps, "{}", r.name);
+            assert_eq!(c.recurrent.is_some(), r.recurrent, "{}", r.name);
         }
     }
 }

@@ -150,6 +150,7 @@ mod tests {
             attn_scale: 0.25,
             kv: Default::default(),
             moe: None,
+            recurrent: None,
         };
         let local = Block::new(&c, 4);
         assert_eq!(local.window, Window::Last(512));

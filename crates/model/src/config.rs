@@ -26,7 +26,26 @@ pub enum Arch {
     /// Phi-3 / Phi-3.5 / Phi-4-mini: llama's block with NeoX RoPE, Q, K and V
     /// in one fused matrix and gate and up in another.
     Phi3,
+    /// The tests' stand-in recurrent hybrid ([`crate::arch`]).
+    RecurrentTest,
 }
+
+/// Recurrent blocks of a hybrid: each keeps, per sequence, the last
+/// `conv_kernel − 1` inputs of its causal convolution over `channels`
+/// channels and a state of `channels` values (`kv/state.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recurrent {
+    /// Block `il` attends when `(il + 1) % interval == 0`, as llama.cpp's
+    /// `full_attention_interval`.
+    pub interval: usize,
+    pub conv_kernel: usize,
+    pub channels: usize,
+}
+
+/// Bounds on a recurrent block's shape: a hostile header must not size
+/// the state.
+const MAX_CONV_KERNEL: usize = 16;
+const MAX_CHANNELS: usize = 1 << 16;
 
 impl Arch {
     pub fn from_name(name: &str) -> Option<Self> {
@@ -165,6 +184,8 @@ pub struct Config {
     /// The mixture of experts in every block's feed-forward, for MoE
     /// architectures.
     pub moe: Option<Moe>,
+    /// The recurrent blocks of a hybrid architecture.
+    pub recurrent: Option<Recurrent>,
     /// The KV cache's element types: not from the file but the loader's
     /// choice (`-ctk` / `-ctv`), kept here because every cache and every
     /// count of its bytes is made from the config.
@@ -396,7 +417,32 @@ impl Config {
             }
             None => None,
         };
+        let recurrent = if row.recurrent {
+            let conv_kernel = k.usize_opt("ssm.conv_kernel")?.unwrap_or(4);
+            let channels = k.usize("ssm.inner_size")?;
+            let interval = k.usize_opt("full_attention_interval")?.unwrap_or(4);
+            if !(2..=MAX_CONV_KERNEL).contains(&conv_kernel)
+                || !(1..=MAX_CHANNELS).contains(&channels)
+                || interval == 0
+            {
+                return Err(ModelError::BadKey {
+                    key: format!("{arch_name}.ssm.conv_kernel"),
+                    reason: format!(
+                        "a kernel of {conv_kernel} over {channels} channels every {interval} \
+                         blocks (kernels 2..={MAX_CONV_KERNEL}, up to {MAX_CHANNELS} channels)"
+                    ),
+                });
+            }
+            Some(Recurrent {
+                interval,
+                conv_kernel,
+                channels,
+            })
+        } else {
+            None
+        };
         Ok(Config {
+            recurrent,
             arch,
             n_layer: k.usize("block_count")?,
             n_embd,
@@ -474,6 +520,22 @@ impl Config {
             1.0
         } else {
             self.rope_scale
+        }
+    }
+
+    /// Whether block `il` is recurrent (its mixer keeps a state, not KV
+    /// rows).
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.recurrent.is_some_and(|r| (il + 1) % r.interval != 0)
+    }
+
+    /// Values of block `il`'s recurrent state per sequence (0 for an
+    /// attention block): the convolution's window, then the recurrence's
+    /// state.
+    pub fn state_len(&self, il: usize) -> usize {
+        match self.recurrent {
+            Some(r) if self.is_recurrent(il) => r.conv_kernel * r.channels,
+            _ => 0,
         }
     }
 

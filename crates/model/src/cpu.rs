@@ -13,7 +13,7 @@ use crate::kv::{KvCache, KvStore};
 use crate::moe::{experts, gated};
 use crate::ops::{self, sized};
 use crate::program::{Op, Program};
-use crate::weights::{Ffn, Weights};
+use crate::weights::{Ffn, Mixer, RecurrentWeights, Weights};
 use lamina_quant::act::Glu;
 
 /// Runs a step of `n` tokens as steps of at most `limit` tokens (what a
@@ -89,6 +89,40 @@ struct Segment {
     start: usize,
     n: usize,
     pos0: usize,
+}
+
+/// The stand-in recurrent block ([`Op::Recurrent`]) over one sequence's
+/// inputs `u` (`ch` per token, in order) from its `state` (the last
+/// `kernel − 1` inputs, oldest first, then the recurrence's `ch` values),
+/// left holding the state after the last token; `y` gets each token's
+/// recurrence state. Token by token in order, so a sequence's bits do not
+/// depend on how its tokens were split into steps.
+fn recurrent_scan(
+    w: &RecurrentWeights<'_>,
+    kernel: usize,
+    ch: usize,
+    state: &mut [f32],
+    u: &[f32],
+    y: &mut [f32],
+) {
+    let (window, s) = state.split_at_mut((kernel - 1) * ch);
+    for (row, out) in u.chunks_exact(ch).zip(y.chunks_exact_mut(ch)) {
+        for c in 0..ch {
+            let taps = &w.conv[c * kernel..(c + 1) * kernel];
+            let mut acc = taps[kernel - 1] * row[c];
+            for (j, tap) in taps[..kernel - 1].iter().enumerate() {
+                acc += tap * window[j * ch + c];
+            }
+            let act = acc / (1.0 + (-acc).exp());
+            let decay = 1.0 / (1.0 + (-w.decay[c]).exp());
+            s[c] = decay * s[c] + act;
+            out[c] = s[c];
+        }
+        // The window moves on by one input.
+        window.copy_within(ch.., 0);
+        let last = window.len() - ch;
+        window[last..].copy_from_slice(row);
+    }
 }
 
 /// What the ops of one layer's step share: the layer, the step's rows and
@@ -478,11 +512,12 @@ impl<'a> CpuModel<'a> {
                 let q = sized(q, n * qd);
                 let k = sized(k, n * kvd);
                 let v = sized(v, n * kvd);
-                l.wq.matmul(h, n, q)?;
-                l.wk.matmul(h, n, k)?;
-                l.wv.matmul(h, n, v)?;
+                let a = l.attention()?;
+                a.wq.matmul(h, n, q)?;
+                a.wk.matmul(h, n, k)?;
+                a.wv.matmul(h, n, v)?;
                 if bias {
-                    for (buf, b, dim) in [(q, &l.bq, qd), (k, &l.bk, kvd), (v, &l.bv, kvd)] {
+                    for (buf, b, dim) in [(q, &a.bq, qd), (k, &a.bk, kvd), (v, &a.bv, kvd)] {
                         if let Some(b) = b {
                             buf.chunks_mut(dim)
                                 .for_each(|r| r.iter_mut().zip(b).for_each(|(a, b)| *a += b));
@@ -491,7 +526,8 @@ impl<'a> CpuModel<'a> {
                 }
             }
             Op::HeadNorms => {
-                for (buf, norm, dim) in [(&mut *q, &l.q_norm, qd), (&mut *k, &l.k_norm, kvd)] {
+                let a = l.attention()?;
+                for (buf, norm, dim) in [(&mut *q, &a.q_norm, qd), (&mut *k, &a.k_norm, kvd)] {
                     if let Some(w) = norm {
                         buf[..n * dim]
                             .chunks_mut(hd)
@@ -547,13 +583,44 @@ impl<'a> CpuModel<'a> {
             }
             Op::AttnOut { post_norm } => {
                 let o = sized(o, n * e);
-                l.wo.matmul(&attn[..n * qd], n, o)?;
+                l.attention()?.wo.matmul(&attn[..n * qd], n, o)?;
                 let w = if post_norm {
                     l.post_attn_norm.as_deref()
                 } else {
                     None
                 };
                 self.residual(x, o, w);
+            }
+            Op::Recurrent { post_norm } => {
+                let (Mixer::Recurrent(w), Some(r)) = (&l.mixer, c.recurrent) else {
+                    return Err(ModelError::Placement(format!(
+                        "blk.{il} attends but its program is recurrent"
+                    )));
+                };
+                let ch = r.channels;
+                let u = sized(q, n * ch);
+                w.w_in.matmul(&h[..n * e], n, u)?;
+                let y = sized(attn, n * ch);
+                for (sg, cache) in st.segs.iter().zip(st.caches.iter_mut()) {
+                    let state = cache.states.layer_mut(il);
+                    let rows = sg.start..sg.start + sg.n;
+                    recurrent_scan(
+                        w,
+                        r.conv_kernel,
+                        ch,
+                        state,
+                        &u[rows.start * ch..rows.end * ch],
+                        &mut y[rows.start * ch..rows.end * ch],
+                    );
+                }
+                let o = sized(o, n * e);
+                w.w_out.matmul(y, n, o)?;
+                let pn = if post_norm {
+                    l.post_attn_norm.as_deref()
+                } else {
+                    None
+                };
+                self.residual(x, o, pn);
             }
             Op::GatedFfn(act) => {
                 let Ffn::Dense { gate, up, down } = &l.ffn else {

@@ -49,10 +49,28 @@ pub fn kv_host_bytes(
         .try_fold(1u64, |acc, &x| acc.checked_mul(x))
         .ok_or_else(overflow)?;
     // Both types' bytes of `values` elements, each no more than 4 per value.
-    values
+    let kv = values
         .checked_mul(4)
         .map(|_| c.kv.k.bytes(values) + c.kv.v.bytes(values))
+        .ok_or_else(overflow)?;
+    // Each sequence's recurrent states and the budget of their checkpoints.
+    let state = state_bytes(c, n_layers);
+    (count as u64)
+        .checked_mul(state)
+        .and_then(|s| s.checked_add(kv))
         .ok_or_else(overflow)
+}
+
+/// Host bytes one sequence's recurrent state takes over the first
+/// `n_layers` layers: the states, and the checkpoints' budget where there
+/// are any (`kv/state.rs`); 0 for a model without recurrent layers.
+pub fn state_bytes(c: &Config, n_layers: usize) -> u64 {
+    let states: u64 = (0..n_layers).map(|il| c.state_len(il) as u64 * 4).sum();
+    if states == 0 {
+        0
+    } else {
+        states.saturating_add(c.kv.checkpoint_bytes)
+    }
 }
 
 /// What the machine can give now, and where the figure came from.
@@ -206,6 +224,7 @@ mod tests {
             attn_scale: 0.125,
             kv: Default::default(),
             moe: None,
+            recurrent: None,
         }
     }
 
@@ -224,7 +243,7 @@ mod tests {
             kv: crate::KvTypes {
                 k: crate::KvType::F32,
                 v: crate::KvType::Q8_0,
-                swa_full: false,
+                ..Default::default()
             },
             ..c
         };

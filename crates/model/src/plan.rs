@@ -269,6 +269,17 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             });
         }
     }
+    // A recurrent block has no GPU arm yet: it stays on the CPU, and with
+    // it every block before it (placement offloads a suffix).
+    for il in (0..c.n_layer).filter(|&il| c.is_recurrent(il)) {
+        let name = format!("blk.{il}.ssm_in.weight");
+        if let Some(t) = model.tensor(&name) {
+            l.no_kernel[il].push(Held {
+                tensor: name,
+                ty: t.info.ty,
+            });
+        }
+    }
     if !has_output {
         // A tied head multiplies by its own GPU copy of the embedding.
         l.tied = true;
@@ -382,6 +393,16 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         };
         rows.saturating_mul(per_position(device))
     };
+    // A recurrent layer's state per sequence instead of rows; the first
+    // one also carries the sequences' checkpoint budget (`kv/state.rs`).
+    let first_recurrent = (0..n_layer).find(|&il| c.is_recurrent(il));
+    let state = |il: usize| -> u64 {
+        let mut b = c.state_len(il) as u64 * 4;
+        if Some(il) == first_recurrent {
+            b = b.saturating_add(c.kv.checkpoint_bytes);
+        }
+        b.saturating_mul(n_par as u64)
+    };
     let embd_bytes = l.embd;
     let mut plan = Plan {
         ngl,
@@ -408,7 +429,11 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         } else {
             w
         };
-        let kv = if i < n_layer { kv_layer(i, device) } else { 0 };
+        let kv = if i < n_layer {
+            kv_layer(i, device).saturating_add(state(i))
+        } else {
+            0
+        };
         // Routed experts in host memory: all of a CPU slot's, and an
         // offloaded block's unless `cpu_moe` lets them go with it.
         let experts = l.experts.get(i).copied().unwrap_or(0);
@@ -587,6 +612,7 @@ mod tests {
             attn_scale: 0.25,
             kv: Default::default(),
             moe: None,
+            recurrent: None,
         }
     }
 

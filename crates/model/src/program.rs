@@ -30,6 +30,11 @@ pub enum Op {
     Attend,
     /// `x += post_norm?(attn · W_o)` (the post-norm: gemma3).
     AttnOut { post_norm: bool },
+    /// A recurrent block in place of attention, over each sequence's state
+    /// (`kv/state.rs`): `u = h · W_in`, a causal depthwise convolution of
+    /// `u` over the sequence's last inputs, `c = silu(conv)`, a per-channel
+    /// recurrence `s = sigmoid(a) · s + c`, then `x += post_norm?(s · W_out)`.
+    Recurrent { post_norm: bool },
     /// `h = rms_norm(x) · ffn_norm`.
     FfnNorm,
     /// `y = down(act(gate · h) · (up · h))`.
@@ -53,16 +58,25 @@ impl Program {
     /// head norms, post-norms) are loaded by the same `Config` flags
     /// (`Weights::load`), so an op never meets a missing weight.
     pub fn new(c: &Config, il: usize) -> Self {
-        let mut ops = vec![Op::AttnNorm, Op::Qkv { bias: c.qkv_bias }];
-        if c.qk_norm {
-            ops.push(Op::HeadNorms);
+        let mut ops = vec![Op::AttnNorm];
+        if c.is_recurrent(il) {
+            ops.push(Op::Recurrent {
+                post_norm: c.post_norms,
+            });
+        } else {
+            ops.push(Op::Qkv { bias: c.qkv_bias });
+            if c.qk_norm {
+                ops.push(Op::HeadNorms);
+            }
+            ops.extend([
+                Op::RopeStore,
+                Op::Attend,
+                Op::AttnOut {
+                    post_norm: c.post_norms,
+                },
+            ]);
         }
         ops.extend([
-            Op::RopeStore,
-            Op::Attend,
-            Op::AttnOut {
-                post_norm: c.post_norms,
-            },
             Op::FfnNorm,
             match c.moe {
                 Some(m) => Op::Experts(m),
@@ -101,9 +115,16 @@ impl Program {
         self.has(|o| {
             matches!(
                 o,
-                Op::AttnOut { post_norm: true } | Op::FfnOut { post_norm: true }
+                Op::AttnOut { post_norm: true }
+                    | Op::Recurrent { post_norm: true }
+                    | Op::FfnOut { post_norm: true }
             )
         })
+    }
+
+    /// The block keeps a recurrent state per sequence.
+    pub fn recurrent(&self) -> bool {
+        self.has(|o| matches!(o, Op::Recurrent { .. }))
     }
 
     /// The feed-forward is a mixture of experts.
@@ -185,6 +206,13 @@ mod tests {
                     FfnNorm,
                     GatedFfn(Activation::GeGlu),
                     FfnOut { post_norm: true },
+                ],
+                "lamina-recurrent-test" => vec![
+                    AttnNorm,
+                    Recurrent { post_norm: false },
+                    FfnNorm,
+                    ffn,
+                    FfnOut { post_norm: false },
                 ],
                 other => panic!("no expected program for {other}"),
             };

@@ -42,6 +42,24 @@ impl Matrix<'_> {
 #[derive(Debug)]
 pub struct Layer<'a> {
     pub attn_norm: Vec<f32>,
+    /// What mixes the positions: attention, or a hybrid's recurrent block.
+    pub mixer: Mixer<'a>,
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn<'a>,
+    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// A block's mixer.
+#[derive(Debug)]
+pub enum Mixer<'a> {
+    Attention(Box<Attention<'a>>),
+    Recurrent(Box<RecurrentWeights<'a>>),
+}
+
+/// An attention block's weights.
+#[derive(Debug)]
+pub struct Attention<'a> {
     pub wq: Matrix<'a>,
     pub wk: Matrix<'a>,
     pub wv: Matrix<'a>,
@@ -51,10 +69,29 @@ pub struct Layer<'a> {
     pub bv: Option<Vec<f32>>,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub ffn: Ffn<'a>,
-    pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// The stand-in recurrent block's weights ([`crate::config::Recurrent`]):
+/// the input product, the convolution's taps (`conv_kernel` per channel,
+/// oldest first), each channel's decay logit and the output product.
+#[derive(Debug)]
+pub struct RecurrentWeights<'a> {
+    pub w_in: Matrix<'a>,
+    pub conv: Vec<f32>,
+    pub decay: Vec<f32>,
+    pub w_out: Matrix<'a>,
+}
+
+impl<'a> Layer<'a> {
+    /// The attention weights, where the block attends.
+    pub fn attention(&self) -> Result<&Attention<'a>, ModelError> {
+        match &self.mixer {
+            Mixer::Attention(a) => Ok(a),
+            Mixer::Recurrent(_) => Err(ModelError::Placement(
+                "a recurrent block has no attention weights".into(),
+            )),
+        }
+    }
 }
 
 /// A block's feed-forward weights.
@@ -188,6 +225,14 @@ impl<'a> Finder<'a> {
         Ok(v)
     }
 
+    /// A 2-D tensor of ggml dims `[inner, outer]` read whole, in order.
+    fn vector2(&self, name: &str, inner: usize, outer: usize) -> Result<Vec<f32>, ModelError> {
+        let t = self.get(name, &[inner, outer])?;
+        let mut v = vec![0.0; inner * outer];
+        lamina_quant::dequantize(t.info.ty, t.data, &mut v)?;
+        Ok(v)
+    }
+
     fn vector_if(&self, on: bool, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
         on.then(|| self.vector(name, len)).transpose()
     }
@@ -206,28 +251,45 @@ impl<'a> Weights<'a> {
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
-            // Q, K and V as one fused matrix (phi3, some converters) or three.
-            let (wq, wk, wv) = if model.tensor(&n("attn_qkv.weight")).is_some() {
-                let [a, b, c] = f.split(&n("attn_qkv.weight"), e, [q, kv, kv])?;
-                (a, b, c)
-            } else {
-                (
-                    f.matrix(&n("attn_q.weight"), e, q)?,
-                    f.matrix(&n("attn_k.weight"), e, kv)?,
-                    f.matrix(&n("attn_v.weight"), e, kv)?,
-                )
+            let mixer = match c.recurrent {
+                Some(r) if c.is_recurrent(il) => {
+                    let ch = r.channels;
+                    Mixer::Recurrent(Box::new(RecurrentWeights {
+                        w_in: f.matrix(&n("ssm_in.weight"), e, ch)?,
+                        conv: f.vector2(&n("ssm_conv1d.weight"), r.conv_kernel, ch)?,
+                        decay: f.vector(&n("ssm_a"), ch)?,
+                        w_out: f.matrix(&n("ssm_out.weight"), ch, e)?,
+                    }))
+                }
+                _ => {
+                    // Q, K and V as one fused matrix (phi3, some
+                    // converters) or three.
+                    let (wq, wk, wv) = if model.tensor(&n("attn_qkv.weight")).is_some() {
+                        let [a, b, c] = f.split(&n("attn_qkv.weight"), e, [q, kv, kv])?;
+                        (a, b, c)
+                    } else {
+                        (
+                            f.matrix(&n("attn_q.weight"), e, q)?,
+                            f.matrix(&n("attn_k.weight"), e, kv)?,
+                            f.matrix(&n("attn_v.weight"), e, kv)?,
+                        )
+                    };
+                    Mixer::Attention(Box::new(Attention {
+                        wq,
+                        wk,
+                        wv,
+                        wo: f.matrix(&n("attn_output.weight"), q, e)?,
+                        bq: f.vector_if(c.qkv_bias, &n("attn_q.bias"), q)?,
+                        bk: f.vector_if(c.qkv_bias, &n("attn_k.bias"), kv)?,
+                        bv: f.vector_if(c.qkv_bias, &n("attn_v.bias"), kv)?,
+                        q_norm: f.vector_if(c.qk_norm, &n("attn_q_norm.weight"), c.head_dim)?,
+                        k_norm: f.vector_if(c.qk_norm, &n("attn_k_norm.weight"), c.head_dim)?,
+                    }))
+                }
             };
             layers.push(Layer {
                 attn_norm: f.vector(&n("attn_norm.weight"), e)?,
-                wq,
-                wk,
-                wv,
-                wo: f.matrix(&n("attn_output.weight"), q, e)?,
-                bq: f.vector_if(c.qkv_bias, &n("attn_q.bias"), q)?,
-                bk: f.vector_if(c.qkv_bias, &n("attn_k.bias"), kv)?,
-                bv: f.vector_if(c.qkv_bias, &n("attn_v.bias"), kv)?,
-                q_norm: f.vector_if(c.qk_norm, &n("attn_q_norm.weight"), c.head_dim)?,
-                k_norm: f.vector_if(c.qk_norm, &n("attn_k_norm.weight"), c.head_dim)?,
+                mixer,
                 post_attn_norm: f.vector_if(c.post_norms, &n("post_attention_norm.weight"), e)?,
                 ffn_norm: f.vector(&n("ffn_norm.weight"), e)?,
                 ffn: match c.moe {

@@ -143,7 +143,7 @@ fn check_rounded(model_file: &str, reference_file: &str) {
             KvTypes {
                 k: KvType::F16,
                 v: KvType::Q8_0,
-                swa_full: false,
+                ..KvTypes::default()
             },
             false,
         ),

@@ -84,6 +84,11 @@ impl HybridCache {
     pub fn truncate(&mut self, len: usize) {
         self.len = self.rings.keep(self.len, len);
         self.cpu.truncate(self.len);
+        // The CPU layers' recurrent state may go back further, to its
+        // checkpoint: the cache holds what every layer holds.
+        if self.cpu.states.any() && self.cpu.len() < self.len {
+            self.len = self.cpu.len();
+        }
     }
 
     /// Positions `0..len` are written, in every layer.

@@ -240,6 +240,9 @@ impl HybridModel<'_> {
                     b.add_rms_norm(sum, &s.o, post, next_norm, cur, &s.h, e, eps)
                 }
                 Dispatch::Router => self.record_router(b, l, s, n),
+                Dispatch::Recurrent => {
+                    return Err(planned("a recurrent block's kernels (it runs on the CPU)"))
+                }
                 Dispatch::Experts => {
                     match (self.device_experts(g, l, n), l.gpu_experts()) {
                         // Routed on the device: the experts follow in the

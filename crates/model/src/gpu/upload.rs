@@ -243,20 +243,22 @@ pub(super) fn upload_layer(
             },
         },
     };
-    let bqkv = match (&l.bq, &l.bk, &l.bv) {
+    // Placement keeps recurrent blocks on the CPU (plan.rs): no GPU arm yet.
+    let a = l.attention()?;
+    let bqkv = match (&a.bq, &a.bk, &a.bv) {
         (Some(q), Some(k), Some(v)) => Some(upload_vec(gpu, &[&q[..], k, v].concat())?),
         _ => None,
     };
-    let qkv = Stacked::upload(gpu, &[&l.wq, &l.wk, &l.wv])?;
-    let wo = upload_matrix(gpu, &l.wo)?;
+    let qkv = Stacked::upload(gpu, &[&a.wq, &a.wk, &a.wv])?;
+    let wo = upload_matrix(gpu, &a.wo)?;
     Ok(GpuLayer {
         facts: facts(gpu, &qkv, &wo, &ffn, kv),
         attn_norm: upload_vec(gpu, &l.attn_norm)?,
         qkv,
         bqkv,
         wo,
-        q_norm: upload_opt(gpu, &l.q_norm)?,
-        k_norm: upload_opt(gpu, &l.k_norm)?,
+        q_norm: upload_opt(gpu, &a.q_norm)?,
+        k_norm: upload_opt(gpu, &a.k_norm)?,
         post_attn_norm: upload_opt(gpu, &l.post_attn_norm)?,
         ffn_norm: upload_vec(gpu, &l.ffn_norm)?,
         ffn,

@@ -1,5 +1,6 @@
 //! The CPU layers' keys and values, in host memory.
 
+use super::state::{Checkpoints, States};
 use super::{KvStore, KvType, Rings};
 use crate::config::Config;
 use crate::error::ModelError;
@@ -7,7 +8,8 @@ use crate::error::ModelError;
 /// Keys and values of every layer, for positions `0..len`, in the
 /// config's cache types ([`crate::kv`]). A sliding-window layer keeps a
 /// ring of [`super::layer_rows`] rows (position p in row p mod rows),
-/// any other layer every position.
+/// any other layer every position; a recurrent layer keeps a state
+/// instead, with checkpoints of it ([`super::state`]).
 pub struct KvCache {
     pub(crate) n_ctx: usize,
     pub(crate) k: Vec<KvStore>,
@@ -16,6 +18,9 @@ pub struct KvCache {
     pub(crate) rows: Vec<usize>,
     rings: Rings,
     pub(crate) len: usize,
+    /// The recurrent layers' state after position `len`.
+    pub(crate) states: States,
+    pub(crate) checkpoints: Checkpoints,
 }
 
 impl KvCache {
@@ -62,7 +67,14 @@ impl KvCache {
             rows,
             rings: Rings::new(c, n_ctx),
             len: 0,
+            states: States::zeros(c, n_layers)?,
+            checkpoints: Checkpoints::new(c.kv.checkpoint_bytes),
         })
+    }
+
+    /// The recurrent state's checkpoints (positions, bytes, budget).
+    pub fn checkpoints(&self) -> &Checkpoints {
+        &self.checkpoints
     }
 
     pub fn len(&self) -> usize {
@@ -81,24 +93,48 @@ impl KvCache {
     /// sliding-window ring no longer holds the window before `len`, the
     /// whole cache is forgotten: [`KvCache::len`] says what was kept.
     pub fn truncate(&mut self, len: usize) {
-        self.len = self.rings.keep(self.len, len);
+        // A recurrent state goes back only to a checkpoint at or before
+        // `len`, and keeps that many positions.
+        let want = if self.states.any() && len < self.len {
+            self.checkpoints.rewind(len, &mut self.states)
+        } else {
+            len
+        };
+        self.len = self.rings.keep(self.len, want);
+        if self.len == 0 {
+            self.states.clear();
+            self.checkpoints.clear();
+        }
     }
 
     /// Positions `0..len` are written.
     pub(crate) fn advance(&mut self, len: usize) {
+        // A prompt's chunk (a step of more than one token) ends at a
+        // checkpoint of the recurrent state: where the next turn of a
+        // conversation, which repeats this one, can continue from.
+        let chunk = len > self.len + 1;
         self.len = len;
         self.rings.advance(len);
+        if chunk && self.states.any() {
+            self.checkpoints.take(len, &self.states);
+        }
     }
 
     /// Appends what [`KvCache::restore_state`] needs to hold these
     /// positions again: per layer, the rows in use (a ring's whole ring),
-    /// keys then values, each as a length-prefixed run of stored bytes.
+    /// keys then values, each as a length-prefixed run of stored bytes;
+    /// then, where layers are recurrent, their states and checkpoints (so
+    /// a restored cache can still go back to one).
     pub(crate) fn save_state(&self, kvd: usize, out: &mut Vec<u8>) {
         for (il, &ring) in self.rows.iter().enumerate() {
             let rows = if ring < self.n_ctx { ring } else { self.len };
             for store in [&self.k[il], &self.v[il]] {
                 super::put_run(out, store.row_bytes(0, rows, kvd));
             }
+        }
+        if self.states.any() {
+            self.states.save(out);
+            self.checkpoints.save(out);
         }
     }
 
@@ -134,6 +170,10 @@ impl KvCache {
         }
         self.len = other.len;
         self.rings = other.rings;
+        if other.states.any() {
+            self.states.clone_from(&other.states);
+            self.checkpoints.copy_until(&other.checkpoints, other.len);
+        }
         self.truncate(len);
         Ok(())
     }
@@ -159,6 +199,11 @@ impl KvCache {
                     return Err(bad());
                 }
             }
+        }
+        if self.states.any() {
+            let shape = self.states.clone();
+            self.states.restore(data).ok_or_else(bad)?;
+            self.checkpoints.restore(data, &shape).ok_or_else(bad)?;
         }
         self.len = len;
         self.rings = Rings::default_for(&self.rings, len);

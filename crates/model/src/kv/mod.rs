@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::error::ModelError;
 
 mod host;
+pub mod state;
 
 pub use host::KvCache;
 
@@ -107,13 +108,27 @@ impl FromStr for KvType {
     }
 }
 
-/// The key and the value cache types, and whether sliding-window layers
-/// keep every position (`--swa-full`) or only their window.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// The key and the value cache types, whether sliding-window layers keep
+/// every position (`--swa-full`) or only their window, and the bytes of
+/// recurrent-state checkpoints a sequence may keep
+/// ([`state::Checkpoints`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvTypes {
     pub k: KvType,
     pub v: KvType,
     pub swa_full: bool,
+    pub checkpoint_bytes: u64,
+}
+
+/// Bytes of recurrent-state checkpoints a sequence keeps by default: a
+/// few of a small hybrid's states, and a laptop's worth over a handful of
+/// slots (`--ctx-checkpoint-ram` sets the server's total).
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+
+impl Default for KvTypes {
+    fn default() -> Self {
+        KvTypes::uniform(KvType::default())
+    }
 }
 
 impl KvTypes {
@@ -122,6 +137,7 @@ impl KvTypes {
             k: t,
             v: t,
             swa_full: false,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
         }
     }
 
@@ -167,6 +183,10 @@ pub const SWA_STEP: usize = 512;
 /// (so the bytes match its), never more than `n_ctx`. Position p lives in
 /// row p mod rows.
 pub fn layer_rows(c: &Config, il: usize, n_ctx: usize) -> usize {
+    // A recurrent layer keeps a state, not rows ([`state`]).
+    if c.is_recurrent(il) {
+        return 0;
+    }
     match Block::new(c, il).window {
         Window::Last(w) if !c.kv.swa_full => {
             n_ctx.min(w.saturating_add(SWA_STEP).div_ceil(256).saturating_mul(256))
