@@ -1,16 +1,8 @@
-//! What one transformer block computes, decided once per layer from the
-//! [`Config`], for both executors: the CPU forward pass (`cpu.rs`) runs it op
-//! by op, the GPU recorder (`gpu.rs`) records it with its fusions.
-//!
-//! A block is: RMSNorm, the Q/K/V products (with biases where the layer has
-//! them), per-head Q/K norms (where it has them), RoPE, the cache writes,
-//! attention over a [`Window`], the output product, the residual add (after
-//! a post-norm where the layer has one), then the same for the gated
-//! feed-forward with its [`Activation`]. The optional weights are decided
-//! by the same `Config` flags when they are loaded (`Weights::load`), so an
-//! executor follows a layer's `Option`s; everything else that differs
-//! between architectures and layers is here, so a new architecture flag is
-//! decided in one place and each executor implements the op it names.
+//! The constants of one layer's block, decided once per layer from the
+//! [`Config`]: its RoPE, attention window and scale, activation and eps.
+//! The block's steps and their order are its program
+//! ([`crate::program::Program`], which holds a `Block`); the optional
+//! weights are loaded by the same `Config` flags (`Weights::load`).
 
 use crate::config::{Activation, Config};
 

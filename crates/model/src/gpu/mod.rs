@@ -525,10 +525,10 @@ impl<'a> HybridModel<'a> {
         g.write_f32(&s.x, x).map_err(gpu_err)?;
         let mut b = g.batch();
         // Each block leaves the hidden state where it found it (in `x`). A
-        // fused block (record_layer) norms its inputs in its products'
-        // prologues; an unfused one ends in a residual add fused with the
-        // RMSNorm that follows (the next block's, or the head's) and leaves
-        // that normed input in `h`. `normed` says whether `h` holds it.
+        // folded block norms its inputs in its products' prologues; an
+        // unfolded one ends in a residual add fused with the RMSNorm that
+        // follows (the next block's, or the head's) and leaves that normed
+        // input in `h` (fusion.rs decides which).
         let cur = &s.x;
         let e = c.n_embd;
         // The plan of every block's dispatches (fusion.rs), then its
