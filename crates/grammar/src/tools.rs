@@ -12,6 +12,8 @@
 //! generic `{"tool_call": {"name": ..., "arguments": {...}}}` for any other
 //! template. A marker the vocabulary holds as a control token is written
 //! as that token (`<[id]>`), since its text would never decode from text.
+//! The XML format of Qwen3-Coder and Qwen3.5 is not forced yet: asking is
+//! an error, not a call in a format its parser would not read back.
 
 use lamina_chat::ToolFormat;
 use serde_json::{json, Value};
@@ -40,6 +42,11 @@ pub fn call_grammar(
     if tools.is_empty() {
         return Err(GrammarError::Tools(
             "a tool call is required, but there is no tool to call".into(),
+        ));
+    }
+    if format == ToolFormat::QwenXml {
+        return Err(GrammarError::Tools(
+            "a tool call cannot be forced yet in this model's XML tool-call format (Qwen3-Coder, Qwen3.5); use tool_choice \"auto\"".into(),
         ));
     }
     let args_key = match format {
@@ -90,6 +97,8 @@ pub fn call_grammar(
             format!("{start}{one}")
         }
         ToolFormat::Llama3 => format!("start: %json {}\n", schema(call)),
+        // Refused above.
+        ToolFormat::QwenXml => String::new(),
         ToolFormat::Mistral => {
             let mut list = json!({"type": "array", "items": call, "minItems": 1});
             if !parallel {

@@ -44,7 +44,7 @@ impl Calls {
         }
         let format = ToolFormat::detect(info.template.source());
         Some(Calls {
-            parser: ToolCallParser::new(format),
+            parser: ToolCallParser::new(format).with_tools(tools?),
             markers: hidden_markers(&info.tokenizer, format.markers()),
         })
     }

@@ -9,7 +9,7 @@ use super::{ToolCall, ToolFormat};
 
 /// Longest function name or call id accepted between markers: anything
 /// longer is not a call, and is not held back waiting for its end.
-const MAX_NAME: usize = 256;
+pub const MAX_NAME: usize = 256;
 
 /// How a call opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +23,9 @@ pub enum Opener {
 
 pub fn openers(format: ToolFormat) -> &'static [Opener] {
     match format {
-        ToolFormat::Hermes => &[Opener::Marker("<tool_call>"), Opener::Marker("<function=")],
+        ToolFormat::Hermes | ToolFormat::QwenXml => {
+            &[Opener::Marker("<tool_call>"), Opener::Marker("<function=")]
+        }
         ToolFormat::Mistral => &[Opener::Marker("[TOOL_CALLS]")],
         ToolFormat::Llama3 => &[Opener::Marker("<|python_tag|>"), Opener::Json],
         ToolFormat::Generic => &[Opener::Json],
@@ -97,7 +99,8 @@ pub fn head(format: ToolFormat, opener: Opener, s: &str) -> HeadScan {
             other => other,
         },
         (ToolFormat::Mistral, _) => mistral_head(s, after),
-        (ToolFormat::Generic, _) => HeadScan::Invalid,
+        // Read by `xml::Scan`, never through a head.
+        (ToolFormat::Generic | ToolFormat::QwenXml, _) => HeadScan::Invalid,
     }
 }
 
@@ -173,13 +176,13 @@ fn partial_or_invalid(s: &str, end: &str) -> HeadScan {
     }
 }
 
-fn is_name(s: &str) -> bool {
+pub fn is_name(s: &str) -> bool {
     !s.is_empty() && is_name_prefix(s)
 }
 
 /// A function name so far: a letter, digit or `_` first, then those and
 /// `-`, `.`, `:` (namespaced names).
-fn is_name_prefix(s: &str) -> bool {
+pub fn is_name_prefix(s: &str) -> bool {
     s.len() <= MAX_NAME
         && s.bytes()
             .next()

@@ -24,18 +24,25 @@ mod formats;
 mod json;
 #[cfg(test)]
 mod tests;
+mod xml;
 
 use serde_json::{Map, Value};
 
 use formats::{HeadScan, Opener, Outcome};
 use json::{Extent, Scan};
+use xml::Schemas;
 
 /// How a model writes a tool call, by the chat template it was trained
 /// with. These are llama.cpp's classic handlers (`common/chat.cpp` before
-/// its template analyser), which cover the families of models that call
-/// tools in the files people serve.
+/// its template analyser) and its Qwen3-Coder parser, which cover the
+/// families of models that call tools in the files people serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
+    /// Qwen3-Coder, and Qwen3.5 and later: `<tool_call>\n<function=NAME>\n
+    /// <parameter=KEY>\nVALUE\n</parameter>\n…</function>\n</tool_call>`,
+    /// the values raw text read by the tool's schema (see `xml.rs`); a bare
+    /// `<function=NAME>…</function>` too, as Qwen3-Coder sometimes writes.
+    QwenXml,
     /// Hermes 2 Pro, Qwen 2.5/3 and the many templates copied from them:
     /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one tag per
     /// call, text allowed before; also `<function=NAME>{…}</function>`.
@@ -62,6 +69,9 @@ impl ToolFormat {
         let has = |s: &str| template_source.contains(s);
         if has("<|start_header_id|>ipython<|end_header_id|>") || has("<|python_tag|>") {
             ToolFormat::Llama3
+        } else if has("<tool_call>") && has("<function=") && has("<parameter=") {
+            // Before Hermes, whose `<tool_call>` it shares, as llama.cpp checks.
+            ToolFormat::QwenXml
         } else if has("<tool_call>") {
             ToolFormat::Hermes
         } else if has("[TOOL_CALLS]") {
@@ -74,6 +84,7 @@ impl ToolFormat {
     /// A short name for logs.
     pub fn name(self) -> &'static str {
         match self {
+            ToolFormat::QwenXml => "qwen-xml",
             ToolFormat::Hermes => "hermes",
             ToolFormat::Llama3 => "llama3",
             ToolFormat::Mistral => "mistral",
@@ -86,7 +97,7 @@ impl ToolFormat {
     /// parser must feed these texts when their tokens are generated.
     pub fn markers(self) -> &'static [&'static str] {
         match self {
-            ToolFormat::Hermes => &["<tool_call>", "</tool_call>"],
+            ToolFormat::Hermes | ToolFormat::QwenXml => &["<tool_call>", "</tool_call>"],
             ToolFormat::Llama3 => &["<|python_tag|>"],
             ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
             ToolFormat::Generic => &[],
@@ -141,6 +152,8 @@ enum Stage {
     /// Llama 3.x's `<|python_tag|>` and code: the rest of the answer is
     /// the code, read once it ends.
     Code(Opener),
+    /// An XML call ([`ToolFormat::QwenXml`]) is arriving.
+    Xml(Opener, xml::Scan),
     /// The JSON was a call; what may close it is arriving.
     Tail {
         outcome: Outcome,
@@ -154,6 +167,8 @@ enum Stage {
 #[derive(Debug)]
 pub struct ToolCallParser {
     format: ToolFormat,
+    /// The request's tools, for the formats whose values they type.
+    tools: Schemas,
     /// Text received and not given out yet; a call being read starts at 0.
     held: String,
     stage: Stage,
@@ -171,6 +186,7 @@ impl ToolCallParser {
     pub fn new(format: ToolFormat) -> Self {
         ToolCallParser {
             format,
+            tools: Schemas::default(),
             held: String::new(),
             stage: Stage::Text,
             json_opens: true,
@@ -178,6 +194,14 @@ impl ToolCallParser {
             called: false,
             out: Vec::new(),
         }
+    }
+
+    /// The parser, knowing the request's `tools` (OpenAI's shape): the
+    /// XML format reads each value by its parameter's schema. The other
+    /// formats write JSON and need no schema.
+    pub fn with_tools(mut self, tools: &Value) -> Self {
+        self.tools = Schemas::new(tools);
+        self
     }
 
     pub fn format(&self) -> ToolFormat {
@@ -212,7 +236,12 @@ impl ToolCallParser {
                 Stage::Text => match self.find_opener() {
                     Find::Opener(at, opener) => {
                         self.give_text(at);
-                        self.stage = Stage::Head(opener);
+                        self.stage = match (self.format, opener) {
+                            (ToolFormat::QwenXml, Opener::Marker(m)) => {
+                                Stage::Xml(opener, xml::Scan::new(m))
+                            }
+                            _ => Stage::Head(opener),
+                        };
                     }
                     Find::Hold(at) if !end => {
                         self.give_text(at);
@@ -247,6 +276,17 @@ impl ToolCallParser {
                     self.stage = Stage::Code(opener);
                     return;
                 }
+                Stage::Xml(opener, mut scan) => match scan.advance(&self.held, end) {
+                    xml::Step::Done(raw, n) => {
+                        let calls = raw.into_iter().map(|c| self.tools.call(c)).collect();
+                        self.give_calls(calls, n);
+                    }
+                    xml::Step::Open => {
+                        self.stage = Stage::Xml(opener, scan);
+                        return;
+                    }
+                    xml::Step::Invalid => self.not_a_call(opener),
+                },
                 Stage::Json {
                     opener,
                     head,
@@ -419,8 +459,12 @@ enum Find {
 
 /// The pieces of a whole answer (what streaming it gives, joined).
 pub fn parse(format: ToolFormat, text: &str) -> Vec<Piece> {
-    let mut p = ToolCallParser::new(format);
-    let mut pieces = p.push(text);
-    pieces.extend(p.finish());
+    parse_with(ToolCallParser::new(format), text)
+}
+
+/// The pieces of a whole answer, read by `parser`.
+pub fn parse_with(mut parser: ToolCallParser, text: &str) -> Vec<Piece> {
+    let mut pieces = parser.push(text);
+    pieces.extend(parser.finish());
     pieces
 }

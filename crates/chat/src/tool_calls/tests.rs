@@ -2,6 +2,14 @@ use serde_json::json;
 
 use super::*;
 
+const FORMATS: [ToolFormat; 5] = [
+    ToolFormat::QwenXml,
+    ToolFormat::Hermes,
+    ToolFormat::Llama3,
+    ToolFormat::Mistral,
+    ToolFormat::Generic,
+];
+
 fn call(name: &str, args: Value) -> Piece {
     call_id(name, args, None)
 }
@@ -36,7 +44,10 @@ fn joined(pieces: Vec<Piece>) -> Vec<Piece> {
 /// The answer fed `step` bytes at a time (on character boundaries); every
 /// piece is checked to come out no later than the text allows.
 fn streamed(format: ToolFormat, answer: &str, step: usize) -> Vec<Piece> {
-    let mut p = ToolCallParser::new(format);
+    streamed_by(ToolCallParser::new(format), answer, step)
+}
+
+fn streamed_by(mut p: ToolCallParser, answer: &str, step: usize) -> Vec<Piece> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < answer.len() {
@@ -54,10 +65,15 @@ fn streamed(format: ToolFormat, answer: &str, step: usize) -> Vec<Piece> {
 /// The whole answer's pieces, checked to be what streaming it one byte,
 /// three bytes and seven bytes at a time gives.
 fn check(format: ToolFormat, answer: &str) -> Vec<Piece> {
-    let whole = joined(parse(format, answer));
+    check_by(|| ToolCallParser::new(format), answer)
+}
+
+/// [`check`] with the parser `new` makes (one that knows the tools).
+fn check_by(new: impl Fn() -> ToolCallParser, answer: &str) -> Vec<Piece> {
+    let whole = joined(parse_with(new(), answer));
     for step in [1, 3, 7] {
         assert_eq!(
-            streamed(format, answer, step),
+            streamed_by(new(), answer, step),
             whole,
             "streamed {step} bytes at a time: {answer:?}"
         );
@@ -186,12 +202,7 @@ fn deep_nesting_and_stray_brackets_do_not_panic() {
         "[TOOL_CALLS]]]",
         "\u{fdd0}<tool_call>é{",
     ] {
-        for f in [
-            ToolFormat::Hermes,
-            ToolFormat::Llama3,
-            ToolFormat::Mistral,
-            ToolFormat::Generic,
-        ] {
+        for f in FORMATS {
             let got = check(f, answer);
             let back: String = got
                 .iter()
@@ -315,12 +326,7 @@ fn generic_json_calls_and_responses() {
 
 #[test]
 fn plain_answers_pass_through_unchanged() {
-    for f in [
-        ToolFormat::Hermes,
-        ToolFormat::Llama3,
-        ToolFormat::Mistral,
-        ToolFormat::Generic,
-    ] {
+    for f in FORMATS {
         for answer in [
             "",
             "Paris is the capital of France.\n",
@@ -361,11 +367,16 @@ fn random_answers_never_panic_and_stream_as_they_parse_whole() {
     // Answers spliced from the pieces the formats are made of, so markers,
     // brackets and quotes meet in every order; a fixed xorshift seed keeps
     // the run reproducible.
-    const PARTS: [&str; 26] = [
+    const PARTS: [&str; 31] = [
         "<tool_call>",
         "</tool_call>",
         "<function=",
         "</function>",
+        "<parameter=",
+        "</parameter>",
+        "f>\n",
+        "a>\n",
+        "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
         "[TOOL_CALLS]",
         "[ARGS]",
         "[CALL_ID]",
@@ -396,20 +407,15 @@ fn random_answers_never_panic_and_stream_as_they_parse_whole() {
         state ^= state << 17;
         state
     };
-    let mut calls = 0;
+    let mut calls = [0; FORMATS.len()];
     for _ in 0..3000 {
         let n = (next() % 24) as usize;
         let answer: String = (0..n)
             .map(|_| PARTS[(next() % PARTS.len() as u64) as usize])
             .collect();
-        for f in [
-            ToolFormat::Hermes,
-            ToolFormat::Llama3,
-            ToolFormat::Mistral,
-            ToolFormat::Generic,
-        ] {
+        for (i, f) in FORMATS.into_iter().enumerate() {
             let pieces = check(f, &answer);
-            calls += pieces
+            calls[i] += pieces
                 .iter()
                 .filter(|p| matches!(p, Piece::Call(_)))
                 .count();
@@ -428,5 +434,349 @@ fn random_answers_never_panic_and_stream_as_they_parse_whole() {
         }
     }
     // The mix does make calls of every format, not only text.
-    assert!(calls > 100, "{calls}");
+    assert!(calls.iter().all(|&n| n > 20), "{calls:?}");
+}
+
+/// The tools of the XML tests, as a request sends them.
+fn xml_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "write_file", "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "content": {"type": "string"},
+                "mode": {"type": "integer"},
+                "append": {"type": "boolean"},
+                "meta": {"type": "object"},
+                "lines": {"type": "array", "items": {"type": "number"}},
+                "ratio": {"type": "number"},
+                "note": {"type": ["string", "null"]},
+                "kind": {"enum": ["a", "b"]},
+            }}}},
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+    ])
+}
+
+fn xml_check(answer: &str) -> Vec<Piece> {
+    let tools = xml_tools();
+    check_by(
+        || ToolCallParser::new(ToolFormat::QwenXml).with_tools(&tools),
+        answer,
+    )
+}
+
+/// One call as the format lays it out.
+fn xml_call(name: &str, params: &[(&str, &str)]) -> String {
+    let mut s = format!("<tool_call>\n<function={name}>\n");
+    for (k, v) in params {
+        s.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+    }
+    s.push_str("</function>\n</tool_call>");
+    s
+}
+
+#[test]
+fn qwen_xml_is_told_by_the_qwen3_coder_and_qwen35_templates() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/templates/templates");
+    let format = |name: &str| {
+        let source = std::fs::read_to_string(dir.join(name)).unwrap();
+        ToolFormat::detect(&source)
+    };
+    assert_eq!(format("Qwen3-Coder.jinja"), ToolFormat::QwenXml);
+    assert_eq!(format("Qwen3.5-4B.jinja"), ToolFormat::QwenXml);
+    for hermes in [
+        "Qwen-Qwen2.5-7B-Instruct.jinja",
+        "Qwen-Qwen3-0.6B.jinja",
+        "Qwen-QwQ-32B.jinja",
+    ] {
+        assert_eq!(format(hermes), ToolFormat::Hermes, "{hermes}");
+    }
+    assert_eq!(
+        ToolFormat::QwenXml.markers(),
+        ["<tool_call>", "</tool_call>"]
+    );
+}
+
+#[test]
+fn qwen_xml_values_are_read_by_the_tools_schema() {
+    let answer = xml_call(
+        "write_file",
+        &[
+            ("path", "src/main.rs"),
+            ("mode", "420"),
+            ("append", "false"),
+            ("meta", "{\"owner\": \"me\", \"tags\": [1, 2]}"),
+            ("lines", " [1, 2.5] "),
+            ("ratio", "0.25"),
+            ("note", "null"),
+            ("kind", "b"),
+            ("unknown", "42"),
+        ],
+    );
+    assert_eq!(
+        xml_check(&answer),
+        [call(
+            "write_file",
+            json!({"path": "src/main.rs", "mode": 420, "append": false,
+                   "meta": {"owner": "me", "tags": [1, 2]}, "lines": [1, 2.5],
+                   "ratio": 0.25, "note": "null", "kind": "b", "unknown": "42"})
+        )]
+    );
+    // A string stays the text as written: quotes, JSON and spaces are
+    // not read, only the layout's one newline each side is dropped.
+    let answer = xml_call(
+        "write_file",
+        &[("path", " \"quoted\" "), ("content", "\n{\"a\": 1}\n\n")],
+    );
+    assert_eq!(
+        xml_check(&answer),
+        [call(
+            "write_file",
+            json!({"path": " \"quoted\" ", "content": "\n{\"a\": 1}\n\n"})
+        )]
+    );
+    // A value that is not the JSON its schema asks for is kept as text.
+    let answer = xml_call("write_file", &[("mode", "0o644"), ("meta", "{broken")]);
+    assert_eq!(
+        xml_check(&answer),
+        [call(
+            "write_file",
+            json!({"mode": "0o644", "meta": "{broken"})
+        )]
+    );
+    // Without the request's tools, every value is its text.
+    assert_eq!(
+        joined(parse(
+            ToolFormat::QwenXml,
+            &xml_call("write_file", &[("mode", "420")])
+        )),
+        [call("write_file", json!({"mode": "420"}))]
+    );
+}
+
+#[test]
+fn qwen_xml_values_may_hold_tags_newlines_and_look_alikes() {
+    let code = "fn main() {\n    if a < b && c > d {}\n    let s = \"</parameter\";\n    // </parameter>x\n    // </parameters>\n    // </function>\n    // <parameter=x>\n}\n";
+    let answer = xml_call(
+        "write_file",
+        &[("path", "a<b>.rs"), ("content", code), ("note", "")],
+    );
+    assert_eq!(
+        xml_check(&answer),
+        [call(
+            "write_file",
+            json!({"path": "a<b>.rs", "content": code, "note": ""})
+        )]
+    );
+    // A value quoting the closing tag before text is the value's; only
+    // the closing tag the layout follows ends it.
+    let content = "say </parameter> then\n</parameter>\nmore";
+    let answer = xml_call("write_file", &[("content", content), ("mode", "1")]);
+    assert_eq!(
+        xml_check(&answer),
+        [call("write_file", json!({"content": content, "mode": 1}))]
+    );
+}
+
+#[test]
+fn qwen_xml_several_calls_with_text_and_reasoning_before() {
+    let answer = format!(
+        "Let me look.\n\n{}\n{}",
+        xml_call("get_weather", &[("city", "Paris"), ("days", "3")]),
+        xml_call("get_weather", &[("city", "Zürich 😀")]),
+    );
+    assert_eq!(
+        xml_check(&answer),
+        [
+            text("Let me look."),
+            call("get_weather", json!({"city": "Paris", "days": 3})),
+            call("get_weather", json!({"city": "Zürich 😀"})),
+        ]
+    );
+    // Several functions in one `<tool_call>`, no parameters, a bare
+    // `<function=…>` without `<tool_call>` (Qwen3-Coder drops it at
+    // times), and text after a call.
+    let answer = "<tool_call>\n<function=a>\n</function>\n<function=b>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>\n<function=c>\n<parameter=y>\nz\n</parameter>\n</function> Done.";
+    assert_eq!(
+        xml_check(answer),
+        [
+            call("a", json!({})),
+            call("b", json!({"x": "1"})),
+            call("c", json!({"y": "z"})),
+            text(" Done."),
+        ]
+    );
+    // The reasoning before the call is split off by the reasoning
+    // splitter first; what reaches this parser is the rest.
+    let mut r = crate::ReasoningSplitter::new(crate::THINK, false);
+    let answer = format!(
+        "<think>\nI should call <tool_call> here.\n</think>\n\n{}",
+        xml_call("get_weather", &[("city", "Oslo")])
+    );
+    let mut p = ToolCallParser::new(ToolFormat::QwenXml).with_tools(&xml_tools());
+    let mut pieces = Vec::new();
+    for part in r.push(&answer).into_iter().chain(r.finish()) {
+        match part {
+            crate::Part::Reasoning(t) => pieces.push(Piece::Reasoning(t)),
+            crate::Part::Content(c) => pieces.extend(p.push(&c)),
+        }
+    }
+    pieces.extend(p.finish());
+    let calls: Vec<&Piece> = pieces
+        .iter()
+        .filter(|p| matches!(p, Piece::Call(_)))
+        .collect();
+    assert_eq!(calls, [&call("get_weather", json!({"city": "Oslo"}))]);
+    assert!(pieces
+        .iter()
+        .any(|p| matches!(p, Piece::Reasoning(r) if r.contains("<tool_call>"))));
+}
+
+#[test]
+fn qwen_xml_text_is_held_only_while_it_may_be_a_call() {
+    let tools = xml_tools();
+    let mut p = ToolCallParser::new(ToolFormat::QwenXml).with_tools(&tools);
+    assert_eq!(p.push("Sure. <tool"), [text("Sure.")]);
+    assert_eq!(
+        p.push("_call>\n<function=get_weather>\n<parameter=city>\nPa"),
+        []
+    );
+    assert_eq!(p.push("ris\n</parameter>\n</func"), []);
+    assert_eq!(
+        p.push("tion>\n</tool_call>"),
+        [call("get_weather", json!({"city": "Paris"}))]
+    );
+    assert_eq!(p.finish(), []);
+    // `#include <functional>` is no call, and is sent once that is sure.
+    let mut p = ToolCallParser::new(ToolFormat::QwenXml);
+    assert_eq!(p.push("#include <func"), [text("#include")]);
+    assert_eq!(p.push("tional>\n"), [text(" <functional>")]);
+    assert_eq!(p.finish(), [text("\n")]);
+}
+
+#[test]
+fn qwen_xml_calls_cut_off_or_malformed_are_their_text() {
+    let whole = xml_call("write_file", &[("path", "a.txt"), ("content", "x\ny")]);
+    // Cut off anywhere before `</function>`, the call is text; after it,
+    // a missing `</tool_call>` is forgiven.
+    let end = whole.find("</function>").unwrap();
+    for cut in 1..whole.len() {
+        let answer = &whole[..cut];
+        let got = xml_check(answer);
+        if cut >= end + "</function>".len() {
+            assert_eq!(
+                got,
+                [call(
+                    "write_file",
+                    json!({"path": "a.txt", "content": "x\ny"})
+                )],
+                "{answer:?}"
+            );
+        } else {
+            assert_eq!(got, [text(answer)], "{answer:?}");
+        }
+    }
+    for bad in [
+        "<tool_call>\n<function=get weather>\n</function>\n</tool_call>",
+        "<tool_call>\nhello\n</tool_call>",
+        "<tool_call>\n<function=f>\nstray text\n</function>\n</tool_call>",
+        "<tool_call>\n<function=f>\n<parameter=a b\nc>\n1\n</parameter>\n</function>",
+        "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>x</function>",
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+        "<function=>\n</function>",
+    ] {
+        assert_eq!(xml_check(bad), [text(bad)], "{bad:?}");
+    }
+    // A good call after a broken one is still found.
+    let answer = format!(
+        "<tool_call> oops {}",
+        xml_call("get_weather", &[("days", "2")])
+    );
+    assert_eq!(
+        xml_check(&answer),
+        [
+            text("<tool_call> oops"),
+            call("get_weather", json!({"days": 2}))
+        ]
+    );
+}
+
+#[test]
+fn a_long_xml_value_is_scanned_in_linear_time() {
+    let big = "x<\n".repeat(1 << 18);
+    let answer = xml_call("write_file", &[("content", &big)]);
+    let t0 = std::time::Instant::now();
+    let tools = xml_tools();
+    let p = ToolCallParser::new(ToolFormat::QwenXml).with_tools(&tools);
+    let pieces = streamed_by(p, &answer, 4);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(pieces, [call("write_file", json!({"content": big}))]);
+}
+
+#[test]
+fn random_xml_values_come_back_as_written() {
+    // Values spliced from tags, look-alikes, JSON and newlines; each comes
+    // back exactly, streamed or whole, unless it holds a `</parameter>`
+    // that the format's own layout follows (which ends any value).
+    const PARTS: [&str; 14] = [
+        "<",
+        ">",
+        "</parameter",
+        "</parameter>",
+        "<parameter=",
+        "</function>",
+        "</tool_call>",
+        "\n",
+        " ",
+        "{\"a\": [1]}",
+        "\"",
+        "é",
+        "x",
+        "😀",
+    ];
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let ends = |v: &str| {
+        v.match_indices("</parameter>").any(|(i, m)| {
+            let after = format!("{}\n", &v[i + m.len()..]);
+            let t = after.trim_start();
+            t.starts_with("<parameter=") || t.starts_with("</function>")
+        })
+    };
+    let mut tried = 0;
+    for _ in 0..1500 {
+        let n = (next() % 12) as usize;
+        let v: String = (0..n)
+            .map(|_| PARTS[(next() % PARTS.len() as u64) as usize])
+            .collect();
+        if ends(&v) {
+            continue;
+        }
+        tried += 1;
+        let answer = format!(
+            "ok {}",
+            xml_call("write_file", &[("content", &v), ("mode", "7")])
+        );
+        assert_eq!(
+            xml_check(&answer),
+            [
+                text("ok"),
+                call("write_file", json!({"content": v, "mode": 7}))
+            ],
+            "{v:?}"
+        );
+    }
+    assert!(tried > 1000, "{tried}");
 }
