@@ -314,6 +314,17 @@ impl ChatTemplate {
         vars
     }
 
+    /// Whether the template reads a tool call's `arguments` as a mapping
+    /// (`arguments|items`: Llama 3.1, Qwen3-Coder, Qwen3.5+), where
+    /// OpenAI's clients send a JSON string; such a template gets them
+    /// parsed ([`arguments_as_objects`]), as llama.cpp gives templates that
+    /// need object arguments.
+    fn object_arguments(&self) -> bool {
+        ["arguments|items", "arguments | items", "arguments.items()"]
+            .iter()
+            .any(|p| self.source.contains(p))
+    }
+
     /// The limits every render runs under.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -336,6 +347,13 @@ impl ChatTemplate {
     ) -> Result<Prompt, ChatError> {
         let guard = self.guard.as_ref();
         let mut weight = 0u64;
+        let objects;
+        let messages = if self.object_arguments() {
+            objects = arguments_as_objects(messages);
+            &objects
+        } else {
+            messages
+        };
         let mut ctx: Vec<(String, Value)> = vec![
             (
                 "messages".to_owned(),
@@ -632,4 +650,33 @@ impl io::Write for BoundedSink {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// `messages` with each tool call's `arguments` that is a string holding a
+/// JSON object replaced by that object (under `function` or, as some
+/// clients write it, on the call itself); anything else as it was.
+fn arguments_as_objects(messages: &Json) -> Json {
+    let mut out = messages.clone();
+    let Some(list) = out.as_array_mut() else {
+        return out;
+    };
+    for m in list {
+        let Some(calls) = m.get_mut("tool_calls").and_then(Json::as_array_mut) else {
+            continue;
+        };
+        for call in calls {
+            for at in ["/function/arguments", "/arguments"] {
+                if let Some(args) = call.pointer_mut(at) {
+                    let parsed = args
+                        .as_str()
+                        .and_then(|s| serde_json::from_str::<Json>(s).ok())
+                        .filter(Json::is_object);
+                    if let Some(obj) = parsed {
+                        *args = obj;
+                    }
+                }
+            }
+        }
+    }
+    out
 }

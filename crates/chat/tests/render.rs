@@ -358,3 +358,49 @@ fn appended_request_text_is_guarded_like_a_message() -> Result<(), ChatError> {
     );
     Ok(())
 }
+
+/// OpenAI's clients send a tool call's `arguments` as a JSON string; the
+/// templates that iterate them as a mapping (Qwen3.5, Qwen3-Coder, Llama
+/// 3.1) get the object, so an agent's history renders as it does with
+/// object arguments. (Templates from `tests/templates/templates`, copied
+/// from the models' own files.)
+#[test]
+fn string_arguments_reach_mapping_templates_as_objects() -> Result<(), ChatError> {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/templates/templates");
+    let history = |args: Value| {
+        json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+        ])
+    };
+    let object = json!({"city": "Paris", "days": 3});
+    for name in [
+        "Qwen3.5-4B.jinja",
+        "Qwen3-Coder.jinja",
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    ] {
+        let source = std::fs::read_to_string(dir.join(name))
+            .map_err(|e| ChatError::InvalidInput(format!("{name}: {e}")))?;
+        let want = render_with(&source, &history(object.clone()), &RenderOptions::default())?;
+        let got = render_with(
+            &source,
+            &history(Value::String(object.to_string())),
+            &RenderOptions::default(),
+        )?;
+        assert_eq!(got, want, "{name}");
+        assert!(want.contains("Paris"), "{name}: {want}");
+    }
+    // A template that prints the string as it is keeps it.
+    let plain = "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments }}{% endfor %}{% endfor %}";
+    let got = render_with(
+        plain,
+        &history(Value::String("{\"city\": \"Paris\"}".into())),
+        &RenderOptions::default(),
+    )?;
+    assert_eq!(got, "{\"city\": \"Paris\"}");
+    Ok(())
+}
