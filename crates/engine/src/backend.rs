@@ -130,7 +130,7 @@ pub trait Backend {
     }
 
     /// Whether steps run kernels that are compiled on first use (layers on
-    /// a GPU), which [`crate::scheduler::warm_up`] compiles before the
+    /// a GPU), which the scheduler's `warm_up` compiles before the
     /// first request.
     fn compiles_kernels(&self) -> bool {
         false

@@ -9,7 +9,7 @@
 //! composed text is exactly what naga and the driver see, and what a
 //! [`GpuError::ShaderCompile`] carries.
 //!
-//! Every variant the runtime can ask for is listed by [`all_kernels`]; a unit
+//! Every variant the runtime can ask for is listed by `all_kernels`; a unit
 //! test composes and validates each with naga under the capabilities the
 //! device actually requests.
 

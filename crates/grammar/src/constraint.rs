@@ -7,7 +7,7 @@
 //! and answer 400. After that the matcher only advances: [`Constraint::commit`]
 //! takes each sampled token, [`Constraint::mask`] says which tokens may
 //! come next. A mask depends only on the tokens committed so far, so
-//! [`Ahead`] computes it on a thread of its own while the model computes
+//! [`crate::Ahead`] computes it on a thread of its own while the model computes
 //! the logits it will be applied to (see `ahead.rs`).
 
 use llguidance::api::TopLevelGrammar;

@@ -1,6 +1,6 @@
 //! Mixtures of experts on the CPU, and the routing both executors use:
-//! the GPU's host-routed blocks run [`route`], [`routed_experts`] and
-//! [`add_shared`] on what the device read back.
+//! the GPU's host-routed blocks run `route`, `routed_experts` and
+//! `add_shared` on what the device read back.
 
 use rayon::prelude::*;
 

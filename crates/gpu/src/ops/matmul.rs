@@ -370,7 +370,8 @@ pub(crate) struct FuseKind {
     pub runs: bool,
 }
 
-/// [`matvec_spec`] with a norm prologue and / or an add epilogue.
+/// `matvec_spec` (the tests' form) with a norm prologue and / or an add
+/// epilogue.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matvec_spec_fused(
     ty: GgmlType,

@@ -27,7 +27,7 @@
 //! same submission: no wait for the host. A larger step (a prompt) packs
 //! the pairs by expert on the device (`moe_pack`, indirect dispatches), so
 //! each expert streams once for all its tokens, still in the same
-//! submission ([`DeviceExperts`]; the host packs only a step too large for
+//! submission (`moe.rs`'s `DeviceExperts`; the host packs only a step too large for
 //! the packing kernel, from the device's choices read back). The choices and each
 //! column's bits are the same every way, so a token's result never depends
 //! on its step. A shared expert (qwen2moe) is gated on the device too

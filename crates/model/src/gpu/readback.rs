@@ -4,7 +4,7 @@ use crate::error::ModelError;
 
 /// What a step reads back from the GPU: the logits, only each sequence's
 /// argmax of them (greedy decoding), or its argmax and its `k` best logits
-/// (top-k sampling, [`HybridModel::forward_multi_top`]).
+/// (top-k sampling, [`super::HybridModel::forward_multi_top`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Readback {
     Logits,
@@ -31,7 +31,7 @@ pub(super) enum Next {
 }
 
 /// A sequence's next-token candidates from a step of
-/// [`HybridModel::forward_multi_top`]: what a greedy or a top-k sampler
+/// [`super::HybridModel::forward_multi_top`]: what a greedy or a top-k sampler
 /// needs of its logits.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Candidates {
