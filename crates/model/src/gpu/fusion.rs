@@ -143,6 +143,14 @@ pub struct StepPlan {
     pub head_norm: bool,
 }
 
+/// The widths of step that plan alike: a plan depends on the width only
+/// through whether it runs the mat-vec and small-N kernels (at most
+/// [`lamina_gpu::MAX_SMALL_COLS`] columns), so each width up to that is its
+/// own class and every wider step one more.
+pub fn step_class(n: usize) -> usize {
+    n.min(lamina_gpu::MAX_SMALL_COLS + 1)
+}
+
 /// Whether a block folds its norms into its products for an `n`-column
 /// step (see the module's header).
 fn folds(p: &Program, w: &WeightFacts, d: DeviceTraits, n: usize) -> bool {
@@ -464,6 +472,18 @@ mod tests {
             .blocks
             .iter()
             .all(|b| !b.dispatches.contains(&Norm)));
+        // Widths of one class plan alike.
+        for (a, b) in [(9, 512), (1, 1), (8, 8)] {
+            assert_eq!(step_class(a), step_class(b));
+            for d in [LAVAPIPE, DISCRETE] {
+                assert_eq!(
+                    plan_step(&blocks, d, a, true),
+                    plan_step(&blocks, d, b, true)
+                );
+            }
+        }
+        assert_ne!(step_class(7), step_class(8));
+        assert_ne!(step_class(8), step_class(9));
         // Sequences whose caches do not share buffers: RoPE runs per run.
         let runs = plan_step(&blocks, DISCRETE, 1, false);
         assert!(runs.blocks[0].dispatches.contains(&RopeStore));

@@ -73,6 +73,9 @@ use upload::{upload_layer, upload_matrix, upload_vec, GpuHead, GpuLayer};
 
 use crate::program::Program;
 
+/// A step plan's class of width and whether its caches share buffers.
+type PlanKey = (usize, bool);
+
 /// A model whose layers run where a [`Plan`] put them.
 pub struct HybridModel<'a> {
     pub cpu: CpuModel<'a>,
@@ -86,6 +89,10 @@ pub struct HybridModel<'a> {
     /// ([`scratch`]). Held for the whole GPU part of a step, so two steps
     /// never share buffers.
     scratch: Mutex<Option<Pool>>,
+    /// Step plans already made, by [`fusion::step_class`] and whether the
+    /// step's caches share buffers: a plan depends on nothing else, so
+    /// decoding plans once.
+    plans: Mutex<Vec<(PlanKey, Arc<fusion::StepPlan>)>>,
     /// Dispatches recorded inside the GPU blocks so far (the rest of a
     /// step's are the first norm and the head): `bench model` prints the
     /// per-block count from it.
@@ -179,11 +186,31 @@ impl<'a> HybridModel<'a> {
             layers,
             head,
             scratch: Mutex::new(None),
+            plans: Mutex::new(Vec::new()),
             block_dispatches: Default::default(),
             host_packs: false,
             top_on_gpu: None,
             gpu_kv: kv,
         })
+    }
+
+    /// The plan of a step of `n` columns ([`fusion::plan_step`]), made
+    /// once per class of step.
+    fn step_plan(&self, g: &Gpu, n: usize, one_run: bool) -> Arc<fusion::StepPlan> {
+        let key = (fusion::step_class(n), one_run);
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = plans.iter().find(|(k, _)| *k == key) {
+            return p.clone();
+        }
+        let blocks: Vec<(&Program, &WeightFacts)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (&self.cpu.programs[self.first_gpu + i], &l.facts))
+            .collect();
+        let plan = Arc::new(fusion::plan_step(&blocks, DeviceTraits::of(g), n, one_run));
+        plans.push((key, plan.clone()));
+        plan
     }
 
     /// Dispatches recorded inside GPU blocks since load (see the field).
@@ -536,13 +563,7 @@ impl<'a> HybridModel<'a> {
         // outside the blocks (as the head's does).
         let arena = &segments[0].cache.arena;
         let one_run = segments.iter().all(|o| Arc::ptr_eq(&o.cache.arena, arena));
-        let blocks: Vec<(&Program, &WeightFacts)> = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (&self.cpu.programs[self.first_gpu + i], &l.facts))
-            .collect();
-        let plan = fusion::plan_step(&blocks, DeviceTraits::of(g), n, one_run);
+        let plan = self.step_plan(g, n, one_run);
         if let (Some(l), true) = (self.layers.first(), plan.first_norm) {
             b.rms_norm(cur, &l.attn_norm, &s.h, e, c.rms_eps)
                 .map_err(gpu_err)?;
