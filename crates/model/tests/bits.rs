@@ -10,7 +10,7 @@ use common::model_path;
 use lamina_gguf::{LoadMode, Model};
 use lamina_gpu::{Gpu, GpuOptions};
 use lamina_model::plan::{self, PlanParams};
-use lamina_model::{CpuModel, HybridCache, HybridModel, Logits};
+use lamina_model::{CpuModel, HybridModel};
 
 const PROMPT: [u32; 9] = [1, 504, 3458, 314, 260, 1345, 282, 2246, 30];
 
@@ -32,18 +32,7 @@ fn real_models_keep_their_bits() {
             };
             let p = plan::plan(&file, &cpu.config, ngl, &params);
             let m = HybridModel::new(cpu, p, (ngl > 0).then(|| gpu.clone())).unwrap();
-            let mut cache = m.new_cache(64).unwrap();
-            let mut out = m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap();
-            for t in [11, 12, 13] {
-                out.extend(m.forward(&[t], &mut cache, Logits::Last).unwrap());
-            }
-            let mut caches = m.new_caches(2, 64).unwrap();
-            let (a, b) = caches.split_at_mut(1);
-            let mut work: Vec<(&[u32], &mut HybridCache)> =
-                vec![(&PROMPT[..6], &mut a[0]), (&PROMPT[6..], &mut b[0])];
-            for l in m.forward_multi(&mut work).unwrap() {
-                out.extend(l);
-            }
+            let out = common::fixed_run(&m, &PROMPT, &[11, 12, 13], 6, 64);
             let d = (ngl > 0).then(|| m.block_dispatches());
             lines.push(common::bits_line(&format!("{name} -ngl {ngl}"), &out, d));
         }

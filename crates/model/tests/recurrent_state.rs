@@ -111,6 +111,16 @@ const TOKENS: [u32; 12] = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26];
 const PLACEMENTS: [usize; 2] = [0, 3];
 const BUDGET: u64 = 1 << 20;
 
+/// The prompt in two chunks (`TOKENS[..5]`, `TOKENS[5..9]`: checkpoints
+/// at 5 and 9), then its tokens one at a time up to `len`.
+fn chunks_then_decode(m: &HybridModel<'_>, cache: &mut HybridCache, len: usize) {
+    m.forward(&TOKENS[..5], cache, Logits::Last).unwrap();
+    m.forward(&TOKENS[5..9], cache, Logits::Last).unwrap();
+    for &t in &TOKENS[9..len] {
+        m.forward(&[t], cache, Logits::Last).unwrap();
+    }
+}
+
 /// Each token's logits, fed one at a time.
 fn one_by_one(m: &HybridModel<'_>, tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut cache = m.new_cache(N_CTX).unwrap();
@@ -204,20 +214,10 @@ fn truncation_goes_back_to_a_checkpoint_and_continues_with_the_same_bits() {
     for ngl in PLACEMENTS {
         let m = model(&f, ngl, BUDGET);
         let each = one_by_one(&m, &TOKENS);
-        let mut cache = m.new_cache(N_CTX).unwrap();
-        m.forward(&TOKENS[..5], &mut cache, Logits::Last).unwrap();
-        m.forward(&TOKENS[5..9], &mut cache, Logits::Last).unwrap();
-        for &t in &TOKENS[9..12] {
-            m.forward(&[t], &mut cache, Logits::Last).unwrap();
-        }
-        assert_eq!(cache.len(), 12);
         for (want, kept) in [(11, 9), (9, 9), (8, 5), (4, 0)] {
             let mut c = m.new_cache(N_CTX).unwrap();
-            m.forward(&TOKENS[..5], &mut c, Logits::Last).unwrap();
-            m.forward(&TOKENS[5..9], &mut c, Logits::Last).unwrap();
-            for &t in &TOKENS[9..12] {
-                m.forward(&[t], &mut c, Logits::Last).unwrap();
-            }
+            chunks_then_decode(&m, &mut c, 12);
+            assert_eq!(c.len(), 12);
             c.truncate(want);
             assert_eq!(c.len(), kept, "-ngl {ngl} truncate({want})");
             for (i, &t) in TOKENS.iter().enumerate().skip(kept) {
@@ -234,15 +234,10 @@ fn save_restore_and_copy_keep_state_and_checkpoints() {
     for ngl in PLACEMENTS {
         let m = model(&f, ngl, BUDGET);
         let each = one_by_one(&m, &TOKENS);
-        let fill = |c: &mut HybridCache| {
-            m.forward(&TOKENS[..5], c, Logits::Last).unwrap();
-            m.forward(&TOKENS[5..9], c, Logits::Last).unwrap();
-            m.forward(&TOKENS[9..10], c, Logits::Last).unwrap();
-        };
         let mut caches = m.new_caches(3, N_CTX).unwrap();
         let (src, rest) = caches.split_at_mut(1);
         let src = &mut src[0];
-        fill(src);
+        chunks_then_decode(&m, src, 10);
         // Saved and restored into another slot: it goes on as the source,
         // and can still go back to the source's checkpoints.
         let bytes = m.save_cache(src).unwrap();

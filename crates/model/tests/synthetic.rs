@@ -1239,18 +1239,7 @@ fn every_architecture_keeps_its_bits() {
             };
             let p = plan::plan(&file, &cpu.config, ngl, &params);
             let m = HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap();
-            let mut cache = m.new_cache(32).unwrap();
-            let mut out = m.forward(&PROMPT, &mut cache, Logits::From(0)).unwrap();
-            for t in [7, 8] {
-                out.extend(m.forward(&[t], &mut cache, Logits::Last).unwrap());
-            }
-            let mut caches = m.new_caches(2, 32).unwrap();
-            let (a, b) = caches.split_at_mut(1);
-            let mut work: Vec<(&[u32], &mut lamina_model::HybridCache)> =
-                vec![(&PROMPT[..3], &mut a[0]), (&PROMPT[3..], &mut b[0])];
-            for l in m.forward_multi(&mut work).unwrap() {
-                out.extend(l);
-            }
+            let out = common::fixed_run(&m, &PROMPT, &[7, 8], 3, 32);
             let d = (ngl > 0).then(|| m.block_dispatches());
             lines.push(common::bits_line(&format!("{name} -ngl {ngl}"), &out, d));
         }

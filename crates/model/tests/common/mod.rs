@@ -180,3 +180,29 @@ pub fn check_bits(name: &str, lines: &[String]) {
         differ.join("\n")
     );
 }
+
+/// The fixed run a bits line fingerprints: `prompt` as one batch (every
+/// position's logits), `decode` one token at a time, then a step of two
+/// sequences (the prompt cut at `split`, each part from an empty cache).
+pub fn fixed_run(
+    m: &lamina_model::HybridModel<'_>,
+    prompt: &[u32],
+    decode: &[u32],
+    split: usize,
+    n_ctx: usize,
+) -> Vec<f32> {
+    use lamina_model::{HybridCache, Logits};
+    let mut cache = m.new_cache(n_ctx).unwrap();
+    let mut out = m.forward(prompt, &mut cache, Logits::From(0)).unwrap();
+    for &t in decode {
+        out.extend(m.forward(&[t], &mut cache, Logits::Last).unwrap());
+    }
+    let mut caches = m.new_caches(2, n_ctx).unwrap();
+    let (a, b) = caches.split_at_mut(1);
+    let mut work: Vec<(&[u32], &mut HybridCache)> =
+        vec![(&prompt[..split], &mut a[0]), (&prompt[split..], &mut b[0])];
+    for l in m.forward_multi(&mut work).unwrap() {
+        out.extend(l);
+    }
+    out
+}
