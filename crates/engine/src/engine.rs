@@ -88,6 +88,8 @@ pub struct EngineConfig {
     /// Bytes of host memory the prompt cache may hold (llama-server's
     /// `--cache-ram`, see prompt_cache.rs); `None`: no prompt cache.
     pub cache_ram: Option<u64>,
+    /// Speculative decoding (`--spec-type`, `--draft-max`, …; draft.rs).
+    pub spec: crate::draft::Speculation,
 }
 
 /// llama-server's default `--cache-ram`: 8192 MiB. Only what is saved is
@@ -126,6 +128,7 @@ impl EngineConfig {
             select_top_on_gpu: None,
             warmup: true,
             cache_ram: Some(default_cache_ram()),
+            spec: crate::draft::Speculation::default(),
         }
     }
 }
@@ -293,7 +296,7 @@ impl Engine {
         let info = self.ready()?;
         check_fits(&info, &params)?;
         let (tx, rx) = tmpsc::unbounded_channel();
-        self.enqueue(Work::Generate(params, tx))?;
+        self.enqueue(Work::Generate(Box::new(params), tx))?;
         Ok(rx)
     }
 
@@ -517,6 +520,7 @@ fn load_and_serve(
         n_batch: cfg.n_batch.max(1),
         step_budget: cfg.step_budget,
         cache_ram: cfg.cache_ram,
+        spec: cfg.spec,
     };
     let mut loaded = Some((model, slots));
     let mut first = None;
