@@ -342,6 +342,63 @@ pub struct ServeCli {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub llama: LlamaServerArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
+}
+
+/// Speculative decoding, spelled as llama-server spells it. Drafts change
+/// the speed, never the text: each is verified by the model in one step
+/// and only what sampling confirms is kept.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Drafts without a draft model: none (the default) or ngram-simple
+    /// (the tokens that followed the last earlier occurrence of the
+    /// sequence's last --spec-ngram-size-n tokens: code edits, summaries,
+    /// anything that copies from its prompt). A slot stops drafting for
+    /// the rest of its request once too few drafts are accepted.
+    #[arg(long = "spec-type", env = "LAMINA_SPEC_TYPE", default_value = "none",
+          value_parser = clap::builder::PossibleValuesParser::new(lamina_engine::SpecType::NAMES))]
+    pub spec_type: String,
+    /// Most tokens drafted per step; a request's `speculative.n_max`
+    /// overrides it. Also --draft, --draft-n.
+    #[arg(
+        long = "draft-max",
+        alias = "draft",
+        alias = "draft-n",
+        env = "LAMINA_DRAFT_MAX",
+        default_value_t = 16
+    )]
+    pub draft_max: usize,
+    /// A shorter draft is not verified; a request's `speculative.n_min`
+    /// overrides it. Also --draft-n-min.
+    #[arg(
+        long = "draft-min",
+        alias = "draft-n-min",
+        env = "LAMINA_DRAFT_MIN",
+        default_value_t = 0
+    )]
+    pub draft_min: usize,
+    /// Tokens of the key ngram-simple looks up.
+    #[arg(long = "spec-ngram-size-n", default_value_t = 12,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub ngram_n: u16,
+    /// Most tokens one ngram-simple lookup drafts.
+    #[arg(long = "spec-ngram-size-m", default_value_t = 48,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub ngram_m: u16,
+}
+
+impl SpecArgs {
+    /// The engine's settings.
+    pub fn speculation(&self) -> lamina_engine::Speculation {
+        lamina_engine::Speculation {
+            kind: self.spec_type.parse().unwrap_or_default(),
+            n_max: self.draft_max,
+            n_min: self.draft_min.min(self.draft_max),
+            ngram_n: usize::from(self.ngram_n),
+            ngram_m: usize::from(self.ngram_m),
+        }
+    }
 }
 
 /// llama-server's serving flags, as it spells them.

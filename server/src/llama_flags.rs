@@ -71,8 +71,10 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
         "--no-models-autoload",
         "Lamina serves one model (-m); router mode is not implemented",
     ),
-    ("--model-draft", "speculative decoding is not implemented"),
-    ("--spec-type", "speculative decoding is not implemented"),
+    (
+        "--model-draft",
+        "draft models are not implemented; --spec-type ngram-simple drafts without one",
+    ),
     ("--lora", "LoRA adapters are not implemented"),
     ("--mmproj", "multimodal models are not implemented"),
     ("--mmproj-url", "multimodal models are not implemented"),

@@ -10,6 +10,7 @@ use lamina_gguf::{LoadMode, Model};
 
 mod bench;
 mod bench_serve;
+mod bench_spec;
 mod cli;
 mod cli_doc;
 mod devices;
@@ -256,6 +257,31 @@ enum BenchCommand {
         /// one step for all of them.
         #[arg(long = "npl", value_delimiter = ',')]
         npl: Vec<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generation tokens/s with and without speculative decoding, on ten
+    /// requests that rewrite a function with one change (they copy from
+    /// their prompt), alternating the two; the tokens must be the same.
+    Spec {
+        #[arg(short = 'm', long = "model")]
+        file: PathBuf,
+        #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+        n_gen: usize,
+        #[arg(short = 'r', long = "repetitions", default_value_t = 1)]
+        reps: usize,
+        #[arg(
+            long = "n-gpu-layers",
+            visible_alias = "ngl",
+            short = 'g',
+            default_value = "0"
+        )]
+        ngl: lamina_model::placement::Ngl,
+        #[command(flatten)]
+        spec: cli::SpecArgs,
+        /// CPU threads (default: all cores).
+        #[arg(short = 't', long)]
+        threads: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -534,6 +560,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 json,
             })?
         }
+        Command::Bench {
+            what:
+                BenchCommand::Spec {
+                    file,
+                    n_gen,
+                    reps,
+                    ngl,
+                    spec,
+                    threads,
+                    json,
+                },
+        } => {
+            thread_pool(threads)?;
+            bench_spec::run(&bench_spec::SpecBenchArgs {
+                file,
+                ngl,
+                spec: spec.speculation(),
+                n_gen,
+                reps,
+                json,
+            })?
+        }
         Command::Tokenize {
             file,
             text,
@@ -601,6 +649,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         None => a.port,
     };
     Ok(serve::ServeArgs {
+        spec: a.spec.speculation(),
         n_batch: a.llama.prefill_chunk()?,
         step_budget: (a.step_budget_ms > 0)
             .then(|| std::time::Duration::from_millis(a.step_budget_ms)),

@@ -64,6 +64,8 @@ pub struct ServeArgs {
     pub cache_ram: Option<Option<u64>>,
     /// Prompt tokens per step (`-b`/`-ub`); `None`: the engine's default.
     pub n_batch: Option<usize>,
+    /// Speculative decoding (`--spec-type`, `--draft-max`, …).
+    pub spec: lamina_engine::Speculation,
     /// `--step-budget-ms`; `None`: prompts are not paced.
     pub step_budget: Option<Duration>,
     /// `--tools`, split at commas (empty: `/tools` is off).
@@ -199,6 +201,7 @@ async fn serve(
         step_budget: a.step_budget,
         sleep_idle: a.sleep_idle,
         warmup: !a.no_warmup,
+        spec: a.spec,
         cache_ram: a
             .cache_ram
             .unwrap_or_else(|| Some(lamina_engine::default_cache_ram())),

@@ -136,6 +136,33 @@ pub trait Backend {
         false
     }
 
+    /// [`Backend::forward_batch`] where sequence `i` needs the logits of its
+    /// last `keep[i]` tokens (a drafted run to verify), one row after
+    /// another: the bits the tokens would get one at a time. By default
+    /// one at a time; a backend that runs them in one step overrides it.
+    fn forward_batch_rows(
+        &self,
+        work: &mut [(&[u32], &mut Self::Cache)],
+        keep: &[usize],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        work.iter_mut()
+            .zip(keep)
+            .map(|((tokens, cache), &k)| {
+                rows_one_by_one(|t, c| self.forward(t, c), tokens, cache, k)
+            })
+            .collect()
+    }
+
+    /// [`Backend::forward_batch_rows`] for greedy sequences: each row's
+    /// argmax. By default from the rows' logits.
+    fn forward_batch_rows_argmax(
+        &self,
+        work: &mut [(&[u32], &mut Self::Cache)],
+        keep: &[usize],
+    ) -> Vec<Result<Vec<u32>, ModelError>> {
+        row_picks(self.forward_batch_rows(work, keep), self.config().n_vocab)
+    }
+
     /// [`Backend::forward_batch`] for a step whose sampling sequences each
     /// need only their argmax ([`lamina_sampling::Sampler::is_plain_greedy`])
     /// or their `k` best logits ([`lamina_sampling::Sampler::top_k_only`]):
@@ -147,6 +174,43 @@ pub trait Backend {
     ) -> Vec<Result<Candidates, ModelError>> {
         candidates_of(self.forward_batch(work), k)
     }
+}
+
+/// Each row's greedy pick from rows of logits laid one after another.
+fn row_picks(
+    logits: Vec<Result<Vec<f32>, ModelError>>,
+    n_vocab: usize,
+) -> Vec<Result<Vec<u32>, ModelError>> {
+    logits
+        .into_iter()
+        .map(|r| {
+            r.map(|l| {
+                l.chunks(n_vocab.max(1))
+                    .map(lamina_sampling::argmax)
+                    .collect()
+            })
+        })
+        .collect()
+}
+
+/// The first `tokens.len() - keep` tokens of a sequence, then each of the
+/// rest alone: the logits of the last `keep`, one row after another.
+fn rows_one_by_one<C>(
+    forward: impl Fn(&[u32], &mut C) -> Result<Vec<f32>, ModelError>,
+    tokens: &[u32],
+    cache: &mut C,
+    keep: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let split = tokens.len().saturating_sub(keep.max(1));
+    let (head, tail) = tokens.split_at(split);
+    if !head.is_empty() {
+        forward(head, cache)?;
+    }
+    let mut rows = Vec::new();
+    for t in tail {
+        rows.extend(forward(std::slice::from_ref(t), cache)?);
+    }
+    Ok(rows)
 }
 
 /// Each sequence's [`Candidates`] from its logits, on the host.
@@ -207,6 +271,25 @@ impl Backend for CpuModel<'_> {
         }
         work.iter_mut()
             .map(|(tokens, cache)| CpuModel::forward(self, tokens, cache, Logits::Last))
+            .collect()
+    }
+
+    /// In one step ([`CpuModel::forward_multi_rows`]), and one sequence at
+    /// a time if that fails: it commits no cache length before it succeeds.
+    fn forward_batch_rows(
+        &self,
+        work: &mut [(&[u32], &mut KvCache)],
+        keep: &[usize],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        if let Ok(all) = self.forward_multi_rows(work, keep) {
+            return all.into_iter().map(Ok).collect();
+        }
+        work.iter_mut()
+            .zip(keep)
+            .map(|((tokens, cache), &k)| {
+                let from = Logits::From(tokens.len().saturating_sub(k));
+                CpuModel::forward(self, tokens, cache, from)
+            })
             .collect()
     }
 }
@@ -307,6 +390,62 @@ impl Backend for HybridModel<'_> {
 
     fn top_on_device(&self) -> Option<usize> {
         self.top_on_gpu()
+    }
+
+    /// In one step ([`HybridModel::forward_multi_rows`]), and one sequence
+    /// at a time if that fails, as `forward_batch`.
+    fn forward_batch_rows(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        keep: &[usize],
+    ) -> Vec<Result<Vec<f32>, ModelError>> {
+        if let Ok(all) = self.forward_multi_rows(work, keep) {
+            return all.into_iter().map(Ok).collect();
+        }
+        work.iter_mut()
+            .zip(keep)
+            .map(|((tokens, cache), &k)| {
+                let from = Logits::From(tokens.len().saturating_sub(k));
+                HybridModel::forward(self, tokens, cache, from)
+            })
+            .collect()
+    }
+
+    /// On the GPU when the head is there (jointly, and one by one if the
+    /// joint step fails); else from the rows' logits.
+    fn forward_batch_rows_argmax(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        keep: &[usize],
+    ) -> Vec<Result<Vec<u32>, ModelError>> {
+        if !self.argmax_on_gpu() {
+            return row_picks(self.forward_batch_rows(work, keep), self.config().n_vocab);
+        }
+        if let Ok(all) = self.forward_multi_rows_argmax(work, keep) {
+            return all.into_iter().map(Ok).collect();
+        }
+        work.iter_mut()
+            .zip(keep)
+            .map(|((tokens, cache), &k)| {
+                let k = k.clamp(1, tokens.len().max(1));
+                let before = cache.len();
+                match self.forward_multi_rows_argmax(&mut [(*tokens, &mut **cache)], &[k]) {
+                    Ok(mut one) => one.pop().ok_or_else(|| {
+                        ModelError::Step("a verifying step returned no picks".into())
+                    }),
+                    // Refused before it ran (more tokens than one step of
+                    // the cache takes): in rounds, from the logits.
+                    Err(_) if cache.len() == before => {
+                        let from = Logits::From(tokens.len() - k);
+                        let rows = HybridModel::forward(self, tokens, cache, from);
+                        row_picks(vec![rows], self.config().n_vocab)
+                            .pop()
+                            .unwrap_or_else(|| Err(ModelError::Step("no rows".into())))
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+            .collect()
     }
 
     fn compiles_kernels(&self) -> bool {

@@ -91,6 +91,27 @@ pub struct EngineConfig {
     /// A device already open to place layers on (a program embedding the
     /// engine, or a test that holds it); `None` opens one as `ngl` asks.
     pub gpu: Option<Arc<lamina_gpu::Gpu>>,
+    /// Speculative decoding (`--spec-type`, `--draft-max`, …; draft.rs).
+    pub spec: crate::draft::Speculation,
+}
+
+/// Speculation as asked, except for a model with recurrent blocks: a
+/// rejected draft would send their state back to a checkpoint (`kv/state.rs`
+/// in lamina-model), not to the last accepted token, and every verifying
+/// step would take a checkpoint; such models decode plainly until drafts
+/// can be rolled back cheaply there.
+fn speculation_for(
+    spec: crate::draft::Speculation,
+    c: &lamina_model::Config,
+) -> crate::draft::Speculation {
+    if c.recurrent.is_some() && spec.kind != crate::draft::SpecType::None {
+        tracing::warn!("speculative decoding is off: this model has recurrent blocks");
+        return crate::draft::Speculation {
+            kind: crate::draft::SpecType::None,
+            ..spec
+        };
+    }
+    spec
 }
 
 /// llama-server's default `--cache-ram`: 8192 MiB. Only what is saved is
@@ -130,6 +151,7 @@ impl EngineConfig {
             warmup: true,
             cache_ram: Some(default_cache_ram()),
             gpu: None,
+            spec: crate::draft::Speculation::default(),
         }
     }
 }
@@ -297,7 +319,7 @@ impl Engine {
         let info = self.ready()?;
         check_fits(&info, &params)?;
         let (tx, rx) = tmpsc::unbounded_channel();
-        self.enqueue(Work::Generate(params, tx))?;
+        self.enqueue(Work::Generate(Box::new(params), tx))?;
         Ok(rx)
     }
 
@@ -522,6 +544,7 @@ fn load_and_serve(
         n_batch: cfg.n_batch.max(1),
         step_budget: cfg.step_budget,
         cache_ram: cfg.cache_ram,
+        spec: speculation_for(cfg.spec, model.config()),
     };
     let mut loaded = Some((model, slots));
     let mut first = None;

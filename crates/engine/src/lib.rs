@@ -14,6 +14,10 @@
 //!   calls) is `lamina-grammar`'s: a sequence with a constraint has its
 //!   logits masked before sampling, the mask computed on another thread
 //!   during the forward pass (`scheduler.rs`).
+//! - `draft.rs`: speculative decoding's drafts (n-gram prompt lookup) and
+//!   the rule that stops a slot's drafting when it loses; `scheduler.rs`
+//!   verifies a sequence's draft in one step and keeps what sampling
+//!   confirms, so speculation changes the speed and never the text.
 //! - [`Metrics`] (`metrics.rs`): counters for `/metrics`.
 //!
 //! Nothing here knows HTTP: the server turns [`Event`]s into JSON or SSE.
@@ -22,6 +26,7 @@
 //! by `scripts/fetch-models.sh`).
 
 mod backend;
+mod draft;
 mod engine;
 mod error;
 mod metrics;
@@ -35,6 +40,7 @@ mod scheduler;
 mod stop;
 
 pub use backend::{Backend, Cache};
+pub use draft::{ngram_simple, DraftLimits, SpecType, Speculation};
 pub use engine::{default_cache_ram, Engine, EngineConfig, Status, DEFAULT_CACHE_RAM};
 pub use error::{EngineError, ModelFault};
 pub use lamina_grammar::Constraint;

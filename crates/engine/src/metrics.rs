@@ -31,6 +31,9 @@ pub struct Metrics {
     prompt_cache_bytes: AtomicU64,
     prompt_cache_restores: AtomicU64,
     prompt_cache_restored_tokens: AtomicU64,
+    drafts: AtomicU64,
+    draft_tokens: AtomicU64,
+    draft_accepted: AtomicU64,
     /// What each slot holds, as of the end of the last step.
     pub(crate) slots: std::sync::Mutex<Vec<SlotView>>,
     pub(crate) queued: AtomicUsize,
@@ -99,6 +102,11 @@ pub struct MetricsSnapshot {
     /// tokens they held for their requests.
     pub prompt_cache_restores: u64,
     pub prompt_cache_restored_tokens: u64,
+    /// Drafts verified by the target, their tokens, and those of them
+    /// accepted (speculative decoding; `draft.rs`).
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub draft_accepted: u64,
     pub queued: usize,
     pub active: usize,
     pub kv_used: usize,
@@ -134,6 +142,9 @@ impl Metrics {
             prompt_cache_bytes: self.prompt_cache_bytes.load(Relaxed),
             prompt_cache_restores: self.prompt_cache_restores.load(Relaxed),
             prompt_cache_restored_tokens: self.prompt_cache_restored_tokens.load(Relaxed),
+            drafts: self.drafts.load(Relaxed),
+            draft_tokens: self.draft_tokens.load(Relaxed),
+            draft_accepted: self.draft_accepted.load(Relaxed),
             queued: self.queued.load(Relaxed),
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
@@ -184,6 +195,13 @@ impl Metrics {
         self.steps.fetch_add(1, Relaxed);
         self.step_sequences.fetch_add(sequences as u64, Relaxed);
         self.step_tokens_max.fetch_max(tokens as u64, Relaxed);
+    }
+
+    /// A verified draft of `drafted` tokens, `accepted` of them kept.
+    pub(crate) fn drafted(&self, drafted: usize, accepted: usize) {
+        self.drafts.fetch_add(1, Relaxed);
+        self.draft_tokens.fetch_add(drafted as u64, Relaxed);
+        self.draft_accepted.fetch_add(accepted as u64, Relaxed);
     }
 
     /// The slots as the last step left them.

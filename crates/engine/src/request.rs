@@ -37,6 +37,10 @@ pub struct GenerateParams {
     /// Send the request's timings so far with every token and progress
     /// report (llama-server's `timings_per_token`).
     pub timings_per_token: bool,
+    /// This request's draft lengths (`speculative.n_max`/`n_min`), each
+    /// `None` for the server's (`--draft-max`/`--draft-min`). Drafts are
+    /// made only where the server has a `--spec-type`.
+    pub draft: crate::draft::DraftLimits,
 }
 
 /// How far a prompt has been processed, as llama-server's `prompt_progress`
@@ -97,6 +101,10 @@ pub struct Timings {
     pub predicted_ms: f64,
     /// From submission to the first generated token (queueing included).
     pub ttft_ms: f64,
+    /// Drafted tokens verified, and those of them accepted (llama-server's
+    /// `draft_n` and `draft_n_accepted`, shown only where speculation ran).
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
 }
 
 impl Timings {

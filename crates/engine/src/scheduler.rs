@@ -33,6 +33,7 @@ use lamina_tokenizer::{Detokenizer, Tokenizer};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::backend::{Backend, Cache};
+use crate::draft::{Acceptance, SpecType, Speculation};
 use crate::error::EngineError;
 use crate::metrics::{Metrics, SlotView};
 use crate::model_info::ModelInfo;
@@ -71,8 +72,9 @@ pub(crate) type HiddenSender = oneshot::Sender<Result<Vec<f32>, EngineError>>;
 
 /// What a queued request asks for, and where its answer goes.
 pub(crate) enum Work {
-    /// A generation, streamed as events.
-    Generate(GenerateParams, tmpsc::UnboundedSender<Event>),
+    /// A generation, streamed as events (boxed: its parameters are most
+    /// of a job's size, and the queue holds every kind).
+    Generate(Box<GenerateParams>, tmpsc::UnboundedSender<Event>),
     /// Every token's final hidden state for this prompt (embeddings).
     Hidden(Vec<u32>, HiddenSender),
     /// Empty, save or restore slot `.0`'s cache once no request holds it;
@@ -136,6 +138,7 @@ pub(crate) struct Limits {
     pub step_budget: Option<Duration>,
     /// The host prompt cache's size in bytes; `None`: none.
     pub cache_ram: Option<u64>,
+    pub spec: Speculation,
 }
 
 pub(crate) struct Slot<C> {
@@ -181,6 +184,19 @@ struct Sequence {
     /// Timings with every token and report
     /// (`GenerateParams::timings_per_token`).
     timings_per_token: bool,
+    /// Its draft lengths; `None`: it does not speculate (no `--spec-type`,
+    /// `speculative.n_max` 0, or a constraint: a grammar's mask is
+    /// computed one token ahead, on its own thread, and a drafted run
+    /// would wait for it token by token).
+    draft: Option<Draft>,
+    acceptance: Acceptance,
+}
+
+/// A speculating sequence's draft lengths, its request's or the server's.
+#[derive(Debug, Clone, Copy)]
+struct Draft {
+    n_max: usize,
+    n_min: usize,
 }
 
 impl Sequence {
@@ -245,6 +261,8 @@ impl Sequence {
             predicted_n: self.generated,
             predicted_ms: self.prompt_done.map_or(0.0, |t| ms(t, now)),
             ttft_ms: self.prompt_done.map_or(0.0, |t| ms(self.submitted, t)),
+            draft_n: self.acceptance.drafted as usize,
+            draft_n_accepted: self.acceptance.accepted as usize,
         }
     }
 }
@@ -484,7 +502,7 @@ pub(crate) fn run<B: Backend>(
                     if let Some(pc) = prompt_cache.as_mut() {
                         recall(backend, pc, &mut slots[i], &params.prompt, metrics);
                     }
-                    admit(&mut slots[i], params, events, job.submitted, &ctx, i)
+                    admit(&mut slots[i], *params, events, job.submitted, &ctx, i)
                 }
                 Work::Hidden(tokens, reply) => {
                     hidden(backend, &mut slots[i], &tokens, reply, &ctx, unchanged)
@@ -1018,6 +1036,13 @@ fn admit<C: Cache>(
             );
         }
     };
+    let spec = ctx.limits.spec;
+    let n_max = p.draft.n_max.unwrap_or(spec.n_max);
+    let draft =
+        (spec.kind != SpecType::None && p.constraint.is_none() && n_max > 0).then_some(Draft {
+            n_max,
+            n_min: p.draft.n_min.unwrap_or(spec.n_min).min(n_max),
+        });
     let grammar = match p.constraint.map(Ahead::start).transpose() {
         Ok(g) => g,
         Err(e) => return refuse(&events, EngineError::Constraint(e.to_string())),
@@ -1051,6 +1076,8 @@ fn admit<C: Cache>(
         cache_n: reuse,
         progress: p.progress,
         timings_per_token: p.timings_per_token,
+        draft,
+        acceptance: Acceptance::default(),
     });
     // llama-server's first report: nothing processed beyond the cache yet.
     seq.report_progress();
@@ -1097,6 +1124,9 @@ fn step<B: Backend>(
     }
 
     let mut inputs: Vec<(usize, Vec<u32>)> = Vec::new();
+    // Per input, the rows of logits it needs: 1, or its pending token and
+    // draft (speculative decoding: draft.rs).
+    let mut keep: Vec<usize> = Vec::new();
     for (i, slot) in slots.iter().enumerate() {
         let Some(seq) = &slot.seq else { continue };
         let input = if seq.prefilling() {
@@ -1106,10 +1136,13 @@ fn step<B: Backend>(
             }
             seq.prompt[seq.next_prompt..seq.next_prompt + take].to_vec()
         } else if let Some(id) = seq.next_input {
-            vec![id]
+            let mut input = vec![id];
+            input.extend(draft_for(backend, seq, &slot.cache, &ctx.limits.spec));
+            input
         } else {
             continue;
         };
+        keep.push(if seq.prefilling() { 1 } else { input.len() });
         inputs.push((i, input));
     }
     if inputs.is_empty() {
@@ -1132,8 +1165,9 @@ fn step<B: Backend>(
     // argmax or its top-k candidates, and the backend selects those where
     // the logits are, the candidates (a GPU reads back k pairs).
     let want = read_want(slots, &inputs, backend.top_on_device());
+    let drafted = keep.iter().any(|&k| k > 1);
     let t0 = Instant::now();
-    let results: Vec<Result<Next, lamina_model::ModelError>> = {
+    let results: Vec<Result<Vec<Next>, lamina_model::ModelError>> = {
         let mut caches: Vec<Option<&mut B::Cache>> =
             slots.iter_mut().map(|s| Some(&mut s.cache)).collect();
         let mut work: Vec<(&[u32], &mut B::Cache)> = Vec::with_capacity(inputs.len());
@@ -1142,20 +1176,40 @@ fn step<B: Backend>(
                 work.push((input.as_slice(), cache));
             }
         }
+        let one = |n: Next| vec![n];
         match want {
+            // A step that verifies drafts: every kept row, in one call.
+            Want::Argmax if drafted => {
+                ctx.metrics.argmax_step();
+                let picks = backend.forward_batch_rows_argmax(&mut work, &keep);
+                let rows = |p: Vec<u32>| p.into_iter().map(Next::Pick).collect();
+                picks.into_iter().map(|r| r.map(rows)).collect()
+            }
+            _ if drafted => {
+                let v = backend.config().n_vocab.max(1);
+                let logits = backend.forward_batch_rows(&mut work, &keep);
+                let rows = |l: Vec<f32>| l.chunks(v).map(|r| Next::Logits(r.to_vec())).collect();
+                logits.into_iter().map(|r| r.map(rows)).collect()
+            }
             Want::Argmax => {
                 ctx.metrics.argmax_step();
                 let picks = backend.forward_batch_argmax(&mut work);
-                picks.into_iter().map(|r| r.map(Next::Pick)).collect()
+                picks
+                    .into_iter()
+                    .map(|r| r.map(Next::Pick).map(one))
+                    .collect()
             }
             Want::Top(k) => {
                 ctx.metrics.top_k_step();
                 let top = backend.forward_batch_top(&mut work, k);
-                top.into_iter().map(|r| r.map(Next::Top)).collect()
+                top.into_iter().map(|r| r.map(Next::Top).map(one)).collect()
             }
             Want::Logits => {
                 let logits = backend.forward_batch(&mut work);
-                logits.into_iter().map(|r| r.map(Next::Logits)).collect()
+                logits
+                    .into_iter()
+                    .map(|r| r.map(Next::Logits).map(one))
+                    .collect()
             }
         }
     };
@@ -1168,10 +1222,18 @@ fn step<B: Backend>(
     // choose their tokens together (`choose_all`) and stream them in the
     // same order.
     let mut sampling: Vec<(usize, Next)> = Vec::with_capacity(inputs.len());
-    for ((i, input), result) in inputs.into_iter().zip(results) {
+    let mut verifying: Vec<(usize, Vec<u32>, Vec<Next>)> = Vec::new();
+    for (((i, input), result), k) in inputs.into_iter().zip(results).zip(keep) {
         let slot = &mut slots[i];
-        let next = match result {
-            Ok(n) => n,
+        let mut rows = match result {
+            Ok(n) if n.len() == k => n,
+            Ok(_) => {
+                slot.cache.truncate(0);
+                slot.tokens.clear();
+                let e = EngineError::Sampling("a step returned another number of rows".into());
+                finish(slot, Exit::Failed(e), ctx);
+                continue;
+            }
             Err(e) => {
                 // The cache may hold part of this call: forget all of it.
                 slot.cache.truncate(0);
@@ -1180,6 +1242,11 @@ fn step<B: Backend>(
                 continue;
             }
         };
+        if k > 1 {
+            verifying.push((i, input, rows));
+            continue;
+        }
+        let Some(next) = rows.pop() else { continue };
         slot.tokens.extend_from_slice(&input);
         let Some(seq) = slot.seq.as_mut() else {
             continue;
@@ -1207,7 +1274,98 @@ fn step<B: Backend>(
             finish(slot, exit, ctx);
         }
     }
+    for (i, input, rows) in verifying {
+        verify(&mut slots[i], &input, rows, ctx);
+    }
     Ok(())
+}
+
+/// The draft to verify after `seq`'s pending token, this step: none where
+/// the sequence does not speculate or its drafts no longer pay
+/// ([`Acceptance::pays`]); never longer than it may still emit less one,
+/// than its cache holds after the pending token, or than one step of its
+/// cache takes (a sliding-window ring keeps the window of every position a
+/// rejected draft rewinds to); none when shorter than its `n_min`.
+fn draft_for<B: Backend>(
+    backend: &B,
+    seq: &Sequence,
+    cache: &B::Cache,
+    spec: &Speculation,
+) -> Vec<u32> {
+    let Some(limits) = seq.draft else {
+        return Vec::new();
+    };
+    if !seq.acceptance.pays() {
+        return Vec::new();
+    }
+    let step = lamina_model::kv::max_step(backend.config(), cache.capacity());
+    let most = [
+        limits.n_max,
+        spec.ngram_m,
+        seq.max_tokens.saturating_sub(seq.generated + 1),
+        cache.capacity().saturating_sub(cache.len() + 1),
+        step.saturating_sub(1),
+    ]
+    .into_iter()
+    .min()
+    .unwrap_or(0);
+    let draft = match spec.kind {
+        SpecType::None => return Vec::new(),
+        SpecType::NgramSimple => crate::draft::ngram_simple(&seq.history, spec.ngram_n, most),
+    };
+    if draft.len() < limits.n_min.max(1) {
+        return Vec::new();
+    }
+    draft
+}
+
+/// Samples a drafted step's rows in order, as plain decoding would sample
+/// them one step at a time: each row with the sequence's own sampler (so a
+/// seeded sampler draws once per emitted token), each token streamed and
+/// checked as [`sample_one`] does; a drafted token is kept while it equals
+/// what was sampled at its position, and the first that does not ends the
+/// run (the sampled token is the next input). The cache then forgets the
+/// positions of the drafts that were not kept.
+fn verify<C: Cache>(slot: &mut Slot<C>, input: &[u32], rows: Vec<Next>, ctx: &Ctx<'_>) {
+    let draft = &input[1..];
+    let base = slot.cache.len().saturating_sub(input.len());
+    let cap = slot.cache.capacity();
+    let mut kept = 0;
+    let mut exit = None;
+    if let Some(seq) = slot.seq.as_mut() {
+        seq.acceptance.drafted += draft.len() as u64;
+        for (j, next) in rows.into_iter().enumerate() {
+            let chosen = match next {
+                Next::Logits(logits) => choose(seq, logits),
+                Next::Pick(id) => Ok((id, None)),
+                Next::Top(c) => choose_top(seq, &c),
+            };
+            let token = chosen.as_ref().ok().map(|&(id, _)| id);
+            // The cache holds the pending token and the drafts kept so far.
+            exit = sample_one(seq, chosen, base + 1 + j, cap, ctx);
+            if exit.is_some() || draft.get(j).is_none_or(|&d| Some(d) != token) {
+                break;
+            }
+            kept += 1;
+            seq.acceptance.accepted += 1;
+        }
+        ctx.metrics.drafted(draft.len(), kept);
+    }
+    let valid = base + 1 + kept;
+    slot.cache.truncate(valid);
+    slot.tokens.extend_from_slice(&input[..1 + kept]);
+    if slot.cache.len() != valid {
+        // Not reached: draft_for keeps drafts within one step of the
+        // rings. A cache that lost positions cannot continue the sequence.
+        slot.cache.truncate(0);
+        slot.tokens.clear();
+        exit = Some(Exit::Failed(EngineError::Sampling(
+            "the cache could not forget a rejected draft".into(),
+        )));
+    }
+    if let Some(exit) = exit {
+        finish(slot, exit, ctx);
+    }
 }
 
 /// What a step reads back for the sequences that sample after it.

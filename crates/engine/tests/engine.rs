@@ -63,6 +63,7 @@ fn params(prompt: Vec<u32>, max_tokens: usize) -> GenerateParams {
         constraint: None,
         progress: false,
         timings_per_token: false,
+        draft: Default::default(),
     }
 }
 

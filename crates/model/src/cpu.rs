@@ -83,6 +83,35 @@ pub(crate) fn split_multi<C, T: Default>(
     }
 }
 
+/// Checks a step that keeps `keep[i]` rows of logits of sequence `i`
+/// (`forward_multi_rows`) before anything runs: one row at least, no more
+/// than its tokens, and tokens one step of its cache takes (`limit`), so
+/// the step needs no rounds.
+pub(crate) fn check_rows<C>(
+    work: &[(&[u32], &mut C)],
+    keep: &[usize],
+    limit: usize,
+) -> Result<(), ModelError> {
+    if keep.len() != work.len() {
+        return Err(ModelError::Step(format!(
+            "{} row counts for {} sequences",
+            keep.len(),
+            work.len()
+        )));
+    }
+    for ((t, _), &k) in work.iter().zip(keep) {
+        if k == 0 || k > t.len() || t.len() > limit {
+            return Err(ModelError::Step(format!(
+                "a step keeps 1 to {} rows of a sequence of {} tokens (at most {limit} a step); \
+                 asked {k}",
+                t.len(),
+                t.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Rows of a multi-sequence batch that belong to one sequence.
 #[derive(Clone, Copy, Debug)]
 struct Segment {
@@ -319,12 +348,38 @@ impl<'a> CpuModel<'a> {
             .map(|(_, c)| crate::kv::max_step(&self.config, c.n_ctx))
             .min()
             .unwrap_or(usize::MAX);
-        in_pool(|| split_multi(work, limit, |w| self.forward_multi_here(w)))
+        in_pool(|| {
+            split_multi(work, limit, |w| {
+                let ones = vec![1; w.len()];
+                self.forward_multi_here(w, &ones)
+            })
+        })
+    }
+
+    /// [`CpuModel::forward_multi`] where sequence `i` gets the logits of its
+    /// last `keep[i]` tokens, one row after another (what verifying a
+    /// drafted run needs): the rows [`CpuModel::forward`] gives with
+    /// [`Logits::From`], bit for bit. Fails without running anything when a
+    /// sequence asks for no row or more rows than it has tokens, or has
+    /// more tokens than one step of its cache takes.
+    pub fn forward_multi_rows(
+        &self,
+        work: &mut [(&[u32], &mut KvCache)],
+        keep: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let limit = work
+            .iter()
+            .map(|(_, c)| crate::kv::max_step(&self.config, c.n_ctx))
+            .min()
+            .unwrap_or(usize::MAX);
+        check_rows(work, keep, limit)?;
+        in_pool(|| self.forward_multi_here(work, keep))
     }
 
     fn forward_multi_here(
         &self,
         work: &mut [(&[u32], &mut KvCache)],
+        keep: &[usize],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let mut segs = Vec::with_capacity(work.len());
@@ -350,14 +405,24 @@ impl<'a> CpuModel<'a> {
         for (sg, cache) in segs.iter().zip(caches.iter_mut()) {
             cache.advance(sg.pos0 + sg.n);
         }
-        // The last row of each sequence, through the head as one product.
+        // The last `keep` rows of each sequence, through the head as one
+        // product.
         let e = c.n_embd;
-        let mut last = Vec::with_capacity(segs.len() * e);
-        for sg in &segs {
-            last.extend_from_slice(&x[(sg.start + sg.n - 1) * e..][..e]);
+        let rows: usize = keep.iter().sum();
+        let mut last = Vec::with_capacity(rows * e);
+        for (sg, &k) in segs.iter().zip(keep) {
+            let k = k.clamp(1, sg.n);
+            last.extend_from_slice(&x[(sg.start + sg.n - k) * e..][..k * e]);
         }
-        let logits = self.head(&last, segs.len(), Logits::From(0))?;
-        Ok(logits.chunks(c.n_vocab).map(<[f32]>::to_vec).collect())
+        let logits = self.head(&last, last.len() / e, Logits::From(0))?;
+        let mut out = Vec::with_capacity(segs.len());
+        let mut at = 0;
+        for (sg, &k) in segs.iter().zip(keep) {
+            let k = k.clamp(1, sg.n) * c.n_vocab;
+            out.push(logits[at..at + k].to_vec());
+            at += k;
+        }
+        Ok(out)
     }
 
     pub(crate) fn check_room(&self, n: usize, pos0: usize, n_ctx: usize) -> Result<(), ModelError> {

@@ -337,6 +337,7 @@ pub fn job(
         // As in llama-server, only a stream reports progress.
         progress: s.stream && s.return_progress,
         timings_per_token: s.stream && s.timings_per_token,
+        draft: s.draft,
     })
 }
 
@@ -566,7 +567,7 @@ pub fn usage_all(all: &[&Summary]) -> Value {
 /// llama-server's `timings` object.
 pub fn timings(t: &Timings) -> Value {
     let per_token = |ms: f64, n: usize| if n > 0 { ms / n as f64 } else { 0.0 };
-    json!({
+    let mut v = json!({
         "cache_n": t.cache_n,
         "prompt_n": t.prompt_n,
         "prompt_ms": t.prompt_ms,
@@ -577,7 +578,13 @@ pub fn timings(t: &Timings) -> Value {
         // Per decode step, as llama-server: the first token took none.
         "predicted_per_token_ms": per_token(t.predicted_ms, t.decode_steps()),
         "predicted_per_second": t.predicted_per_second(),
-    })
+    });
+    // As llama-server: only where drafts were verified.
+    if t.draft_n > 0 {
+        v["draft_n"] = json!(t.draft_n);
+        v["draft_n_accepted"] = json!(t.draft_n_accepted);
+    }
+    v
 }
 
 fn lp_entry(token: &[u8], logprob: f32) -> Value {

@@ -461,6 +461,18 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         &one(m.top_k_steps as f64),
     );
     metric(
+        "draft_tokens_total",
+        "counter",
+        "Drafted tokens the model verified (speculative decoding, --spec-type).",
+        &one(m.draft_tokens as f64),
+    );
+    metric(
+        "draft_accepted_tokens_total",
+        "counter",
+        "Drafted tokens accepted: equal to the token sampled at their position.",
+        &one(m.draft_accepted as f64),
+    );
+    metric(
         "prompt_cache_restores_total",
         "counter",
         "Prompts restored from the host prompt cache (--cache-ram) into a slot that had given them up.",
@@ -592,20 +604,20 @@ fn llama_cpp_metrics(out: &mut String, m: &lamina_engine::MetricsSnapshot) {
         (
             "spec_decode_num_draft_tokens_total",
             "counter",
-            "Draft tokens proposed (no speculative decoding here).",
-            0.0,
+            "Drafted tokens verified by the model (speculative decoding).",
+            m.draft_tokens as f64,
         ),
         (
             "spec_decode_num_accepted_tokens_total",
             "counter",
-            "Draft tokens accepted (no speculative decoding here).",
-            0.0,
+            "Drafted tokens accepted: equal to what the model sampled there.",
+            m.draft_accepted as f64,
         ),
         (
             "spec_decode_num_drafts_total",
             "counter",
-            "Drafts made (no speculative decoding here).",
-            0.0,
+            "Drafts verified (one per sequence and step that drafted).",
+            m.drafts as f64,
         ),
         (
             "n_busy_slots_per_decode",

@@ -73,6 +73,7 @@ pub async fn completion(
         &st.options.sampler,
     )?;
     s.post_sampling_probs = b.bool("post_sampling_probs")?.unwrap_or(false);
+    s.draft = draft_limits(&b)?;
     let native = Native {
         return_tokens: b.bool("return_tokens")?.unwrap_or(false),
         fields: response_fields(&b)?,
@@ -301,6 +302,31 @@ fn generation_settings(s: &Sampling, j: &GenerateParams, n: &Native) -> Value {
         "cache_prompt": n.cache_prompt,
         "logit_bias": bias,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    })
+}
+
+/// The most drafted tokens a request may ask to verify per step.
+const DRAFT_MAX: i64 = 1024;
+
+/// llama-server's per-request speculation keys, spelled as it reads them
+/// (flat keys with a dot): `speculative.n_max` (0 turns drafting off for
+/// the request) and `speculative.n_min`, each over the server's
+/// `--draft-max`/`--draft-min`; `n_min` is cut to `n_max`, as there.
+/// `speculative.p_min` is checked and has no effect: it bounds a draft
+/// model's confidence, and n-gram drafts have none.
+fn draft_limits(b: &Body) -> Result<lamina_engine::DraftLimits, ApiError> {
+    let n = |name| -> Result<Option<usize>, ApiError> {
+        Ok(b.int(name, 0, DRAFT_MAX)?.map(|v| v as usize))
+    };
+    let n_max = n("speculative.n_max")?;
+    let n_min = n("speculative.n_min")?;
+    b.number("speculative.p_min", 0.0, 1.0)?;
+    Ok(lamina_engine::DraftLimits {
+        n_max,
+        n_min: match (n_min, n_max) {
+            (Some(lo), Some(hi)) => Some(lo.min(hi)),
+            (lo, _) => lo,
+        },
     })
 }
 

@@ -140,6 +140,9 @@ pub struct Sampling {
     /// result, with the prompt as text) to the response; `None`: as the
     /// server's `--verbose` says.
     pub verbose: Option<bool>,
+    /// `speculative.n_max` / `speculative.n_min` (`/completion` only):
+    /// this request's draft lengths, each `None` for the server's.
+    pub draft: lamina_engine::DraftLimits,
 }
 
 /// Which endpoint a body came to: each spells log-probs its own way.
@@ -294,6 +297,7 @@ pub fn sampling(
         timings_per_token: b.bool("timings_per_token")?.unwrap_or(false),
         ignore_eos,
         post_sampling_probs: false,
+        draft: lamina_engine::DraftLimits::default(),
     })
 }
 

@@ -672,6 +672,21 @@ async fn native_completion_refuses_bad_prompts_and_fields_with_400() {
             "return_tokens",
             "boolean",
         ),
+        (
+            json!({"prompt": "Hi", "speculative.n_max": -1}),
+            "speculative.n_max",
+            "between 0 and 1024",
+        ),
+        (
+            json!({"prompt": "Hi", "speculative.n_min": "4"}),
+            "speculative.n_min",
+            "integer",
+        ),
+        (
+            json!({"prompt": "Hi", "speculative.p_min": 2}),
+            "speculative.p_min",
+            "between 0 and 1",
+        ),
     ];
     for (body, param, words) in cases {
         for uri in ["/completion", "/completions"] {
@@ -815,6 +830,55 @@ async fn slots_are_shown_unless_turned_off() {
     )
     .await;
     assert_error(s, &v, StatusCode::NOT_IMPLEMENTED, "not_supported_error");
+}
+
+/// With `--spec-type ngram-simple`, a `/completion` that copies from its
+/// prompt reports llama-server's `timings.draft_n` and `draft_n_accepted`,
+/// `/metrics` counts the same drafts, and the text is the text without
+/// drafts (`speculative.n_max: 0`, whose timings carry no draft fields).
+#[tokio::test]
+async fn drafts_are_reported_in_timings_and_metrics() {
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.n_parallel = 1;
+    cfg.n_ctx = Some(256);
+    cfg.spec = lamina_engine::Speculation {
+        kind: lamina_engine::SpecType::NgramSimple,
+        ngram_n: 3,
+        ..lamina_engine::Speculation::default()
+    };
+    let e = Engine::start(cfg).unwrap();
+    e.wait_ready(Duration::from_secs(60)).unwrap();
+    let app = || app(Arc::new(AppState::new(e.clone(), None, 1 << 20)));
+    let prompt = "one two three four five six seven eight nine ten\n\
+                  one two three four five six seven eight nine ten\none two";
+    let body = |n_max: u64| {
+        json!({"prompt": prompt, "n_predict": 24, "temperature": 0,
+               "speculative.n_max": n_max, "speculative.n_min": 1})
+    };
+    let (s, plain, _) = send(app(), post("/completion", body(0).to_string())).await;
+    assert_eq!(s, StatusCode::OK, "{plain}");
+    assert!(plain["timings"].get("draft_n").is_none(), "{plain}");
+    let (_, v, _) = send(app(), post("/completion", body(8).to_string())).await;
+    assert_eq!(v["content"], plain["content"], "{v}");
+    let t = &v["timings"];
+    let (n, accepted) = (
+        t["draft_n"].as_u64().unwrap(),
+        t["draft_n_accepted"].as_u64().unwrap(),
+    );
+    assert!(n > 0 && accepted > 0 && accepted <= n, "{t}");
+    let (_, _, text) = send(app(), get("/metrics")).await;
+    let text = String::from_utf8_lossy(&text);
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name}: {text}")) as u64
+    };
+    assert_eq!(value("llamacpp:spec_decode_num_draft_tokens_total "), n);
+    assert_eq!(
+        value("llamacpp:spec_decode_num_accepted_tokens_total "),
+        accepted
+    );
+    assert_eq!(value("lamina_draft_accepted_tokens_total "), accepted);
 }
 
 /// `POST /slots/{id}?action=erase` empties the slot's cache: the next

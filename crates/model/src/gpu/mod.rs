@@ -118,6 +118,9 @@ struct Segment<'c> {
     n: usize,
     pos0: usize,
     cache: &'c HybridCache,
+    /// Its last tokens whose logits (or picks, or candidates) a step of
+    /// several segments reads back: 1, or a drafted run's length.
+    keep: usize,
 }
 
 impl<'a> HybridModel<'a> {
@@ -277,7 +280,36 @@ impl<'a> HybridModel<'a> {
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.run_multi(work, Readback::Logits, Next::into_logits)
+        self.run_multi(work, None, Readback::Logits, Next::into_logits)
+    }
+
+    /// [`HybridModel::forward_multi`] where sequence `i` gets the logits of
+    /// its last `keep[i]` tokens, one row after another (what verifying a
+    /// drafted run needs): the rows it would get from
+    /// [`HybridModel::forward`] with [`Logits::From`], bit for bit. Fails
+    /// without running anything when a sequence asks for more rows than it
+    /// has tokens, or has more tokens than one step of its cache takes.
+    pub fn forward_multi_rows(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        keep: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.run_multi(work, Some(keep), Readback::Logits, Next::into_logits)
+    }
+
+    /// [`HybridModel::forward_multi_rows`] reduced to each kept row's
+    /// argmax, on the GPU (as [`HybridModel::forward_multi_argmax`]).
+    pub fn forward_multi_rows_argmax(
+        &self,
+        work: &mut [(&[u32], &mut HybridCache)],
+        keep: &[usize],
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        if !self.argmax_on_gpu() {
+            return Err(ModelError::Step(
+                "the greedy pick is reduced on the GPU, and this model's head is not there".into(),
+            ));
+        }
+        self.run_multi(work, Some(keep), Readback::Argmax, Next::into_picks)
     }
 
     /// Whether [`HybridModel::forward_multi_argmax`] can run: the head is
@@ -301,7 +333,7 @@ impl<'a> HybridModel<'a> {
                 "the greedy pick is reduced on the GPU, and this model's head is not there".into(),
             ));
         }
-        self.run_multi(work, Readback::Argmax, Next::into_pick)
+        self.run_multi(work, None, Readback::Argmax, Next::into_pick)
     }
 
     /// The largest `k` [`HybridModel::forward_multi_top`] takes, where it
@@ -342,14 +374,17 @@ impl<'a> HybridModel<'a> {
                  {TOPK_MAX}"
             )));
         }
-        self.run_multi(work, Readback::Top(k), Next::into_top)
+        self.run_multi(work, None, Readback::Top(k), Next::into_top)
     }
 
     /// A multi-sequence step in rounds no cache's limit exceeds, each
-    /// sequence's result taken out of its [`Next`] by `take`.
+    /// sequence's result taken out of its [`Next`] by `take`. With `keep`
+    /// (rows per sequence, [`HybridModel::forward_multi_rows`]) in one
+    /// round, which every sequence must fit.
     fn run_multi<T: Default + Send>(
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
+        keep: Option<&[usize]>,
         read: Readback,
         take: fn(Next) -> Result<T, ModelError>,
     ) -> Result<Vec<T>, ModelError> {
@@ -358,9 +393,19 @@ impl<'a> HybridModel<'a> {
             .map(|(_, c)| crate::kv::max_step(&self.cpu.config, c.capacity()))
             .min()
             .unwrap_or(usize::MAX);
+        if let Some(keep) = keep {
+            crate::cpu::check_rows(work, keep, limit)?;
+            return crate::cpu::in_pool(|| {
+                self.forward_multi_here(work, keep, read)?
+                    .into_iter()
+                    .map(take)
+                    .collect()
+            });
+        }
         crate::cpu::in_pool(|| {
             crate::cpu::split_multi(work, limit, |w| {
-                self.forward_multi_here(w, read)?
+                let ones = vec![1; w.len()];
+                self.forward_multi_here(w, &ones, read)?
                     .into_iter()
                     .map(take)
                     .collect()
@@ -371,6 +416,7 @@ impl<'a> HybridModel<'a> {
     fn forward_multi_here(
         &self,
         work: &mut [(&[u32], &mut HybridCache)],
+        keep: &[usize],
         read: Readback,
     ) -> Result<Vec<Next>, ModelError> {
         let (Some(g), Some(head)) = (self.gpu.as_deref(), &self.head) else {
@@ -379,7 +425,7 @@ impl<'a> HybridModel<'a> {
             }
             let mut inner: Vec<(&[u32], &mut KvCache)> =
                 work.iter_mut().map(|(t, c)| (*t, &mut c.cpu)).collect();
-            let out = self.cpu.forward_multi(&mut inner)?;
+            let out = self.cpu.forward_multi_rows(&mut inner, keep)?;
             for (t, c) in work.iter_mut() {
                 let len = c.len + t.len();
                 c.len = len;
@@ -387,8 +433,9 @@ impl<'a> HybridModel<'a> {
             }
             return Ok(out.into_iter().map(Next::Logits).collect());
         };
-        if let ([(t, c)], Readback::Logits) = (&mut *work, read) {
-            return Ok(vec![Next::Logits(self.forward_here(t, c, Logits::Last)?)]);
+        if let ([(t, c)], [k], Readback::Logits) = (&mut *work, keep, read) {
+            let from = Logits::From(t.len().saturating_sub(*k));
+            return Ok(vec![Next::Logits(self.forward_here(t, c, from)?)]);
         }
         let mut xs = Vec::new();
         let mut firsts = Vec::with_capacity(work.len());
@@ -407,27 +454,45 @@ impl<'a> HybridModel<'a> {
         let segments: Vec<Segment<'_>> = work
             .iter()
             .zip(&firsts)
-            .map(|((t, c), &first)| Segment {
+            .zip(keep)
+            .map(|(((t, c), &first), &keep)| Segment {
                 first,
                 n: t.len(),
                 pos0: c.len,
                 cache: c,
+                keep,
             })
             .collect();
-        let out = self.gpu_step(g, head, &xs, &segments, Logits::Last, read)?;
+        let which = match &segments[..] {
+            [one] => Logits::From(one.n.saturating_sub(one.keep)),
+            _ => Logits::Last,
+        };
+        let out = self.gpu_step(g, head, &xs, &segments, which, read)?;
         let v = self.cpu.config.n_vocab;
         for (t, c) in work.iter_mut() {
             let len = c.len + t.len();
             c.advance(len);
         }
-        Ok(match out {
-            Stepped::Logits(flat) => flat
-                .chunks_exact(v)
-                .map(|l| Next::Logits(l.to_vec()))
-                .collect(),
-            Stepped::Picks(picks) => picks.into_iter().map(Next::Pick).collect(),
-            Stepped::Top(rows) => rows.into_iter().map(Next::Top).collect(),
-        })
+        // Each sequence's rows, in the order of the segments.
+        let mut at = 0;
+        let mut next = Vec::with_capacity(keep.len());
+        for &k in keep {
+            next.push(match &out {
+                Stepped::Logits(flat) => Next::Logits(
+                    flat.get(at * v..(at + k) * v)
+                        .ok_or_else(readback::misread)?
+                        .to_vec(),
+                ),
+                Stepped::Picks(p) => {
+                    Next::Picks(p.get(at..at + k).ok_or_else(readback::misread)?.to_vec())
+                }
+                Stepped::Top(rows) => {
+                    Next::Tops(rows.get(at..at + k).ok_or_else(readback::misread)?.to_vec())
+                }
+            });
+            at += k;
+        }
+        Ok(next)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -446,6 +511,7 @@ impl<'a> HybridModel<'a> {
             n,
             pos0,
             cache,
+            keep: n - which.first(n),
         };
         self.gpu_step(g, head, x, &[seg], which, Readback::Logits)?
             .into_logits()
@@ -453,9 +519,9 @@ impl<'a> HybridModel<'a> {
 
     /// The GPU layers and the head for `segments` packed in `x`, in one
     /// submission. One segment returns the logits `which` asks for; several
-    /// return each segment's last logits, one after another. With
-    /// [`Readback::Argmax`] (and `which` [`Logits::Last`]) each segment's
-    /// argmax instead.
+    /// return the logits of each segment's last `keep` tokens, one segment
+    /// after another. With [`Readback::Argmax`] (or `Top`) each of those
+    /// rows' argmax (or candidates) instead.
     fn gpu_step(
         &self,
         g: &Gpu,
@@ -465,9 +531,9 @@ impl<'a> HybridModel<'a> {
         which: Logits,
         read: Readback,
     ) -> Result<Stepped, ModelError> {
-        if read != Readback::Logits && which != Logits::Last {
+        if read != Readback::Logits && which == Logits::Hidden {
             return Err(ModelError::Step(
-                "a greedy pick or top-k is made from the last logits only".into(),
+                "a greedy pick or top-k is made from logits, not hidden states".into(),
             ));
         }
         let c = &self.cpu.config;
@@ -488,6 +554,20 @@ impl<'a> HybridModel<'a> {
         } else {
             kv_len
         };
+        // The rows of logits the head computes: one segment's as `which`
+        // says, else each segment's last `keep`.
+        let out_rows = match segments {
+            [_] => n - which.first(n),
+            _ => segments.iter().map(|s| s.keep).sum(),
+        };
+        // The scratch's rows (logits, picks, gathered states): one per
+        // sequence, or a row per kept token; a single sequence's logits
+        // of many rows get a tensor of their own below.
+        let rows_room = if seqs == 1 && read == Readback::Logits {
+            seqs
+        } else {
+            seqs.max(out_rows)
+        };
         let gpu_experts = self.layers.iter().any(|l| l.gpu_experts().is_some());
         let mut s = Pool::step(
             &mut held,
@@ -495,7 +575,11 @@ impl<'a> HybridModel<'a> {
             c,
             gpu_experts,
             record::rope_factor_words(c),
-            Shape { n, seqs, kv_room },
+            Shape {
+                n,
+                seqs: rows_room,
+                kv_room,
+            },
             matches!(read, Readback::Top(_)),
         )?;
         // The token table: each token's position and its row in its
@@ -602,10 +686,7 @@ impl<'a> HybridModel<'a> {
                 .map(Stepped::Logits)
                 .map_err(gpu_err);
         }
-        let rows = match segments {
-            [_] => n - which.first(n),
-            _ => seqs,
-        };
+        let rows = out_rows;
         let own;
         let logits = if rows * c.n_vocab > s.logits.len() {
             own = g.tensor(rows * c.n_vocab).map_err(gpu_err)?;
@@ -632,11 +713,15 @@ impl<'a> HybridModel<'a> {
             .map_err(gpu_err)?;
             m
         } else {
-            // Gather each sequence's last normed state, then one head product
-            // for all of them.
-            for (j, seg) in segments.iter().enumerate() {
-                let at = (seg.first + seg.n - 1) * e;
-                b.copy(&s.h, at, &s.last, j * e, e).map_err(gpu_err)?;
+            // Gather each sequence's last `keep` normed states, then one
+            // head product for all of them.
+            let mut j = 0;
+            for seg in segments {
+                let keep = seg.keep.min(seg.n);
+                let at = (seg.first + seg.n - keep) * e;
+                b.copy(&s.h, at, &s.last, j * e, keep * e)
+                    .map_err(gpu_err)?;
+                j += keep;
             }
             b.matmul_strided(
                 MatmulKernel::Auto,
@@ -644,7 +729,7 @@ impl<'a> HybridModel<'a> {
                 &s.last,
                 logits,
                 Columns {
-                    n: seqs,
+                    n: out_rows,
                     x_offset: 0,
                     x_stride: e,
                     y_offset: 0,
@@ -652,7 +737,7 @@ impl<'a> HybridModel<'a> {
                 },
             )
             .map_err(gpu_err)?;
-            seqs
+            out_rows
         };
         if read == Readback::Logits {
             return b

@@ -22,12 +22,15 @@ pub(super) enum Stepped {
     Top(Vec<Candidates>),
 }
 
-/// One sequence's result of a step, as [`Readback`] asked.
+/// One sequence's result of a step, as [`Readback`] asked, for each of
+/// the rows it kept (its last token's alone, except for
+/// [`HybridModel::forward_multi_rows`]): logits one row after another,
+/// picks, or candidates, in the order of its tokens.
 #[derive(Debug)]
 pub(super) enum Next {
     Logits(Vec<f32>),
-    Pick(u32),
-    Top(Candidates),
+    Picks(Vec<u32>),
+    Tops(Vec<Candidates>),
 }
 
 /// A sequence's next-token candidates from a step of
@@ -63,21 +66,27 @@ impl Next {
     pub(super) fn into_logits(self) -> Result<Vec<f32>, ModelError> {
         match self {
             Next::Logits(l) => Ok(l),
-            Next::Pick(_) | Next::Top(_) => Err(misread()),
+            Next::Picks(_) | Next::Tops(_) => Err(misread()),
         }
     }
 
+    /// The last row's pick.
     pub(super) fn into_pick(self) -> Result<u32, ModelError> {
+        self.into_picks()?.pop().ok_or_else(misread)
+    }
+
+    pub(super) fn into_picks(self) -> Result<Vec<u32>, ModelError> {
         match self {
-            Next::Pick(p) => Ok(p),
-            Next::Logits(_) | Next::Top(_) => Err(misread()),
+            Next::Picks(p) => Ok(p),
+            Next::Logits(_) | Next::Tops(_) => Err(misread()),
         }
     }
 
+    /// The last row's candidates.
     pub(super) fn into_top(self) -> Result<Candidates, ModelError> {
         match self {
-            Next::Top(t) => Ok(t),
-            Next::Logits(_) | Next::Pick(_) => Err(misread()),
+            Next::Tops(mut t) => t.pop().ok_or_else(misread),
+            Next::Logits(_) | Next::Picks(_) => Err(misread()),
         }
     }
 }
