@@ -24,7 +24,7 @@ pub(super) enum Stepped {
 
 /// One sequence's result of a step, as [`Readback`] asked, for each of
 /// the rows it kept (its last token's alone, except for
-/// [`HybridModel::forward_multi_rows`]): logits one row after another,
+/// [`super::HybridModel::forward_multi_rows`]): logits one row after another,
 /// picks, or candidates, in the order of its tokens.
 #[derive(Debug)]
 pub(super) enum Next {
