@@ -6,7 +6,6 @@
 //! reason than its length is a plain 400, not `context_length_exceeded`.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,16 +18,8 @@ use lamina_model::placement::Ngl;
 use serde_json::{json, Value};
 use tower::ServiceExt as _;
 
+use super::tests::model_path;
 use super::{app, AppState};
-
-fn model_path() -> PathBuf {
-    let dir = std::env::var_os("LAMINA_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/lamina/models")
-        });
-    dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-}
 
 #[tokio::test]
 async fn a_gpu_out_of_memory_is_a_503_and_the_server_goes_on() {

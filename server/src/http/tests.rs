@@ -25,7 +25,7 @@ const CAP: usize = 256;
 /// Context of one slot in the shared engine.
 const SLOT: usize = 1024;
 
-fn model_path() -> PathBuf {
+pub(super) fn model_path() -> PathBuf {
     let dir = std::env::var_os("LAMINA_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
