@@ -14,6 +14,18 @@ pub enum MoeKind {
     Renormalised,
     /// A sigmoid-gated shared expert beside the routed ones (qwen2moe).
     SharedExpert,
+    /// Both: renormalised chosen weights and a gated shared expert
+    /// (qwen35moe).
+    RenormalisedShared,
+}
+
+/// What a hybrid's recurrent blocks compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecurrentKind {
+    /// The tests' stand-in: a convolution and a per-channel recurrence.
+    StandIn,
+    /// Gated DeltaNet linear attention (qwen35, qwen35moe).
+    GatedDeltaNet,
 }
 
 /// Sliding-window attention on some layers (Gemma 3).
@@ -60,7 +72,16 @@ pub struct ArchRow {
     /// Some blocks are recurrent (a [`crate::config::Recurrent`] mixer in
     /// place of attention): every `full_attention_interval`-th block
     /// attends, the others keep a state per sequence.
-    pub recurrent: bool,
+    pub recurrent: Option<RecurrentKind>,
+    /// Attention's output gated by a sigmoid of a per-head gate projected
+    /// with Q (qwen35).
+    pub attn_gate: bool,
+    /// RoPE positions by sections (`rope.dimension_sections`, Qwen's
+    /// IMROPE), checked to reduce to NeoX RoPE for text.
+    pub rope_sections: bool,
+    /// The feed-forward's input norm: `ffn_norm`, or qwen35's
+    /// `post_attention_norm` (the same step under another name).
+    pub ffn_norm: &'static str,
     /// For the tests only: no released model has it, so it is left out of
     /// the names Lamina says it runs.
     pub test_only: bool,
@@ -81,7 +102,10 @@ const LLAMA: ArchRow = ArchRow {
     moe: None,
     fused_gate_up: false,
     rank_softmax: false,
-    recurrent: false,
+    recurrent: None,
+    attn_gate: false,
+    rope_sections: false,
+    ffn_norm: "ffn_norm",
     test_only: false,
 };
 
@@ -165,8 +189,37 @@ pub const ARCHS: &[ArchRow] = &[
     ArchRow {
         arch: Arch::RecurrentTest,
         name: "lamina-recurrent-test",
-        recurrent: true,
+        recurrent: Some(RecurrentKind::StandIn),
         test_only: true,
+        ..LLAMA
+    },
+    // Qwen3.5 / 3.6 / 3.8 dense: three Gated DeltaNet blocks to each
+    // gated full-attention block (Q/K norms, partial NeoX RoPE by
+    // sections, the output times sigmoid of a gate projected with Q);
+    // the feed-forward's norm is named `post_attention_norm`.
+    ArchRow {
+        arch: Arch::Qwen35,
+        name: "qwen35",
+        qk_norm: true,
+        rope_neox: true,
+        recurrent: Some(RecurrentKind::GatedDeltaNet),
+        attn_gate: true,
+        rope_sections: true,
+        ffn_norm: "post_attention_norm",
+        ..LLAMA
+    },
+    // Qwen3.5 / 3.6 MoE (Qwen3.6-35B-A3B): qwen35's blocks, experts with
+    // renormalised weights and a gated shared expert.
+    ArchRow {
+        arch: Arch::Qwen35Moe,
+        name: "qwen35moe",
+        qk_norm: true,
+        rope_neox: true,
+        recurrent: Some(RecurrentKind::GatedDeltaNet),
+        attn_gate: true,
+        rope_sections: true,
+        ffn_norm: "post_attention_norm",
+        moe: Some(MoeKind::RenormalisedShared),
         ..LLAMA
     },
 ];
@@ -210,9 +263,17 @@ pub(crate) fn test_config(arch: Arch) -> crate::config::Config {
         ("expert_used_count", 2),
         ("expert_feed_forward_length", 32),
         ("ssm.inner_size", 48),
+        ("ssm.state_size", 16),
+        ("ssm.group_count", 1),
+        ("ssm.time_step_rank", 3),
+        ("rope.dimension_count", 8),
     ] {
         w = w.kv(format!("{a}.{k}"), Value::U32(v));
     }
+    w = w.kv(
+        format!("{a}.rope.dimension_sections"),
+        Value::Array(lamina_gguf::Array::U32(vec![2, 1, 1, 0])),
+    );
     let file = File::from_bytes(w.to_bytes()).expect("a file of keys");
     let model = Model::from_shards(vec![file]).expect("one shard");
     crate::config::Config::from_gguf(&model).expect("a config from the table's row")
@@ -230,10 +291,10 @@ mod tests {
             assert_eq!(Arch::from_name(r.name), Some(r.arch));
             assert_eq!(r.arch.name(), r.name);
         }
-        assert!(find("qwen35").is_none());
+        assert!(find("qwen3next").is_none());
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, phi3"
+            "llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, phi3, qwen35, qwen35moe"
         );
     }
 
@@ -252,7 +313,14 @@ mod tests {
             assert_eq!(c.moe.is_some(), r.moe.is_some(), "{}", r.name);
             assert_eq!(c.rope_base, r.default_rope_base, "{}", r.name);
             assert_eq!(c.rms_eps, r.default_rms_eps, "{}", r.name);
-            assert_eq!(c.recurrent.is_some(), r.recurrent, "{}", r.name);
+            assert_eq!(c.recurrent.is_some(), r.recurrent.is_some(), "{}", r.name);
+            assert_eq!(
+                c.recurrent.and_then(|x| x.delta).is_some(),
+                r.recurrent == Some(RecurrentKind::GatedDeltaNet),
+                "{}",
+                r.name
+            );
+            assert_eq!(c.attn_gate, r.attn_gate, "{}", r.name);
         }
     }
 }

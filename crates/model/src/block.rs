@@ -143,6 +143,8 @@ mod tests {
             kv: Default::default(),
             moe: None,
             recurrent: None,
+            attn_gate: false,
+            n_layer_nextn: 0,
         };
         let local = Block::new(&c, 4);
         assert_eq!(local.window, Window::Last(512));

@@ -28,11 +28,18 @@ pub enum Arch {
     Phi3,
     /// The tests' stand-in recurrent hybrid ([`crate::arch`]).
     RecurrentTest,
+    /// Qwen3.5 / 3.6 / 3.8 dense: Gated DeltaNet blocks between gated
+    /// full-attention blocks.
+    Qwen35,
+    /// Qwen3.5 / 3.6 MoE: qwen35's blocks with a mixture of experts and a
+    /// gated shared expert.
+    Qwen35Moe,
 }
 
 /// Recurrent blocks of a hybrid: each keeps, per sequence, the last
 /// `conv_kernel − 1` inputs of its causal convolution over `channels`
-/// channels and a state of `channels` values (`kv/state.rs`).
+/// channels and a recurrence's state (`kv/state.rs`): `channels` values
+/// for the tests' stand-in, a matrix per head for Gated DeltaNet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Recurrent {
     /// Block `il` attends when `(il + 1) % interval == 0`, as llama.cpp's
@@ -40,12 +47,49 @@ pub struct Recurrent {
     pub interval: usize,
     pub conv_kernel: usize,
     pub channels: usize,
+    /// Gated DeltaNet's heads (qwen35); `None` for the stand-in.
+    pub delta: Option<DeltaNet>,
+}
+
+/// The heads of a Gated DeltaNet block (llama.cpp's `ssm.*` keys): `n_k`
+/// key heads of `head_k` dims (`ssm.group_count`, `ssm.state_size`) and
+/// `n_v` value heads (`ssm.time_step_rank`) of `head_v` dims, value head
+/// `h` reading key head `h mod n_k`. Each value head keeps a
+/// `head_k × head_v` state per sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNet {
+    pub head_k: usize,
+    pub n_k: usize,
+    pub n_v: usize,
+    pub head_v: usize,
+}
+
+impl DeltaNet {
+    pub fn key_dim(&self) -> usize {
+        self.head_k * self.n_k
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.head_v * self.n_v
+    }
+
+    /// The convolution's channels: q, k and v side by side.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Values of the recurrence's state per sequence.
+    pub fn state_len(&self) -> usize {
+        self.n_v * self.head_k * self.head_v
+    }
 }
 
 /// Bounds on a recurrent block's shape: a hostile header must not size
 /// the state.
 const MAX_CONV_KERNEL: usize = 16;
 const MAX_CHANNELS: usize = 1 << 16;
+const MAX_DELTA_HEAD: usize = 1024;
+const MAX_DELTA_HEADS: usize = 1024;
 
 impl Arch {
     pub fn from_name(name: &str) -> Option<Self> {
@@ -186,6 +230,12 @@ pub struct Config {
     pub moe: Option<Moe>,
     /// The recurrent blocks of a hybrid architecture.
     pub recurrent: Option<Recurrent>,
+    /// Attention's output times `sigmoid(gate)`, the gate projected with
+    /// Q (interleaved per head in `attn_q`: qwen35).
+    pub attn_gate: bool,
+    /// Blocks after the trunk for multi-token prediction
+    /// (`nextn_predict_layers`): in `block_count`, not run by a forward pass.
+    pub n_layer_nextn: usize,
     /// The KV cache's element types: not from the file but the loader's
     /// choice (`-ctk` / `-ctv`), kept here because every cache and every
     /// count of its bytes is made from the config.
@@ -404,10 +454,15 @@ impl Config {
                     n_expert,
                     n_used,
                     n_ff_exp,
-                    norm_weights: kind == crate::arch::MoeKind::Renormalised,
+                    norm_weights: matches!(
+                        kind,
+                        crate::arch::MoeKind::Renormalised
+                            | crate::arch::MoeKind::RenormalisedShared
+                    ),
                     weights_scale: k.f32_opt("expert_weights_scale")?.unwrap_or(0.0),
                     n_ff_shared: match kind {
-                        crate::arch::MoeKind::SharedExpert => Some(
+                        crate::arch::MoeKind::SharedExpert
+                        | crate::arch::MoeKind::RenormalisedShared => Some(
                             k.usize_opt("expert_shared_feed_forward_length")?
                                 .unwrap_or(k.usize("feed_forward_length")?),
                         ),
@@ -417,34 +472,27 @@ impl Config {
             }
             None => None,
         };
-        let recurrent = if row.recurrent {
-            let conv_kernel = k.usize_opt("ssm.conv_kernel")?.unwrap_or(4);
-            let channels = k.usize("ssm.inner_size")?;
-            let interval = k.usize_opt("full_attention_interval")?.unwrap_or(4);
-            if !(2..=MAX_CONV_KERNEL).contains(&conv_kernel)
-                || !(1..=MAX_CHANNELS).contains(&channels)
-                || interval == 0
-            {
-                return Err(ModelError::BadKey {
-                    key: format!("{arch_name}.ssm.conv_kernel"),
-                    reason: format!(
-                        "a kernel of {conv_kernel} over {channels} channels every {interval} \
-                         blocks (kernels 2..={MAX_CONV_KERNEL}, up to {MAX_CHANNELS} channels)"
-                    ),
-                });
-            }
-            Some(Recurrent {
-                interval,
-                conv_kernel,
-                channels,
-            })
-        } else {
-            None
+        let recurrent = match row.recurrent {
+            Some(kind) => Some(recurrent(&k, arch_name, kind)?),
+            None => None,
         };
+        if row.rope_sections {
+            check_rope_sections(&k, arch_name, rope_dim)?;
+        }
+        let block_count = k.usize("block_count")?;
+        let n_layer_nextn = k.usize_opt("nextn_predict_layers")?.unwrap_or(0);
+        if n_layer_nextn >= block_count {
+            return Err(ModelError::BadKey {
+                key: format!("{arch_name}.nextn_predict_layers"),
+                reason: format!("{n_layer_nextn} of {block_count} blocks leaves no trunk"),
+            });
+        }
         Ok(Config {
             recurrent,
+            attn_gate: row.attn_gate,
+            n_layer_nextn,
             arch,
-            n_layer: k.usize("block_count")?,
+            n_layer: block_count - n_layer_nextn,
             n_embd,
             n_head,
             n_head_kv,
@@ -534,8 +582,21 @@ impl Config {
     /// state.
     pub fn state_len(&self, il: usize) -> usize {
         match self.recurrent {
-            Some(r) if self.is_recurrent(il) => r.conv_kernel * r.channels,
+            Some(r) if self.is_recurrent(il) => {
+                let state = r.delta.map_or(r.channels, |d| d.state_len());
+                (r.conv_kernel - 1) * r.channels + state
+            }
             _ => 0,
+        }
+    }
+
+    /// Rows of the Q product: with an output gate, each head's query then
+    /// its gate.
+    pub fn q_rows(&self) -> usize {
+        if self.attn_gate {
+            2 * self.q_dim()
+        } else {
+            self.q_dim()
         }
     }
 
@@ -546,6 +607,137 @@ impl Config {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// A hybrid's recurrent blocks, from the `ssm.*` keys, each count bounded
+/// before it sizes a state.
+fn recurrent(
+    k: &Keys<'_>,
+    arch_name: &str,
+    kind: crate::arch::RecurrentKind,
+) -> Result<Recurrent, ModelError> {
+    let conv_kernel = k.usize_opt("ssm.conv_kernel")?.unwrap_or(4);
+    let inner = k.usize("ssm.inner_size")?;
+    let interval = k.usize_opt("full_attention_interval")?.unwrap_or(4);
+    let bad = |key: &str, reason: String| ModelError::BadKey {
+        key: format!("{arch_name}.{key}"),
+        reason,
+    };
+    if !(2..=MAX_CONV_KERNEL).contains(&conv_kernel) || interval == 0 {
+        return Err(bad(
+            "ssm.conv_kernel",
+            format!(
+                "a kernel of {conv_kernel} every {interval} blocks (kernels 2..={MAX_CONV_KERNEL})"
+            ),
+        ));
+    }
+    let delta = match kind {
+        crate::arch::RecurrentKind::StandIn => None,
+        crate::arch::RecurrentKind::GatedDeltaNet => {
+            let head_k = k.usize("ssm.state_size")?;
+            let n_k = k.usize("ssm.group_count")?;
+            let n_v = k.usize("ssm.time_step_rank")?;
+            let ok = (1..=MAX_DELTA_HEAD).contains(&head_k)
+                && (1..=MAX_DELTA_HEADS).contains(&n_k)
+                && (1..=MAX_DELTA_HEADS).contains(&n_v)
+                && n_v % n_k == 0
+                && inner == head_k * n_v;
+            if !ok {
+                // llama.cpp's kernels take square states (head_k = head_v)
+                // and value heads that share key heads evenly.
+                return Err(bad(
+                    "ssm.inner_size",
+                    format!(
+                        "{inner} values over {n_v} value heads and {n_k} key heads of                          {head_k} dims (want inner = heads × dims, value heads a multiple of                          key heads, at most {MAX_DELTA_HEADS} heads of {MAX_DELTA_HEAD})"
+                    ),
+                ));
+            }
+            Some(DeltaNet {
+                head_k,
+                n_k,
+                n_v,
+                head_v: head_k,
+            })
+        }
+    };
+    let channels = delta.map_or(inner, |d| d.conv_dim());
+    if !(1..=MAX_CHANNELS).contains(&channels) {
+        return Err(bad(
+            "ssm.inner_size",
+            format!("{channels} convolution channels (at most {MAX_CHANNELS})"),
+        ));
+    }
+    if let Some((full, v)) = k.raw("attention.recurrent_layers") {
+        // The per-layer list llama.cpp prefers to the interval: taken where
+        // it says what the interval says, refused where it differs.
+        let n = k.usize("block_count")?;
+        let listed: Option<Vec<bool>> = v.as_array().and_then(|a| {
+            (0..a.len())
+                .map(|i| a.get(i).and_then(|x| x.as_u64().map(|b| b != 0)))
+                .collect()
+        });
+        let want: Vec<bool> = (0..n).map(|il| (il + 1) % interval != 0).collect();
+        match listed {
+            Some(l) if l.len() >= n && l[..n] == want[..] => {}
+            _ => {
+                return Err(ModelError::BadKey {
+                    key: full,
+                    reason: format!(
+                        "lists recurrent blocks other than every block but each {interval}th,                          which is not supported yet"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(Recurrent {
+        interval,
+        conv_kernel,
+        channels,
+        delta,
+    })
+}
+
+/// Qwen3.5's multi-section RoPE (IMROPE): pair `i` of the rotated dims
+/// turns by the time, height or width position by `i mod 3` within the
+/// sections, or by a fourth (always 0 for text) outside them. Text
+/// tokens have all three positions equal, so where every pair falls in a
+/// section it is plain NeoX RoPE over `rope.dimension_count` dims; a file
+/// whose sections leave pairs unturned is refused rather than run wrong.
+fn check_rope_sections(k: &Keys<'_>, arch_name: &str, rope_dim: usize) -> Result<(), ModelError> {
+    let key = format!("{arch_name}.rope.dimension_sections");
+    let Some((_, v)) = k.raw("rope.dimension_sections") else {
+        return Err(ModelError::MissingKey { key });
+    };
+    let s: Vec<u64> = v
+        .as_array()
+        .and_then(|a| (0..a.len().min(4)).map(|i| a.get(i).and_then(|x| x.as_u64())).collect())
+        .unwrap_or_default();
+    let bad = |reason: String| ModelError::BadKey {
+        key: key.clone(),
+        reason,
+    };
+    if s.len() < 3 {
+        return Err(bad("is not an array of 3 or 4 integers".into()));
+    }
+    let total: u64 = s.iter().sum();
+    let pairs = (rope_dim / 2) as u64;
+    if total == 0 || total > rope_dim as u64 {
+        return Err(bad(format!("sums to {total}, not 1..={rope_dim}")));
+    }
+    for i in 0..pairs {
+        let sector = i % total;
+        let turned = match sector % 3 {
+            0 => sector < 3 * s[0],
+            1 => sector < 3 * s[1],
+            _ => sector < 3 * s[2],
+        };
+        if !turned {
+            return Err(bad(format!(
+                "{s:?} leaves rotated pair {i} to the fourth position, which is not supported"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// How `{arch}.rope.scaling.*` turns the angles.

@@ -256,6 +256,8 @@ pub(crate) struct Scratch {
     o: Vec<f32>,
     g: Vec<f32>,
     u: Vec<f32>,
+    /// Attention's output gate (split from Q's product).
+    gate: Vec<f32>,
     row_seg: Vec<usize>,
     row_pos: Vec<usize>,
 }
@@ -554,6 +556,7 @@ impl<'a> CpuModel<'a> {
             o,
             g,
             u,
+            gate,
             row_seg,
             row_pos,
         } = scratch;
@@ -572,13 +575,24 @@ impl<'a> CpuModel<'a> {
                 h.copy_from_slice(x);
                 h.chunks_mut(e).for_each(|r| ops::rms_norm(r, w, blk.eps));
             }
-            Op::Qkv { bias } => {
+            Op::Qkv { bias, gate: gated } => {
                 let h = &h[..n * e];
                 let q = sized(q, n * qd);
                 let k = sized(k, n * kvd);
                 let v = sized(v, n * kvd);
                 let a = l.attention()?;
-                a.wq.matmul(h, n, q)?;
+                if gated {
+                    // Each head's query then its gate, apart.
+                    let both = sized(g, n * 2 * qd);
+                    a.wq.matmul(h, n, both)?;
+                    let gate = sized(gate, n * qd);
+                    for (i, pair) in both.chunks_exact(2 * hd).enumerate() {
+                        q[i * hd..(i + 1) * hd].copy_from_slice(&pair[..hd]);
+                        gate[i * hd..(i + 1) * hd].copy_from_slice(&pair[hd..]);
+                    }
+                } else {
+                    a.wq.matmul(h, n, q)?;
+                }
                 a.wk.matmul(h, n, k)?;
                 a.wv.matmul(h, n, v)?;
                 if bias {
@@ -645,6 +659,58 @@ impl<'a> CpuModel<'a> {
                     row_pos,
                     sized(attn, n * qd),
                 );
+            }
+            Op::OutputGate => {
+                for (a, gt) in attn[..n * qd].iter_mut().zip(&gate[..n * qd]) {
+                    *a *= 1.0 / (1.0 + (-gt).exp());
+                }
+            }
+            Op::DeltaNet => {
+                let (Mixer::DeltaNet(w), Some(r)) = (&l.mixer, c.recurrent) else {
+                    return Err(ModelError::Placement(format!(
+                        "blk.{il} has no Gated DeltaNet weights but its program is one"
+                    )));
+                };
+                let Some(d) = r.delta else {
+                    return Err(ModelError::Placement(format!(
+                        "blk.{il}: a Gated DeltaNet program without its heads"
+                    )));
+                };
+                let (ch, vd, nv) = (d.conv_dim(), d.value_dim(), d.n_v);
+                let h = &h[..n * e];
+                let qkv = sized(q, n * ch);
+                w.qkv.matmul(h, n, qkv)?;
+                let z = sized(g, n * vd);
+                w.gate.matmul(h, n, z)?;
+                let beta = sized(k, n * nv);
+                w.beta.matmul(h, n, beta)?;
+                let alpha = sized(v, n * nv);
+                w.alpha.matmul(h, n, alpha)?;
+                let y = sized(attn, n * vd);
+                for (sg, cache) in st.segs.iter().zip(st.caches.iter_mut()) {
+                    let rows = sg.start..sg.start + sg.n;
+                    crate::delta::scan(
+                        w,
+                        d,
+                        r.conv_kernel,
+                        blk.eps,
+                        cache.states.layer_mut(il),
+                        &mut qkv[rows.start * ch..rows.end * ch],
+                        &beta[rows.start * nv..rows.end * nv],
+                        &alpha[rows.start * nv..rows.end * nv],
+                        &mut y[rows.start * vd..rows.end * vd],
+                    );
+                }
+                // Each head's output normed, times silu of its gate.
+                for (yh, zh) in y.chunks_exact_mut(d.head_v).zip(z.chunks_exact(d.head_v)) {
+                    ops::rms_norm(yh, &w.norm, blk.eps);
+                    yh.iter_mut()
+                        .zip(zh)
+                        .for_each(|(a, z)| *a *= z / (1.0 + (-z).exp()));
+                }
+                let o = sized(o, n * e);
+                w.out.matmul(y, n, o)?;
+                self.residual(x, o, None);
             }
             Op::AttnOut { post_norm } => {
                 let o = sized(o, n * e);

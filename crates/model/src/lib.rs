@@ -5,6 +5,7 @@ pub mod arch;
 pub mod block;
 pub mod config;
 pub mod cpu;
+mod delta;
 pub mod error;
 pub mod gpu;
 pub mod kv;

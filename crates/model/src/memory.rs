@@ -225,6 +225,8 @@ mod tests {
             kv: Default::default(),
             moe: None,
             recurrent: None,
+            attn_gate: false,
+            n_layer_nextn: 0,
         }
     }
 

@@ -269,10 +269,15 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             });
         }
     }
-    // A recurrent block has no GPU arm yet: it stays on the CPU, and with
-    // it every block before it (placement offloads a suffix).
-    for il in (0..c.n_layer).filter(|&il| c.is_recurrent(il)) {
-        let name = format!("blk.{il}.ssm_in.weight");
+    // A block with an op that has no GPU arm yet (a recurrent mixer,
+    // attention's output gate) stays on the CPU, and with it every block
+    // before it (placement offloads a suffix).
+    for il in (0..c.n_layer).filter(|&il| !crate::program::Program::new(c, il).runs_on_gpu()) {
+        let name = if c.is_recurrent(il) {
+            format!("blk.{il}.ssm_out.weight")
+        } else {
+            format!("blk.{il}.attn_q.weight")
+        };
         if let Some(t) = model.tensor(&name) {
             l.no_kernel[il].push(Held {
                 tensor: name,
@@ -613,6 +618,8 @@ mod tests {
             kv: Default::default(),
             moe: None,
             recurrent: None,
+            attn_gate: false,
+            n_layer_nextn: 0,
         }
     }
 

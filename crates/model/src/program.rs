@@ -19,8 +19,10 @@ use crate::config::{Activation, Config, Moe};
 pub enum Op {
     /// `h = rms_norm(x) · attn_norm`.
     AttnNorm,
-    /// `q, k, v = h · W_q, h · W_k, h · W_v`, plus their biases (qwen2).
-    Qkv { bias: bool },
+    /// `q, k, v = h · W_q, h · W_k, h · W_v`, plus their biases (qwen2);
+    /// where `gate`, Q's product holds each head's query then its output
+    /// gate, split apart here (qwen35).
+    Qkv { bias: bool, gate: bool },
     /// RMSNorm of every head of q and k (qwen3, gemma3).
     HeadNorms,
     /// RoPE of q and k at each token's position, then k and v into the
@@ -28,6 +30,8 @@ pub enum Op {
     RopeStore,
     /// Each query over its window of the cache: `softmax(scale · q·Kᵀ) · V`.
     Attend,
+    /// `attn *= sigmoid(gate)`, the gate [`Op::Qkv`] split off (qwen35).
+    OutputGate,
     /// `x += post_norm?(attn · W_o)` (the post-norm: gemma3).
     AttnOut { post_norm: bool },
     /// A recurrent block in place of attention, over each sequence's state
@@ -35,6 +39,14 @@ pub enum Op {
     /// `u` over the sequence's last inputs, `c = silu(conv)`, a per-channel
     /// recurrence `s = sigmoid(a) · s + c`, then `x += post_norm?(s · W_out)`.
     Recurrent { post_norm: bool },
+    /// Gated DeltaNet linear attention in place of attention, over each
+    /// sequence's state (qwen35): `qkv = h · W_qkv`, a causal depthwise
+    /// convolution over the sequence's last inputs then SiLU, q and k
+    /// L2-normed, per value head `β = sigmoid(h · W_β)` and decay
+    /// `g = softplus(h · W_α + dt) · a`; the delta rule over the head's
+    /// state `S ← e^g S + k ⊗ β (v − Sᵀk)`, `o = Sᵀq / √d`; then
+    /// `x += W_out · (rms_norm(o) · silu(h · W_z))`.
+    DeltaNet,
     /// `h = rms_norm(x) · ffn_norm`.
     FfnNorm,
     /// `y = down(act(gate · h) · (up · h))`.
@@ -59,22 +71,29 @@ impl Program {
     /// (`Weights::load`), so an op never meets a missing weight.
     pub fn new(c: &Config, il: usize) -> Self {
         let mut ops = vec![Op::AttnNorm];
-        if c.is_recurrent(il) {
-            ops.push(Op::Recurrent {
-                post_norm: c.post_norms,
-            });
-        } else {
-            ops.push(Op::Qkv { bias: c.qkv_bias });
-            if c.qk_norm {
-                ops.push(Op::HeadNorms);
-            }
-            ops.extend([
-                Op::RopeStore,
-                Op::Attend,
-                Op::AttnOut {
+        match c.recurrent {
+            Some(r) if c.is_recurrent(il) => ops.push(match r.delta {
+                Some(_) => Op::DeltaNet,
+                None => Op::Recurrent {
                     post_norm: c.post_norms,
                 },
-            ]);
+            }),
+            _ => {
+                ops.push(Op::Qkv {
+                    bias: c.qkv_bias,
+                    gate: c.attn_gate,
+                });
+                if c.qk_norm {
+                    ops.push(Op::HeadNorms);
+                }
+                ops.extend([Op::RopeStore, Op::Attend]);
+                if c.attn_gate {
+                    ops.push(Op::OutputGate);
+                }
+                ops.push(Op::AttnOut {
+                    post_norm: c.post_norms,
+                });
+            }
         }
         ops.extend([
             Op::FfnNorm,
@@ -103,7 +122,7 @@ impl Program {
 
     /// The QKV biases' op is there.
     pub fn qkv_bias(&self) -> bool {
-        self.has(|o| matches!(o, Op::Qkv { bias: true }))
+        self.has(|o| matches!(o, Op::Qkv { bias: true, .. }))
     }
 
     pub fn head_norms(&self) -> bool {
@@ -124,7 +143,13 @@ impl Program {
 
     /// The block keeps a recurrent state per sequence.
     pub fn recurrent(&self) -> bool {
-        self.has(|o| matches!(o, Op::Recurrent { .. }))
+        self.has(|o| matches!(o, Op::Recurrent { .. } | Op::DeltaNet))
+    }
+
+    /// Every op has a GPU arm: not yet a recurrent block's or the output
+    /// gate's, whose blocks placement keeps on the CPU.
+    pub fn runs_on_gpu(&self) -> bool {
+        !self.has(|o| matches!(o, Op::Recurrent { .. } | Op::DeltaNet | Op::OutputGate))
     }
 
     /// The feed-forward is a mixture of experts.
@@ -167,7 +192,7 @@ mod tests {
             let want: Vec<Op> = match row.name {
                 "llama" | "phi3" => vec![
                     AttnNorm,
-                    Qkv { bias: false },
+                    Qkv { bias: false, gate: false },
                     RopeStore,
                     Attend,
                     AttnOut { post_norm: false },
@@ -177,7 +202,7 @@ mod tests {
                 ],
                 "qwen2" | "qwen2moe" => vec![
                     AttnNorm,
-                    Qkv { bias: true },
+                    Qkv { bias: true, gate: false },
                     RopeStore,
                     Attend,
                     AttnOut { post_norm: false },
@@ -187,7 +212,7 @@ mod tests {
                 ],
                 "qwen3" | "qwen3moe" => vec![
                     AttnNorm,
-                    Qkv { bias: false },
+                    Qkv { bias: false, gate: false },
                     HeadNorms,
                     RopeStore,
                     Attend,
@@ -198,7 +223,7 @@ mod tests {
                 ],
                 "gemma3" => vec![
                     AttnNorm,
-                    Qkv { bias: false },
+                    Qkv { bias: false, gate: false },
                     HeadNorms,
                     RopeStore,
                     Attend,
@@ -207,6 +232,8 @@ mod tests {
                     GatedFfn(Activation::GeGlu),
                     FfnOut { post_norm: true },
                 ],
+                // Block 0 is recurrent; block 3 attends (below).
+                "qwen35" | "qwen35moe" => vec![AttnNorm, DeltaNet, FfnNorm, ffn, FfnOut { post_norm: false }],
                 "lamina-recurrent-test" => vec![
                     AttnNorm,
                     Recurrent { post_norm: false },
@@ -217,6 +244,29 @@ mod tests {
                 other => panic!("no expected program for {other}"),
             };
             assert_eq!(p.ops, want, "{}", row.name);
+            if row.attn_gate {
+                let attends = Program::new(&c, 3);
+                assert_eq!(
+                    attends.ops,
+                    vec![
+                        AttnNorm,
+                        Qkv {
+                            bias: false,
+                            gate: true
+                        },
+                        HeadNorms,
+                        RopeStore,
+                        Attend,
+                        OutputGate,
+                        AttnOut { post_norm: false },
+                        FfnNorm,
+                        ffn,
+                        FfnOut { post_norm: false },
+                    ],
+                    "{}",
+                    row.name
+                );
+            }
             assert_eq!(p.moe().is_some(), row.name.ends_with("moe"), "{}", row.name);
         }
     }

@@ -55,6 +55,26 @@ pub struct Layer<'a> {
 pub enum Mixer<'a> {
     Attention(Box<Attention<'a>>),
     Recurrent(Box<RecurrentWeights<'a>>),
+    DeltaNet(Box<DeltaNetWeights<'a>>),
+}
+
+/// A Gated DeltaNet block's weights (llama.cpp's names): the q, k, v
+/// product (`attn_qkv`), the output gate's (`attn_gate`), the per-head
+/// beta and decay logits (`ssm_beta`, `ssm_alpha`), the convolution's taps
+/// (`ssm_conv1d`, `conv_kernel` per channel, oldest first), the decay's
+/// bias and rate (`ssm_dt.bias`, `ssm_a` = −exp(A_log)), the per-head
+/// output norm (`ssm_norm`) and the output product (`ssm_out`).
+#[derive(Debug)]
+pub struct DeltaNetWeights<'a> {
+    pub qkv: Matrix<'a>,
+    pub gate: Matrix<'a>,
+    pub beta: Matrix<'a>,
+    pub alpha: Matrix<'a>,
+    pub conv: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+    pub a: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub out: Matrix<'a>,
 }
 
 /// An attention block's weights.
@@ -87,7 +107,7 @@ impl<'a> Layer<'a> {
     pub fn attention(&self) -> Result<&Attention<'a>, ModelError> {
         match &self.mixer {
             Mixer::Attention(a) => Ok(a),
-            Mixer::Recurrent(_) => Err(ModelError::Placement(
+            Mixer::Recurrent(_) | Mixer::DeltaNet(_) => Err(ModelError::Placement(
                 "a recurrent block has no attention weights".into(),
             )),
         }
@@ -252,6 +272,22 @@ impl<'a> Weights<'a> {
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
             let mixer = match c.recurrent {
+                Some(r @ crate::config::Recurrent { delta: Some(d), .. })
+                    if c.is_recurrent(il) =>
+                {
+                    let (vd, nv) = (d.value_dim(), d.n_v);
+                    Mixer::DeltaNet(Box::new(DeltaNetWeights {
+                        qkv: f.matrix(&n("attn_qkv.weight"), e, d.conv_dim())?,
+                        gate: f.matrix(&n("attn_gate.weight"), e, vd)?,
+                        beta: f.matrix(&n("ssm_beta.weight"), e, nv)?,
+                        alpha: f.matrix(&n("ssm_alpha.weight"), e, nv)?,
+                        conv: f.vector2(&n("ssm_conv1d.weight"), r.conv_kernel, d.conv_dim())?,
+                        dt_bias: f.vector(&n("ssm_dt.bias"), nv)?,
+                        a: f.vector(&n("ssm_a"), nv)?,
+                        norm: f.vector(&n("ssm_norm.weight"), d.head_v)?,
+                        out: f.matrix(&n("ssm_out.weight"), vd, e)?,
+                    }))
+                }
                 Some(r) if c.is_recurrent(il) => {
                     let ch = r.channels;
                     Mixer::Recurrent(Box::new(RecurrentWeights {
@@ -263,13 +299,15 @@ impl<'a> Weights<'a> {
                 }
                 _ => {
                     // Q, K and V as one fused matrix (phi3, some
-                    // converters) or three.
+                    // converters) or three. With an output gate, Q's
+                    // product holds each head's query then its gate.
+                    let qr = c.q_rows();
                     let (wq, wk, wv) = if model.tensor(&n("attn_qkv.weight")).is_some() {
-                        let [a, b, c] = f.split(&n("attn_qkv.weight"), e, [q, kv, kv])?;
+                        let [a, b, c] = f.split(&n("attn_qkv.weight"), e, [qr, kv, kv])?;
                         (a, b, c)
                     } else {
                         (
-                            f.matrix(&n("attn_q.weight"), e, q)?,
+                            f.matrix(&n("attn_q.weight"), e, qr)?,
                             f.matrix(&n("attn_k.weight"), e, kv)?,
                             f.matrix(&n("attn_v.weight"), e, kv)?,
                         )
@@ -291,7 +329,7 @@ impl<'a> Weights<'a> {
                 attn_norm: f.vector(&n("attn_norm.weight"), e)?,
                 mixer,
                 post_attn_norm: f.vector_if(c.post_norms, &n("post_attention_norm.weight"), e)?,
-                ffn_norm: f.vector(&n("ffn_norm.weight"), e)?,
+                ffn_norm: f.vector(&n(&format!("{}.weight", crate::arch::row(c.arch).ffn_norm)), e)?,
                 ffn: match c.moe {
                     // phi3's gate and up: one `ffn_up` of 2 · n_ff rows, the
                     // gate's first (ggml_swiglu's halves).

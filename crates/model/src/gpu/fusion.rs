@@ -122,8 +122,11 @@ pub enum Dispatch {
     /// The routed experts (on the device, or on the host between two
     /// submissions); their sum lands in `o`.
     Experts,
-    /// A recurrent block, which has no GPU arm yet.
+    /// A recurrent block (the stand-in or Gated DeltaNet), which has no
+    /// GPU arm yet.
     Recurrent,
+    /// Attention's output gate, which has no GPU arm yet.
+    OutputGate,
 }
 
 /// A block's dispatches and whether `h` holds the next norm after them.
@@ -207,7 +210,7 @@ pub fn plan_block(
                     out.push(Norm);
                 }
             }
-            Op::Qkv { bias } => {
+            Op::Qkv { bias, .. } => {
                 out.push(if rope_fused {
                     QkvRope { norm: folded }
                 } else {
@@ -249,7 +252,8 @@ pub fn plan_block(
             // No GPU arm yet: placement keeps recurrent blocks on the CPU
             // (plan.rs), and the upload refuses one; the recorder would
             // fail on this.
-            Op::Recurrent { .. } => out.push(Recurrent),
+            Op::Recurrent { .. } | Op::DeltaNet => out.push(Recurrent),
+            Op::OutputGate => out.push(OutputGate),
             Op::FfnOut { .. } => {
                 if folded {
                     out.push(DownAdd { norm_after: false });
@@ -350,7 +354,7 @@ mod tests {
             Down,
             FfnResidual,
         ];
-        for row in ARCHS.iter().filter(|r| !r.recurrent) {
+        for row in ARCHS.iter().filter(|r| r.recurrent.is_none()) {
             let a = row.name;
             let decode_gpu = plan(a, UNIFORM, DISCRETE, 1);
             let prompt_gpu = plan(a, UNIFORM, DISCRETE, 64);

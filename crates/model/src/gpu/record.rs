@@ -243,6 +243,9 @@ impl HybridModel<'_> {
                 Dispatch::Recurrent => {
                     return Err(planned("a recurrent block's kernels (it runs on the CPU)"))
                 }
+                Dispatch::OutputGate => {
+                    return Err(planned("an attention output gate (it runs on the CPU)"))
+                }
                 Dispatch::Experts => {
                     match (self.device_experts(g, l, n), l.gpu_experts()) {
                         // Routed on the device: the experts follow in the
