@@ -32,7 +32,25 @@ pub struct Shape {
     /// Llama 3.x RoPE scaling factor the real model carries (its
     /// `rope_freqs.weight`), if any.
     pub llama3_rope: Option<f32>,
+    /// A hybrid's Gated DeltaNet blocks (qwen35, qwen35moe).
+    pub hybrid: Option<Hybrid>,
 }
+
+/// A Qwen hybrid's recurrent blocks: three Gated DeltaNet blocks to each
+/// gated attention block, `k_heads` key heads and `v_heads` value heads
+/// of `head` dims, and the attention's partial RoPE.
+#[derive(Clone, Copy, Debug)]
+pub struct Hybrid {
+    pub k_heads: u32,
+    pub v_heads: u32,
+    pub head: u64,
+    pub rope_dim: u32,
+}
+
+/// The convolution's kernel and the attention interval of every released
+/// Qwen hybrid.
+const CONV_KERNEL: u64 = 4;
+const ATTN_INTERVAL: u32 = 4;
 
 /// A mixture of experts' counts and widths.
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +82,7 @@ const fn llama(
         head_dim: hd,
         experts: None,
         llama3_rope: None,
+        hybrid: None,
     }
 }
 
@@ -72,8 +91,11 @@ const fn llama(
 /// quarter as wide as the model's dense width) and Qwen1.5-MoE-A2.7B's (60
 /// experts, 4 used, a shared expert), for the tests, at a width where they
 /// run in seconds; a small phi3 (fused QKV and gate/up); a small qwen3moe (0.4 B expert weights, 4 of 32 experts
-/// a token) for speed beside llama.cpp; and Qwen3-30B-A3B's own shape.
-pub const SHAPES: [Shape; 8] = [
+/// a token) for speed beside llama.cpp; Qwen3-30B-A3B's own shape; and
+/// the 2026 Qwen hybrids' shapes (Qwen3.5-0.8B, Qwen3.6-27B and
+/// Qwen3.6-35B-A3B: Gated DeltaNet blocks, heads of 256 in the gated
+/// attention blocks, a quarter of each head rotated) and a small one.
+pub const SHAPES: [Shape; 12] = [
     llama("smollm2", 30, 576, 1536, 9, 3, 64),
     Shape {
         llama3_rope: Some(32.0),
@@ -131,6 +153,56 @@ pub const SHAPES: [Shape; 8] = [
             shared_ff: None,
         }),
         ..llama("", 48, 2048, 6144, 32, 4, 128)
+    },
+    Shape {
+        name: "qwen35-tiny",
+        arch: "qwen35",
+        hybrid: Some(Hybrid {
+            k_heads: 2,
+            v_heads: 4,
+            head: 64,
+            rope_dim: 16,
+        }),
+        ..llama("", 8, 256, 512, 4, 2, 64)
+    },
+    Shape {
+        name: "qwen35-0.8b",
+        arch: "qwen35",
+        hybrid: Some(Hybrid {
+            k_heads: 16,
+            v_heads: 16,
+            head: 128,
+            rope_dim: 64,
+        }),
+        ..llama("", 24, 1024, 3584, 8, 2, 256)
+    },
+    Shape {
+        name: "qwen36-27b",
+        arch: "qwen35",
+        hybrid: Some(Hybrid {
+            k_heads: 16,
+            v_heads: 48,
+            head: 128,
+            rope_dim: 64,
+        }),
+        ..llama("", 64, 5120, 17408, 24, 4, 256)
+    },
+    Shape {
+        name: "qwen36-35b-a3b",
+        arch: "qwen35moe",
+        experts: Some(Experts {
+            count: 256,
+            used: 8,
+            ff: 512,
+            shared_ff: Some(512),
+        }),
+        hybrid: Some(Hybrid {
+            k_heads: 16,
+            v_heads: 32,
+            head: 128,
+            rope_dim: 64,
+        }),
+        ..llama("", 40, 2048, 512, 16, 2, 256)
     },
 ];
 
@@ -380,7 +452,10 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
         ("feed_forward_length", Value::U32(ff as u32)),
         ("attention.head_count", Value::U32(shape.heads)),
         ("attention.head_count_kv", Value::U32(shape.kv_heads)),
-        ("rope.dimension_count", Value::U32(hd as u32)),
+        (
+            "rope.dimension_count",
+            Value::U32(shape.hybrid.map_or(hd as u32, |h| h.rope_dim)),
+        ),
         ("context_length", Value::U32(8192)),
         ("vocab_size", Value::U32(vocab as u32)),
         ("rope.freq_base", Value::F32(500000.0)),
@@ -404,6 +479,27 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
                 Value::U32(s as u32),
             );
         }
+    }
+    if let Some(h) = shape.hybrid {
+        // Sections as Qwen3.5's (11, 11, 10 of 32 pairs), scaled to the
+        // rotated pairs: every pair turns with the text's one position.
+        let pairs = h.rope_dim / 2;
+        let (t, hh) = (pairs.div_ceil(3), pairs.div_ceil(3));
+        let sections = vec![t, hh, pairs - t - hh, 0];
+        for (k, v) in [
+            ("ssm.conv_kernel", CONV_KERNEL as u32),
+            ("ssm.state_size", h.head as u32),
+            ("ssm.group_count", h.k_heads),
+            ("ssm.time_step_rank", h.v_heads),
+            ("ssm.inner_size", h.head as u32 * h.v_heads),
+            ("full_attention_interval", ATTN_INTERVAL),
+        ] {
+            w = w.kv(format!("{arch}.{k}"), Value::U32(v));
+        }
+        w = w.kv(
+            format!("{arch}.rope.dimension_sections"),
+            Value::Array(lamina_gguf::Array::U32(sections)),
+        );
     }
     // (name, dims, type): GGUF dims are innermost first; a 1-D F32 tensor
     // is a norm weight (or a bias).
@@ -485,20 +581,42 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
             tensors.push((n("ffn_down"), vec![ff, e], ty));
             continue;
         }
-        tensors.push((n("attn_q"), vec![e, qd], ty));
-        tensors.push((n("attn_k"), vec![e, kvd], ty));
-        tensors.push((n("attn_v"), vec![e, kvd], ty));
-        if row.qkv_bias {
-            for (b, d) in [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)] {
-                tensors.push((format!("blk.{il}.{b}.bias"), vec![d], f32v));
+        match shape.hybrid {
+            Some(h) if (il + 1) % ATTN_INTERVAL != 0 => {
+                // A Gated DeltaNet block; its small per-head tensors stay
+                // f32, as converters write them.
+                let (kd, vd) = (u64::from(h.k_heads) * h.head, u64::from(h.v_heads) * h.head);
+                let (conv, nv) = (2 * kd + vd, u64::from(h.v_heads));
+                tensors.push((n("attn_qkv"), vec![e, conv], ty));
+                tensors.push((n("attn_gate"), vec![e, vd], ty));
+                tensors.push((n("ssm_conv1d"), vec![CONV_KERNEL, conv], f32v));
+                tensors.push((format!("blk.{il}.ssm_dt.bias"), vec![nv], f32v));
+                tensors.push((format!("blk.{il}.ssm_a"), vec![nv], f32v));
+                tensors.push((n("ssm_beta"), vec![e, nv], f32v));
+                tensors.push((n("ssm_alpha"), vec![e, nv], f32v));
+                tensors.push((n("ssm_norm"), vec![h.head], f32v));
+                tensors.push((n("ssm_out"), vec![vd, e], ty));
+            }
+            _ => {
+                // With an output gate, Q's rows hold each head's query
+                // then its gate.
+                let q_rows = if row.attn_gate { 2 * qd } else { qd };
+                tensors.push((n("attn_q"), vec![e, q_rows], ty));
+                tensors.push((n("attn_k"), vec![e, kvd], ty));
+                tensors.push((n("attn_v"), vec![e, kvd], ty));
+                if row.qkv_bias {
+                    for (b, d) in [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)] {
+                        tensors.push((format!("blk.{il}.{b}.bias"), vec![d], f32v));
+                    }
+                }
+                if row.qk_norm {
+                    tensors.push((n("attn_q_norm"), vec![hd], f32v));
+                    tensors.push((n("attn_k_norm"), vec![hd], f32v));
+                }
+                tensors.push((n("attn_output"), vec![qd, e], ty));
             }
         }
-        if row.qk_norm {
-            tensors.push((n("attn_q_norm"), vec![hd], f32v));
-            tensors.push((n("attn_k_norm"), vec![hd], f32v));
-        }
-        tensors.push((n("attn_output"), vec![qd, e], ty));
-        tensors.push((n("ffn_norm"), vec![e], f32v));
+        tensors.push((n(row.ffn_norm), vec![e], f32v));
         match shape.experts {
             None => {
                 tensors.push((n("ffn_gate"), vec![e, ff], ty));
@@ -569,6 +687,11 @@ pub fn run(a: SynthArgs<'_>) -> anyhow::Result<()> {
             // Biases small, around 0.
             for _ in 0..k {
                 buf.extend_from_slice(&(0.1 * rng.signed()).to_le_bytes());
+            }
+        } else if tensors[i].0.ends_with(".ssm_a") {
+            // A decay rate, negative (the converter's −exp(A_log)).
+            for _ in 0..k {
+                buf.extend_from_slice(&(-0.5 - 0.5 * rng.signed().abs()).to_le_bytes());
             }
         } else if dims.len() == 1 && !tensors[i].0.contains("gate_inp") {
             // Norm weights near 1.

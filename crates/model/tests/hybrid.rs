@@ -1,0 +1,291 @@
+//! The Qwen hybrids (`qwen35` with and without its MTP block, `qwen35moe`)
+//! against an exact reference: small files with the real structure and
+//! random weights, written by llama.cpp's `gguf` Python package
+//! (`scripts/synth-hybrid.py`, F32 and Q8_0), and a float64 NumPy pass of
+//! our own over their dequantized weights (`scripts/exact-reference.py`,
+//! itself checked against llama.cpp: `docs/dev/hybrid-reference.md`).
+//! Top-20 log-probs at every position of three prompts plus 32 greedy
+//! steps, in one batched prefill and token by token, on the CPU, split
+//! and with every block the GPU takes; and a step of eight sequences
+//! equals each sequence alone, bit for bit.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use lamina_gguf::{LoadMode, Model};
+use lamina_gpu::{Gpu, GpuOptions};
+use lamina_model::plan::{self, PlanParams};
+use lamina_model::{CpuModel, HybridCache, HybridModel, KvType, KvTypes, Logits};
+use serde_json::Value;
+
+const N_CTX: usize = 128;
+/// Worst |Δ log-prob| against the float64 pass: f32 arithmetic over 8
+/// blocks lands within 1e-4 here; 1e-3 is the bar the family is held to.
+const TOL: f64 = 1e-3;
+const PROMPTS: &str = "[[1,2,3,4,5,6,7,8],[100,2000,30000,7,7,7,7,7,7,7,7,12,13],[5000,6000]]";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python(args: &[&str]) {
+    let out = Command::new("python3")
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("python3 with gguf and numpy (scripts/install-deps.sh installs them)");
+    assert!(
+        out.status.success(),
+        "python3 {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A file and its reference, written once per test run.
+struct Fixture {
+    path: PathBuf,
+    reference: Value,
+}
+
+fn fixture(arch: &str, ty: &str, mtp: bool) -> Arc<Fixture> {
+    static MADE: OnceLock<Mutex<HashMap<String, Arc<Fixture>>>> = OnceLock::new();
+    let name = format!("{arch}-{ty}{}", if mtp { "-mtp" } else { "" });
+    let made = MADE.get_or_init(Default::default);
+    let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = made.get(&name) {
+        return f.clone();
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hybrid");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.gguf"));
+    let refp = dir.join(format!("{name}.json"));
+    let vocab = common::model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let (p, v, r) = (
+        path.to_str().unwrap(),
+        vocab.to_str().unwrap(),
+        refp.to_str().unwrap(),
+    );
+    let mut args = vec![
+        "scripts/synth-hybrid.py",
+        "--arch",
+        arch,
+        "--type",
+        ty,
+        "--vocab-from",
+        v,
+        "-o",
+        p,
+    ];
+    if mtp {
+        args.push("--mtp");
+    }
+    python(&args);
+    let prompts = dir.join("prompts.json");
+    std::fs::write(&prompts, PROMPTS).unwrap();
+    python(&[
+        "scripts/exact-reference.py",
+        p,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--gen",
+        "32",
+        "-o",
+        r,
+    ]);
+    let reference = serde_json::from_str(&std::fs::read_to_string(&refp).unwrap()).unwrap();
+    let f = Arc::new(Fixture { path, reference });
+    made.insert(name, f.clone());
+    f
+}
+
+fn gpu() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| Arc::new(Gpu::new(GpuOptions::default()).unwrap()))
+        .clone()
+}
+
+/// The model at `-ngl ngl` with an f32 KV cache: the reference's keys and
+/// values are not rounded (an f16 cache moves random-weight models' log-
+/// probs by up to 1e-3 here).
+fn model(file: &Model, ngl: usize) -> HybridModel<'_> {
+    let mut cpu = CpuModel::load(file).unwrap();
+    cpu.config.kv = KvTypes {
+        checkpoint_bytes: cpu.config.kv.checkpoint_bytes,
+        ..KvTypes::uniform(KvType::F32)
+    };
+    let params = PlanParams {
+        n_ctx: N_CTX,
+        ..PlanParams::default()
+    };
+    let p = plan::plan(file, &cpu.config, ngl, &params);
+    HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap()
+}
+
+/// One reference sequence: every token, and per position the exact
+/// top-20 `(id, log-prob)` of the next token.
+struct Sequence {
+    tokens: Vec<u32>,
+    top: Vec<Vec<(usize, f64)>>,
+}
+
+fn sequences(r: &Value) -> Vec<Sequence> {
+    r["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| Sequence {
+            tokens: s["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect(),
+            top: s["top"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|pos| {
+                    pos.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| (p[0].as_u64().unwrap() as usize, p[1].as_f64().unwrap()))
+                        .collect()
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Worst |Δ| over the reference's top-20 at each of the rows of `logits`
+/// (row `i`: the prediction after token `i`).
+fn worst(seq: &Sequence, logits: &[f32], n_vocab: usize) -> f64 {
+    let mut worst = 0.0f64;
+    for (i, row) in logits.chunks_exact(n_vocab).enumerate() {
+        let lp = common::log_softmax(row);
+        let mut wi = 0.0f64;
+        for &(id, want) in &seq.top[i] {
+            wi = wi.max((lp[id] - want).abs());
+        }
+        if std::env::var_os("HYBRID_DEBUG").is_some() {
+            eprintln!("pos {i}: {wi:.2e}");
+        }
+        worst = worst.max(wi);
+    }
+    worst
+}
+
+/// Each file at `-ngl 0`, a split and all: its sequences in one batched
+/// prefill and token by token, within [`TOL`] of the exact reference.
+fn matches_reference(arch: &str, ty: &str, mtp: bool) {
+    let fx = fixture(arch, ty, mtp);
+    let file = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+    let seqs = sequences(&fx.reference);
+    let n_layer = CpuModel::load(&file).unwrap().config.n_layer;
+    for ngl in [0, n_layer / 2, n_layer + 1] {
+        let m = model(&file, ngl);
+        let nv = m.config().n_vocab;
+        for (si, seq) in seqs.iter().enumerate() {
+            let n = seq.top.len();
+            let mut cache: HybridCache = m.new_cache(N_CTX).unwrap();
+            let batch = m
+                .forward(&seq.tokens[..n], &mut cache, Logits::From(0))
+                .unwrap();
+            if let Some(d) = std::env::var_os("HYBRID_DUMP") {
+                let lp: Vec<Vec<f64>> = batch.chunks_exact(nv).map(common::log_softmax).collect();
+                std::fs::write(
+                    Path::new(&d).join(format!("{arch}-{ty}-{si}.json")),
+                    serde_json::to_string(&lp).unwrap(),
+                )
+                .unwrap();
+            }
+            let w = worst(seq, &batch, nv);
+            assert!(w < TOL, "{arch} {ty} -ngl {ngl} seq {si} prefill: {w}");
+            let mut cache = m.new_cache(N_CTX).unwrap();
+            let mut one = Vec::with_capacity(n * nv);
+            for &t in &seq.tokens[..n] {
+                one.extend(m.forward(&[t], &mut cache, Logits::Last).unwrap());
+            }
+            let w = worst(seq, &one, nv);
+            assert!(w < TOL, "{arch} {ty} -ngl {ngl} seq {si} one by one: {w}");
+        }
+    }
+}
+
+#[test]
+fn qwen35_f32_matches_the_exact_reference() {
+    matches_reference("qwen35", "F32", false);
+}
+
+#[test]
+fn qwen35_q8_0_matches_the_exact_reference() {
+    matches_reference("qwen35", "Q8_0", false);
+}
+
+#[test]
+fn qwen35_with_an_mtp_block_matches_the_exact_reference() {
+    matches_reference("qwen35", "F32", true);
+}
+
+#[test]
+fn qwen35moe_f32_matches_the_exact_reference() {
+    matches_reference("qwen35moe", "F32", false);
+}
+
+#[test]
+fn qwen35moe_q8_0_matches_the_exact_reference() {
+    matches_reference("qwen35moe", "Q8_0", false);
+}
+
+/// Eight sequences in one step, prompts then decode steps side by side,
+/// give each sequence's bits alone.
+#[test]
+fn eight_sequences_in_a_step_keep_their_bits() {
+    for arch in ["qwen35", "qwen35moe"] {
+        let fx = fixture(arch, "Q8_0", false);
+        let file = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+        let m = model(&file, 0);
+        let prompts: Vec<Vec<u32>> = (0..8u32)
+            .map(|i| {
+                (0..3 + i as usize)
+                    .map(|j| 17 + 1000 * i + 7 * j as u32)
+                    .collect()
+            })
+            .collect();
+        let alone: Vec<Vec<Vec<f32>>> = prompts
+            .iter()
+            .map(|p| {
+                let mut c = m.new_cache(N_CTX).unwrap();
+                let mut out = vec![m.forward(p, &mut c, Logits::Last).unwrap()];
+                for s in 0..3u32 {
+                    out.push(m.forward(&[40 + s], &mut c, Logits::Last).unwrap());
+                }
+                out
+            })
+            .collect();
+        let mut caches = m.new_caches(8, N_CTX).unwrap();
+        let mut work: Vec<(&[u32], &mut HybridCache)> = prompts
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(p, c)| (&p[..], c))
+            .collect();
+        let got = m.forward_multi(&mut work).unwrap();
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(g, &alone[i][0], "{arch} seq {i} prompt");
+        }
+        for s in 0..3u32 {
+            let tok = [40 + s];
+            let mut work: Vec<(&[u32], &mut HybridCache)> =
+                caches.iter_mut().map(|c| (&tok[..], c)).collect();
+            let got = m.forward_multi(&mut work).unwrap();
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(g, &alone[i][1 + s as usize], "{arch} seq {i} step {s}");
+            }
+        }
+    }
+}
