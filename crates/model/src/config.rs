@@ -710,7 +710,11 @@ fn check_rope_sections(k: &Keys<'_>, arch_name: &str, rope_dim: usize) -> Result
     };
     let s: Vec<u64> = v
         .as_array()
-        .and_then(|a| (0..a.len().min(4)).map(|i| a.get(i).and_then(|x| x.as_u64())).collect())
+        .and_then(|a| {
+            (0..a.len().min(4))
+                .map(|i| a.get(i).and_then(|x| x.as_u64()))
+                .collect()
+        })
         .unwrap_or_default();
     let bad = |reason: String| ModelError::BadKey {
         key: key.clone(),

@@ -163,7 +163,9 @@ mod tests {
         let (kernel, ch, n, nv) = (4, d.conv_dim(), 7, d.n_v);
         let mut seed = 7u64;
         let mut rnd = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
         };
         let conv: Vec<f32> = (0..ch * kernel).map(|_| rnd() * 0.5).collect();
@@ -256,10 +258,13 @@ mod tests {
                     }
                 }
                 for j in 0..hk {
-                    let o: f64 = (0..hk).map(|i| st[i * hk + j] * q[i]).sum::<f64>()
-                        / (hk as f64).sqrt();
+                    let o: f64 =
+                        (0..hk).map(|i| st[i * hk + j] * q[i]).sum::<f64>() / (hk as f64).sqrt();
                     let got = whole[t * d.value_dim() + h * hk + j] as f64;
-                    assert!((got - o).abs() < 1e-5, "t {t} head {h} dim {j}: {got} vs {o}");
+                    assert!(
+                        (got - o).abs() < 1e-5,
+                        "t {t} head {h} dim {j}: {got} vs {o}"
+                    );
                 }
             }
         }

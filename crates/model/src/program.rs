@@ -192,7 +192,10 @@ mod tests {
             let want: Vec<Op> = match row.name {
                 "llama" | "phi3" => vec![
                     AttnNorm,
-                    Qkv { bias: false, gate: false },
+                    Qkv {
+                        bias: false,
+                        gate: false,
+                    },
                     RopeStore,
                     Attend,
                     AttnOut { post_norm: false },
@@ -202,7 +205,10 @@ mod tests {
                 ],
                 "qwen2" | "qwen2moe" => vec![
                     AttnNorm,
-                    Qkv { bias: true, gate: false },
+                    Qkv {
+                        bias: true,
+                        gate: false,
+                    },
                     RopeStore,
                     Attend,
                     AttnOut { post_norm: false },
@@ -212,7 +218,10 @@ mod tests {
                 ],
                 "qwen3" | "qwen3moe" => vec![
                     AttnNorm,
-                    Qkv { bias: false, gate: false },
+                    Qkv {
+                        bias: false,
+                        gate: false,
+                    },
                     HeadNorms,
                     RopeStore,
                     Attend,
@@ -223,7 +232,10 @@ mod tests {
                 ],
                 "gemma3" => vec![
                     AttnNorm,
-                    Qkv { bias: false, gate: false },
+                    Qkv {
+                        bias: false,
+                        gate: false,
+                    },
                     HeadNorms,
                     RopeStore,
                     Attend,
@@ -233,7 +245,13 @@ mod tests {
                     FfnOut { post_norm: true },
                 ],
                 // Block 0 is recurrent; block 3 attends (below).
-                "qwen35" | "qwen35moe" => vec![AttnNorm, DeltaNet, FfnNorm, ffn, FfnOut { post_norm: false }],
+                "qwen35" | "qwen35moe" => vec![
+                    AttnNorm,
+                    DeltaNet,
+                    FfnNorm,
+                    ffn,
+                    FfnOut { post_norm: false },
+                ],
                 "lamina-recurrent-test" => vec![
                     AttnNorm,
                     Recurrent { post_norm: false },

@@ -272,9 +272,7 @@ impl<'a> Weights<'a> {
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
             let mixer = match c.recurrent {
-                Some(r @ crate::config::Recurrent { delta: Some(d), .. })
-                    if c.is_recurrent(il) =>
-                {
+                Some(r @ crate::config::Recurrent { delta: Some(d), .. }) if c.is_recurrent(il) => {
                     let (vd, nv) = (d.value_dim(), d.n_v);
                     Mixer::DeltaNet(Box::new(DeltaNetWeights {
                         qkv: f.matrix(&n("attn_qkv.weight"), e, d.conv_dim())?,
@@ -329,7 +327,10 @@ impl<'a> Weights<'a> {
                 attn_norm: f.vector(&n("attn_norm.weight"), e)?,
                 mixer,
                 post_attn_norm: f.vector_if(c.post_norms, &n("post_attention_norm.weight"), e)?,
-                ffn_norm: f.vector(&n(&format!("{}.weight", crate::arch::row(c.arch).ffn_norm)), e)?,
+                ffn_norm: f.vector(
+                    &n(&format!("{}.weight", crate::arch::row(c.arch).ffn_norm)),
+                    e,
+                )?,
                 ffn: match c.moe {
                     // phi3's gate and up: one `ffn_up` of 2 · n_ff rows, the
                     // gate's first (ggml_swiglu's halves).
