@@ -25,6 +25,11 @@ pub trait Cache {
     fn capacity(&self) -> usize;
     /// Forgets positions `len..` (prefix reuse).
     fn truncate(&mut self, len: usize);
+    /// Host bytes its recurrent-state checkpoints hold (0 without
+    /// recurrent layers).
+    fn checkpoint_bytes(&self) -> u64 {
+        0
+    }
 }
 
 impl Cache for KvCache {
@@ -36,6 +41,9 @@ impl Cache for KvCache {
     }
     fn truncate(&mut self, len: usize) {
         KvCache::truncate(self, len)
+    }
+    fn checkpoint_bytes(&self) -> u64 {
+        self.checkpoints().bytes()
     }
 }
 
@@ -303,6 +311,9 @@ impl Cache for HybridCache {
     }
     fn truncate(&mut self, len: usize) {
         HybridCache::truncate(self, len)
+    }
+    fn checkpoint_bytes(&self) -> u64 {
+        HybridCache::checkpoint_bytes(self)
     }
 }
 

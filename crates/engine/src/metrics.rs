@@ -40,6 +40,8 @@ pub struct Metrics {
     pub(crate) active: AtomicUsize,
     pub(crate) kv_used: AtomicUsize,
     pub(crate) kv_capacity: AtomicUsize,
+    /// Host bytes the slots' recurrent-state checkpoints hold.
+    pub(crate) checkpoint_bytes: AtomicU64,
 }
 
 /// One slot as `/slots` shows it.
@@ -111,6 +113,7 @@ pub struct MetricsSnapshot {
     pub active: usize,
     pub kv_used: usize,
     pub kv_capacity: usize,
+    pub checkpoint_bytes: u64,
 }
 
 fn us(ms: f64) -> u64 {
@@ -149,6 +152,7 @@ impl Metrics {
             active: self.active.load(Relaxed),
             kv_used: self.kv_used.load(Relaxed),
             kv_capacity: self.kv_capacity.load(Relaxed),
+            checkpoint_bytes: self.checkpoint_bytes.load(Relaxed),
         }
     }
 

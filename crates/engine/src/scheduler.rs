@@ -530,6 +530,8 @@ pub(crate) fn run<B: Backend>(
         }
         let used = slots.iter().map(|s| s.cache.len()).sum();
         metrics.kv_used.store(used, Relaxed);
+        let held = slots.iter().map(|s| s.cache.checkpoint_bytes()).sum();
+        metrics.checkpoint_bytes.store(held, Relaxed);
         publish_slots(metrics, &slots);
         publish_active(metrics, &slots);
     }

@@ -527,6 +527,12 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             "Host memory the prompt cache's entries take.",
             m.prompt_cache_bytes as f64,
         ),
+        (
+            "checkpoint_bytes",
+            "Host memory the slots' recurrent-state checkpoints take (hybrid models; \
+             --ctx-checkpoint-ram per slot).",
+            m.checkpoint_bytes as f64,
+        ),
     ] {
         metric(name, "gauge", help, &one(v));
     }

@@ -24,6 +24,8 @@ mod error;
 mod fault_tests;
 mod gcp;
 mod generate;
+#[cfg(test)]
+mod hybrid_tests;
 mod listen;
 pub mod mcp;
 mod misc;

@@ -78,6 +78,11 @@ impl HybridCache {
         self.arena.n_ctx
     }
 
+    /// Host bytes its recurrent-state checkpoints hold (`kv/state.rs`).
+    pub fn checkpoint_bytes(&self) -> u64 {
+        self.cpu.checkpoints().bytes()
+    }
+
     /// Forgets positions `len..` (to reuse a shared prefix), or everything
     /// where a sliding-window ring no longer holds the window before `len`:
     /// [`HybridCache::len`] says what was kept.
