@@ -24,8 +24,11 @@ pub enum MoeKind {
 pub enum RecurrentKind {
     /// The tests' stand-in: a convolution and a per-channel recurrence.
     StandIn,
-    /// Gated DeltaNet linear attention (qwen35, qwen35moe).
-    GatedDeltaNet,
+    /// Gated DeltaNet linear attention (qwen35, qwen35moe, qwen3next).
+    /// Value head `h` reads key head `h / (n_v / n_k)` where `grouped`
+    /// (qwen3next keeps each key head's value heads together), else
+    /// `h mod n_k` (qwen35's converter tiles them).
+    GatedDeltaNet { grouped: bool },
 }
 
 /// Sliding-window attention on some layers (Gemma 3).
@@ -202,7 +205,7 @@ pub const ARCHS: &[ArchRow] = &[
         name: "qwen35",
         qk_norm: true,
         rope_neox: true,
-        recurrent: Some(RecurrentKind::GatedDeltaNet),
+        recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: false }),
         attn_gate: true,
         rope_sections: true,
         ffn_norm: "post_attention_norm",
@@ -215,9 +218,24 @@ pub const ARCHS: &[ArchRow] = &[
         name: "qwen35moe",
         qk_norm: true,
         rope_neox: true,
-        recurrent: Some(RecurrentKind::GatedDeltaNet),
+        recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: false }),
         attn_gate: true,
         rope_sections: true,
+        ffn_norm: "post_attention_norm",
+        moe: Some(MoeKind::RenormalisedShared),
+        ..LLAMA
+    },
+    // Qwen3-Next (80B-A3B): qwen35moe's blocks with plain NeoX RoPE, each
+    // key head's value heads kept together, beta and alpha in one
+    // product (`ssm_ba`), and in older files q, k, v and z in one
+    // (`ssm_in`).
+    ArchRow {
+        arch: Arch::Qwen3Next,
+        name: "qwen3next",
+        qk_norm: true,
+        rope_neox: true,
+        recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: true }),
+        attn_gate: true,
         ffn_norm: "post_attention_norm",
         moe: Some(MoeKind::RenormalisedShared),
         ..LLAMA
@@ -291,10 +309,10 @@ mod tests {
             assert_eq!(Arch::from_name(r.name), Some(r.arch));
             assert_eq!(r.arch.name(), r.name);
         }
-        assert!(find("qwen3next").is_none());
+        assert!(find("gemma4").is_none());
         assert_eq!(
             supported(),
-            "llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, phi3, qwen35, qwen35moe"
+            "llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, phi3, qwen35, qwen35moe, qwen3next"
         );
     }
 
@@ -316,7 +334,7 @@ mod tests {
             assert_eq!(c.recurrent.is_some(), r.recurrent.is_some(), "{}", r.name);
             assert_eq!(
                 c.recurrent.and_then(|x| x.delta).is_some(),
-                r.recurrent == Some(RecurrentKind::GatedDeltaNet),
+                matches!(r.recurrent, Some(RecurrentKind::GatedDeltaNet { .. })),
                 "{}",
                 r.name
             );

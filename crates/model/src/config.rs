@@ -34,6 +34,9 @@ pub enum Arch {
     /// Qwen3.5 / 3.6 MoE: qwen35's blocks with a mixture of experts and a
     /// gated shared expert.
     Qwen35Moe,
+    /// Qwen3-Next: qwen35moe's blocks, NeoX RoPE, value heads grouped by
+    /// key head.
+    Qwen3Next,
 }
 
 /// Recurrent blocks of a hybrid: each keeps, per sequence, the last
@@ -62,6 +65,9 @@ pub struct DeltaNet {
     pub n_k: usize,
     pub n_v: usize,
     pub head_v: usize,
+    /// Value head `h` reads key head `h / (n_v / n_k)` (qwen3next), not
+    /// `h mod n_k` (qwen35).
+    pub grouped: bool,
 }
 
 impl DeltaNet {
@@ -81,6 +87,15 @@ impl DeltaNet {
     /// Values of the recurrence's state per sequence.
     pub fn state_len(&self) -> usize {
         self.n_v * self.head_k * self.head_v
+    }
+
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        if self.grouped {
+            h / (self.n_v / self.n_k)
+        } else {
+            h % self.n_k
+        }
     }
 }
 
@@ -633,7 +648,7 @@ fn recurrent(
     }
     let delta = match kind {
         crate::arch::RecurrentKind::StandIn => None,
-        crate::arch::RecurrentKind::GatedDeltaNet => {
+        crate::arch::RecurrentKind::GatedDeltaNet { grouped } => {
             let head_k = k.usize("ssm.state_size")?;
             let n_k = k.usize("ssm.group_count")?;
             let n_v = k.usize("ssm.time_step_rank")?;
@@ -657,6 +672,7 @@ fn recurrent(
                 n_k,
                 n_v,
                 head_v: head_k,
+                grouped,
             })
         }
     };

@@ -679,13 +679,10 @@ impl<'a> CpuModel<'a> {
                 let (ch, vd, nv) = (d.conv_dim(), d.value_dim(), d.n_v);
                 let h = &h[..n * e];
                 let qkv = sized(q, n * ch);
-                w.qkv.matmul(h, n, qkv)?;
                 let z = sized(g, n * vd);
-                w.gate.matmul(h, n, z)?;
                 let beta = sized(k, n * nv);
-                w.beta.matmul(h, n, beta)?;
                 let alpha = sized(v, n * nv);
-                w.alpha.matmul(h, n, alpha)?;
+                crate::delta::project(w, d, h, n, qkv, z, beta, alpha, u, o)?;
                 let y = sized(attn, n * vd);
                 for (sg, cache) in st.segs.iter().zip(st.caches.iter_mut()) {
                     let rows = sg.start..sg.start + sg.n;

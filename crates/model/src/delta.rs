@@ -13,7 +13,75 @@
 use rayon::prelude::*;
 
 use crate::config::DeltaNet;
-use crate::weights::DeltaNetWeights;
+use crate::error::ModelError;
+use crate::weights::{BetaAlpha, DeltaInput, DeltaNetWeights};
+
+/// The block's input products for `n` tokens of `h`, in the layout
+/// [`scan`] reads: each token's q, k and v (the convolution's channels)
+/// in `qkv`, its gate in `z`, its value heads' beta and alpha logits.
+/// Fused products (qwen3next's `ssm_in`, `ssm_ba`) run into `tmp` and
+/// `tmp2` and are taken apart by key head.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn project(
+    w: &DeltaNetWeights<'_>,
+    d: DeltaNet,
+    h: &[f32],
+    n: usize,
+    qkv: &mut [f32],
+    z: &mut [f32],
+    beta: &mut [f32],
+    alpha: &mut [f32],
+    tmp: &mut Vec<f32>,
+    tmp2: &mut Vec<f32>,
+) -> Result<(), ModelError> {
+    let (hk, hv, nk, nv) = (d.head_k, d.head_v, d.n_k, d.n_v);
+    let (kd, vd, ch) = (d.key_dim(), d.value_dim(), d.conv_dim());
+    let r = nv / nk;
+    match &w.input {
+        DeltaInput::Split { qkv: m, gate } => {
+            m.matmul(h, n, qkv)?;
+            gate.matmul(h, n, z)?;
+        }
+        DeltaInput::Fused(m) => {
+            tmp.resize(n * (ch + vd), 0.0);
+            m.matmul(h, n, tmp)?;
+            // Per key head g: q (hk), k (hk), v (r·hv), z (r·hv).
+            let group = 2 * hk + 2 * r * hv;
+            for t in 0..n {
+                let src = &tmp[t * (ch + vd)..(t + 1) * (ch + vd)];
+                let (dst, zt) = (&mut qkv[t * ch..(t + 1) * ch], &mut z[t * vd..(t + 1) * vd]);
+                for g in 0..nk {
+                    let s = &src[g * group..(g + 1) * group];
+                    dst[g * hk..(g + 1) * hk].copy_from_slice(&s[..hk]);
+                    dst[kd + g * hk..kd + (g + 1) * hk].copy_from_slice(&s[hk..2 * hk]);
+                    let vs = 2 * kd + g * r * hv;
+                    dst[vs..vs + r * hv].copy_from_slice(&s[2 * hk..2 * hk + r * hv]);
+                    zt[g * r * hv..(g + 1) * r * hv].copy_from_slice(&s[2 * hk + r * hv..]);
+                }
+            }
+        }
+    }
+    match &w.beta_alpha {
+        BetaAlpha::Split { beta: b, alpha: a } => {
+            b.matmul(h, n, beta)?;
+            a.matmul(h, n, alpha)?;
+        }
+        BetaAlpha::Fused(m) => {
+            tmp2.resize(n * 2 * nv, 0.0);
+            m.matmul(h, n, tmp2)?;
+            // Per key head g: its value heads' betas, then their alphas.
+            for t in 0..n {
+                let src = &tmp2[t * 2 * nv..(t + 1) * 2 * nv];
+                for g in 0..nk {
+                    let s = &src[g * 2 * r..(g + 1) * 2 * r];
+                    beta[t * nv + g * r..t * nv + (g + 1) * r].copy_from_slice(&s[..r]);
+                    alpha[t * nv + g * r..t * nv + (g + 1) * r].copy_from_slice(&s[r..]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 /// ggml's softplus: `ln(1 + eˣ)`, `x` itself past 20.
 fn softplus(x: f32) -> f32 {
@@ -89,7 +157,7 @@ pub(crate) fn scan(
         .par_chunks_exact_mut(hk * hv)
         .enumerate()
         .map(|(h, m)| {
-            let kh = h % d.n_k;
+            let kh = d.key_head(h);
             let mut out = vec![0.0f32; n * hv];
             let mut delta = vec![0.0f32; hv];
             for t in 0..n {
@@ -154,11 +222,18 @@ mod tests {
     /// random data, and cut into steps anywhere with the same bits.
     #[test]
     fn scan_matches_float64_and_any_cut() {
+        for grouped in [false, true] {
+            scan_case(grouped);
+        }
+    }
+
+    fn scan_case(grouped: bool) {
         let d = DeltaNet {
             head_k: 8,
             n_k: 2,
             n_v: 4,
             head_v: 8,
+            grouped,
         };
         let (kernel, ch, n, nv) = (4, d.conv_dim(), 7, d.n_v);
         let mut seed = 7u64;
@@ -182,10 +257,14 @@ mod tests {
             data: &[],
         };
         let w = DeltaNetWeights {
-            qkv: empty.clone(),
-            gate: empty.clone(),
-            beta: empty.clone(),
-            alpha: empty.clone(),
+            input: crate::weights::DeltaInput::Split {
+                qkv: empty.clone(),
+                gate: empty.clone(),
+            },
+            beta_alpha: crate::weights::BetaAlpha::Split {
+                beta: empty.clone(),
+                alpha: empty.clone(),
+            },
             conv: conv.clone(),
             dt_bias: dt.clone(),
             a: a.clone(),
@@ -239,7 +318,7 @@ mod tests {
             x.iter().map(|v| v / s).collect::<Vec<f64>>()
         };
         for h in 0..nv {
-            let kh = h % d.n_k;
+            let kh = if grouped { h / (nv / d.n_k) } else { h % d.n_k };
             let mut st = vec![0.0f64; hk * hk]; // st[i][j]: key i, value j
             for t in 0..n {
                 let row = &conv_out[t * ch..(t + 1) * ch];

@@ -245,7 +245,7 @@ mod tests {
                     FfnOut { post_norm: true },
                 ],
                 // Block 0 is recurrent; block 3 attends (below).
-                "qwen35" | "qwen35moe" => vec![
+                "qwen35" | "qwen35moe" | "qwen3next" => vec![
                     AttnNorm,
                     DeltaNet,
                     FfnNorm,
@@ -285,7 +285,8 @@ mod tests {
                     row.name
                 );
             }
-            assert_eq!(p.moe().is_some(), row.name.ends_with("moe"), "{}", row.name);
+            let mixture = row.name.ends_with("moe") || row.name == "qwen3next";
+            assert_eq!(p.moe().is_some(), mixture, "{}", row.name);
         }
     }
 }

@@ -58,18 +58,16 @@ pub enum Mixer<'a> {
     DeltaNet(Box<DeltaNetWeights<'a>>),
 }
 
-/// A Gated DeltaNet block's weights (llama.cpp's names): the q, k, v
-/// product (`attn_qkv`), the output gate's (`attn_gate`), the per-head
-/// beta and decay logits (`ssm_beta`, `ssm_alpha`), the convolution's taps
+/// A Gated DeltaNet block's weights (llama.cpp's names): the q, k, v and
+/// output-gate products, the per-head beta and decay logits, the
+/// convolution's taps
 /// (`ssm_conv1d`, `conv_kernel` per channel, oldest first), the decay's
 /// bias and rate (`ssm_dt.bias`, `ssm_a` = −exp(A_log)), the per-head
 /// output norm (`ssm_norm`) and the output product (`ssm_out`).
 #[derive(Debug)]
 pub struct DeltaNetWeights<'a> {
-    pub qkv: Matrix<'a>,
-    pub gate: Matrix<'a>,
-    pub beta: Matrix<'a>,
-    pub alpha: Matrix<'a>,
+    pub input: DeltaInput<'a>,
+    pub beta_alpha: BetaAlpha<'a>,
     pub conv: Vec<f32>,
     pub dt_bias: Vec<f32>,
     pub a: Vec<f32>,
@@ -100,6 +98,27 @@ pub struct RecurrentWeights<'a> {
     pub conv: Vec<f32>,
     pub decay: Vec<f32>,
     pub w_out: Matrix<'a>,
+}
+
+/// A Gated DeltaNet block's input products.
+#[derive(Debug)]
+pub enum DeltaInput<'a> {
+    /// `attn_qkv` (q, k, v: the convolution's channels in order) and
+    /// `attn_gate` (z).
+    Split { qkv: Matrix<'a>, gate: Matrix<'a> },
+    /// qwen3next's older `ssm_in`: per key head its q, its k, its value
+    /// heads' v, then their z.
+    Fused(Matrix<'a>),
+}
+
+/// A Gated DeltaNet block's beta and decay logits, one each per value head.
+#[derive(Debug)]
+pub enum BetaAlpha<'a> {
+    /// `ssm_beta` and `ssm_alpha` (qwen35).
+    Split { beta: Matrix<'a>, alpha: Matrix<'a> },
+    /// qwen3next's `ssm_ba`: per key head its value heads' betas, then
+    /// their alphas.
+    Fused(Matrix<'a>),
 }
 
 impl<'a> Layer<'a> {
@@ -274,11 +293,25 @@ impl<'a> Weights<'a> {
             let mixer = match c.recurrent {
                 Some(r @ crate::config::Recurrent { delta: Some(d), .. }) if c.is_recurrent(il) => {
                     let (vd, nv) = (d.value_dim(), d.n_v);
+                    let input = if model.tensor(&n("ssm_in.weight")).is_some() {
+                        DeltaInput::Fused(f.matrix(&n("ssm_in.weight"), e, d.conv_dim() + vd)?)
+                    } else {
+                        DeltaInput::Split {
+                            qkv: f.matrix(&n("attn_qkv.weight"), e, d.conv_dim())?,
+                            gate: f.matrix(&n("attn_gate.weight"), e, vd)?,
+                        }
+                    };
+                    let beta_alpha = if model.tensor(&n("ssm_ba.weight")).is_some() {
+                        BetaAlpha::Fused(f.matrix(&n("ssm_ba.weight"), e, 2 * nv)?)
+                    } else {
+                        BetaAlpha::Split {
+                            beta: f.matrix(&n("ssm_beta.weight"), e, nv)?,
+                            alpha: f.matrix(&n("ssm_alpha.weight"), e, nv)?,
+                        }
+                    };
                     Mixer::DeltaNet(Box::new(DeltaNetWeights {
-                        qkv: f.matrix(&n("attn_qkv.weight"), e, d.conv_dim())?,
-                        gate: f.matrix(&n("attn_gate.weight"), e, vd)?,
-                        beta: f.matrix(&n("ssm_beta.weight"), e, nv)?,
-                        alpha: f.matrix(&n("ssm_alpha.weight"), e, nv)?,
+                        input,
+                        beta_alpha,
                         conv: f.vector2(&n("ssm_conv1d.weight"), r.conv_kernel, d.conv_dim())?,
                         dt_bias: f.vector(&n("ssm_dt.bias"), nv)?,
                         a: f.vector(&n("ssm_a"), nv)?,
