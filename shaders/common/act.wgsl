@@ -16,6 +16,11 @@ fn gelu_tanh(v: f32) -> f32 {
     return v / (1.0 + exp(-2.0 * a));
 }
 
+// An output gate (qwen35's attention): y = sigmoid(g) * u.
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
 // No activation (a plain mat-vec); never called.
 fn none(v: f32) -> f32 {
     return v;

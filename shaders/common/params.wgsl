@@ -194,3 +194,26 @@ struct MoeSharedParams {
     sy_offset: u32,   // the shared output of token t at sy_offset + t * dim
     _pad: u32,
 }
+
+// Gated DeltaNet (delta_conv, delta_norm, delta_scan, delta_gate): one
+// sequence's tokens first .. first + n of rows of `ch` channels (q, k, v),
+// its state from word state_at (the convolution's window, then from
+// mat_at one head_v x head_k matrix per value head).
+struct DeltaParams {
+    ch: u32,
+    kernel: u32,
+    first: u32,
+    n: u32,
+    state_at: u32,
+    mat_at: u32,
+    head_k: u32,
+    head_v: u32,
+    n_k: u32,
+    n_v: u32,
+    grouped: u32,     // value head h reads key head h / (n_v / n_k); else h % n_k
+    eps: f32,
+    scale: f32,       // 1 / sqrt(head_k), on each output
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}

@@ -42,10 +42,10 @@ pub use buffer::{row_bytes, Tensor, Weight, WordCopy, WEIGHT_PAD};
 pub use device::{list_adapters, AdapterInfo, Gpu, GpuOptions, HostCounters};
 pub use error::GpuError;
 pub use ops::{
-    argmax_scratch_len, attention_scratch_len, Attention, Batch, Columns, Fuse, Gate, KvElem,
-    MatmulKernel, MatvecShape, MoeRouting, NormAfter, QkvLayout, Rope, RopeOut, Runs, TokenRow,
-    TokenTable, ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK, KV_Q8_BLOCK, KV_Q8_WORDS, LANES,
-    MAX_SMALL_COLS, MOE_ROUTE_MAX_EXPERTS,
+    argmax_scratch_len, attention_scratch_len, Attention, Batch, Columns, DeltaShape, Fuse, Gate,
+    KvElem, MatmulKernel, MatvecShape, MoeRouting, NormAfter, QkvLayout, Rope, RopeOut, Runs,
+    TokenRow, TokenTable, ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK, DELTA_MAX_HEAD, KV_Q8_BLOCK,
+    KV_Q8_WORDS, LANES, MAX_SMALL_COLS, MOE_ROUTE_MAX_EXPERTS,
 };
 pub use ops::{topk_scratch_len, topk_value, TOPK_MAX, TOPK_NONE};
 pub use quant::{has_kernel, SUPPORTED};

@@ -279,6 +279,27 @@ pub(crate) struct TopkParams {
     pub _pad: [u32; 2],
 }
 
+/// `DeltaParams`: Gated DeltaNet's kernels over one sequence
+/// ([`crate::ops::DeltaShape`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub(crate) struct DeltaParams {
+    pub ch: u32,
+    pub kernel: u32,
+    pub first: u32,
+    pub n: u32,
+    pub state_at: u32,
+    pub mat_at: u32,
+    pub head_k: u32,
+    pub head_v: u32,
+    pub n_k: u32,
+    pub n_v: u32,
+    pub grouped: u32,
+    pub eps: f32,
+    pub scale: f32,
+    pub _pad: [u32; 3],
+}
+
 /// Sizes naga must report for the WGSL structs of the same names.
 #[cfg(test)]
 pub(crate) const SIZES: &[(&str, usize)] = &[
@@ -299,4 +320,5 @@ pub(crate) const SIZES: &[(&str, usize)] = &[
     ("MoeSharedParams", std::mem::size_of::<MoeSharedParams>()),
     ("ArgmaxParams", std::mem::size_of::<ArgmaxParams>()),
     ("TopkParams", std::mem::size_of::<TopkParams>()),
+    ("DeltaParams", std::mem::size_of::<DeltaParams>()),
 ];

@@ -105,6 +105,10 @@ sources!(
     "add_rms_norm.wgsl",
     "glu_split.wgsl",
     "head_norm.wgsl",
+    "delta_conv.wgsl",
+    "delta_norm.wgsl",
+    "delta_scan.wgsl",
+    "delta_gate.wgsl",
     "rope_kv.wgsl",
     "rope_kv_q8.wgsl",
     "moe_weigh.wgsl",
@@ -323,6 +327,7 @@ pub(crate) fn all_kernels() -> Vec<KernelSpec> {
     }
     v.extend(crate::ops::elementwise_specs());
     v.extend(crate::ops::fused_specs());
+    v.extend(crate::ops::delta_specs());
     v.extend(crate::ops::topk_specs());
     v
 }

@@ -144,6 +144,7 @@ pub(crate) fn elementwise_specs() -> Vec<KernelSpec> {
         KernelSpec::new("softmax.wgsl"),
         glu_spec("silu"),
         glu_spec("gelu_tanh"),
+        glu_spec("sigmoid"),
         binary_spec("+"),
         binary_spec("*"),
         KernelSpec::new("scale.wgsl"),
@@ -556,7 +557,7 @@ impl Batch<'_> {
         Ok(())
     }
 
-    fn elementwise(
+    pub(super) fn elementwise(
         &mut self,
         op: &'static str,
         spec: KernelSpec,

@@ -11,11 +11,15 @@
 //!   cache writes, per-head norms and the gated activation over stacked
 //!   QKV and gate/up products.
 
+mod delta;
 mod elementwise;
 mod fused;
 pub mod matmul;
 mod topk;
 
+#[cfg(test)]
+pub(crate) use delta::delta_specs;
+pub use delta::{DeltaShape, DELTA_MAX_HEAD};
 pub use elementwise::{
     argmax_scratch_len, attention_scratch_len, Attention, Rope, TokenRow, TokenTable,
     ARGMAX_MAX_LEN, ARGMAX_NONE, ATTN_CHUNK,

@@ -5,6 +5,7 @@
 
 mod argmax;
 mod common;
+mod delta;
 mod device;
 mod elementwise;
 mod fused;
