@@ -269,15 +269,11 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
             });
         }
     }
-    // A block with an op that has no GPU arm yet (a recurrent mixer,
-    // attention's output gate) stays on the CPU, and with it every block
-    // before it (placement offloads a suffix).
+    // A block with an op that has no GPU arm (the tests' stand-in
+    // recurrent block) stays on the CPU, and with it every block before it
+    // (placement offloads a suffix).
     for il in (0..c.n_layer).filter(|&il| !crate::program::Program::new(c, il).runs_on_gpu()) {
-        let name = if c.is_recurrent(il) {
-            format!("blk.{il}.ssm_out.weight")
-        } else {
-            format!("blk.{il}.attn_q.weight")
-        };
+        let name = format!("blk.{il}.ssm_out.weight");
         if let Some(t) = model.tensor(&name) {
             l.no_kernel[il].push(Held {
                 tensor: name,

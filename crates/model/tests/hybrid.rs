@@ -208,6 +208,8 @@ fn matches_reference(arch: &str, ty: &str, mtp: bool) {
             let w = worst(seq, &one, nv);
             assert!(w < TOL, "{arch} {ty} -ngl {ngl} seq {si} one by one: {w}");
         }
+        // The offloaded blocks ran on the device.
+        assert_eq!(m.block_dispatches() > 0, ngl > 0, "{arch} {ty} -ngl {ngl}");
     }
 }
 
@@ -259,7 +261,15 @@ fn eight_sequences_in_a_step_keep_their_bits() {
     for arch in ["qwen35", "qwen35moe", "qwen3next"] {
         let fx = fixture(arch, "Q8_0", false);
         let file = Model::open(&fx.path, LoadMode::Mmap).unwrap();
-        let m = model(&file, 0);
+        let n_layer = CpuModel::load(&file).unwrap().config.n_layer;
+        for ngl in [0, n_layer + 1] {
+            eight_in_a_step(arch, &model(&file, ngl));
+        }
+    }
+}
+
+fn eight_in_a_step(arch: &str, m: &HybridModel<'_>) {
+    {
         let prompts: Vec<Vec<u32>> = (0..8u32)
             .map(|i| {
                 (0..3 + i as usize)

@@ -25,6 +25,9 @@ pub(super) struct KvArena {
     pub(super) ring: usize,
     /// Which GPU layers keep a ring.
     pub(super) is_ring: Vec<bool>,
+    /// The GPU recurrent layers' states: `slots` states of the layer's
+    /// [`Config::state_len`] words each, laid out as the host's.
+    pub(super) states: Vec<Option<Tensor>>,
 }
 
 impl KvArena {
@@ -56,6 +59,12 @@ pub(crate) fn gpu_kv(c: &Config) -> Result<KvElem, ModelError> {
 
 /// Keys and values: CPU layers in host memory, GPU layers in a slot of
 /// device buffers that other caches made at the same time share.
+///
+/// A GPU recurrent layer's state lives on the device, with a copy in the
+/// host cache's states that is made current where the host needs it (a
+/// prompt chunk's checkpoint, a save, a copy) and sent back where the host
+/// changed it (a rewind to a checkpoint, a restore): `host_stale` and
+/// `device_stale` say which side is behind.
 pub struct HybridCache {
     pub(super) cpu: KvCache,
     pub(super) arena: Arc<KvArena>,
@@ -63,6 +72,10 @@ pub struct HybridCache {
     pub(super) len: usize,
     /// What every layer's sliding-window ring still holds.
     pub(super) rings: crate::kv::Rings,
+    /// The device's recurrent states are newer than the host's copy.
+    pub(super) host_stale: bool,
+    /// The host's copy is newer than the device's states.
+    pub(super) device_stale: bool,
 }
 
 impl HybridCache {
@@ -87,8 +100,15 @@ impl HybridCache {
     /// where a sliding-window ring no longer holds the window before `len`:
     /// [`HybridCache::len`] says what was kept.
     pub fn truncate(&mut self, len: usize) {
+        let before = self.len;
         self.len = self.rings.keep(self.len, len);
         self.cpu.truncate(self.len);
+        // A recurrent state cut back comes from a checkpoint (or zeros),
+        // on the host: the device's goes back with it.
+        if self.cpu.states.any() && self.len < before {
+            self.device_stale = true;
+            self.host_stale = false;
+        }
         // The CPU layers' recurrent state may go back further, to its
         // checkpoint: the cache holds what every layer holds.
         if self.cpu.states.any() && self.cpu.len() < self.len {
@@ -105,6 +125,87 @@ impl HybridCache {
 }
 
 impl HybridModel<'_> {
+    /// The GPU recurrent layers' states of `cache`'s slot: (GPU layer,
+    /// model layer, tensor, first word, words).
+    fn state_runs<'c>(
+        &self,
+        cache: &'c HybridCache,
+    ) -> Vec<(usize, usize, &'c Tensor, usize, usize)> {
+        let c = &self.cpu.config;
+        cache
+            .arena
+            .states
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let t = t.as_ref()?;
+                let il = self.first_gpu + i;
+                let len = c.state_len(il);
+                Some((i, il, t, cache.slot * len, len))
+            })
+            .collect()
+    }
+
+    /// Sends the host's copy of the GPU layers' recurrent states to the
+    /// device where the host changed it (a rewind, a restore).
+    pub(super) fn states_to_device(&self, cache: &mut HybridCache) -> Result<(), ModelError> {
+        if !cache.device_stale {
+            return Ok(());
+        }
+        if let Some(g) = self.gpu.as_deref() {
+            for (_, il, t, at, _) in self.state_runs(cache) {
+                let bytes: &[u8] = bytemuck::cast_slice(cache.cpu.states.layer(il));
+                g.write_words(t, at, bytes).map_err(gpu_err)?;
+            }
+        }
+        cache.device_stale = false;
+        Ok(())
+    }
+
+    /// After a GPU step of `n` tokens: a prompt's chunk ends at a
+    /// checkpoint, which takes the host's copy of every state, so the
+    /// device's are read back now; after a decode step the host's copy is
+    /// left behind until one is needed.
+    pub(super) fn states_after_step(
+        &self,
+        cache: &mut HybridCache,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        if cache.arena.states.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        if n > 1 {
+            self.states_to_host(cache)
+        } else {
+            cache.host_stale = true;
+            Ok(())
+        }
+    }
+
+    /// Reads the device's recurrent states into the host's copy.
+    pub(super) fn states_to_host(&self, cache: &mut HybridCache) -> Result<(), ModelError> {
+        let Some(g) = self.gpu.as_deref() else {
+            return Ok(());
+        };
+        let runs = self.state_runs(cache);
+        let reads: Vec<(&Tensor, usize, usize)> = runs.iter().map(|r| (r.2, r.3, r.4)).collect();
+        let got = g.read_runs(&reads).map_err(gpu_err)?;
+        let layers: Vec<usize> = runs.iter().map(|r| r.1).collect();
+        for (il, bytes) in layers.into_iter().zip(got) {
+            let dst = cache.cpu.states.layer_mut(il);
+            if bytes.len() != dst.len() * 4 {
+                return Err(ModelError::Step(
+                    "a recurrent state read back mis-sized".into(),
+                ));
+            }
+            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        cache.host_stale = false;
+        Ok(())
+    }
+
     pub fn new_cache(&self, n_ctx: usize) -> Result<HybridCache, ModelError> {
         let mut v = self.new_caches(1, n_ctx)?;
         v.pop()
@@ -151,14 +252,24 @@ impl HybridModel<'_> {
             let rows: Vec<usize> = (self.first_gpu..c.n_layer)
                 .map(|il| crate::kv::layer_rows(c, il, n_ctx))
                 .collect();
-            let is_ring: Vec<bool> = rows.iter().map(|&r| r < n_ctx).collect();
+            // A recurrent layer keeps a state, not rows: neither a ring nor
+            // a cache.
+            let recurrent: Vec<bool> = (self.first_gpu..c.n_layer)
+                .map(|il| c.is_recurrent(il))
+                .collect();
+            let is_ring: Vec<bool> = rows
+                .iter()
+                .zip(&recurrent)
+                .map(|(&r, &rec)| r < n_ctx && !rec)
+                .collect();
             let ring = rows
                 .iter()
-                .copied()
-                .filter(|&r| r < n_ctx)
+                .zip(&is_ring)
+                .filter(|(_, &ring)| ring)
+                .map(|(&r, _)| r)
                 .min()
                 .unwrap_or(0);
-            if rows.iter().any(|&r| r < n_ctx && r != ring) {
+            if rows.iter().zip(&is_ring).any(|(&r, &i)| i && r != ring) {
                 return Err(ModelError::KvType(
                     "sliding-window layers of different windows on the GPU: use --swa-full".into(),
                 ));
@@ -169,6 +280,7 @@ impl HybridModel<'_> {
                 n_ctx,
                 ring,
                 is_ring,
+                states: Vec::new(),
             };
             if let Some(g) = self.gpu.as_deref() {
                 let values = slots
@@ -179,6 +291,19 @@ impl HybridModel<'_> {
                         n_layers: c.n_layer,
                     })?;
                 for (li, &r) in rows.iter().enumerate() {
+                    if recurrent[li] {
+                        let len = c.state_len(self.first_gpu + li);
+                        let words = slots.checked_mul(len).ok_or(ModelError::KvOverflow {
+                            count,
+                            n_ctx,
+                            n_layers: c.n_layer,
+                        })?;
+                        arena.k.push(g.tensor(1).map_err(gpu_err)?);
+                        arena.v.push(g.tensor(1).map_err(gpu_err)?);
+                        arena.states.push(Some(g.tensor(words).map_err(gpu_err)?));
+                        continue;
+                    }
+                    arena.states.push(None);
                     // A ring layer's buffers hold `ring` rows per slot (no
                     // more than n_ctx: within `values`).
                     let words = if arena.is_ring[li] {
@@ -198,6 +323,9 @@ impl HybridModel<'_> {
                     slot,
                     len: 0,
                     rings: crate::kv::Rings::new(c, n_ctx),
+                    host_stale: false,
+                    // A new buffer is zeroed, as a new state is.
+                    device_stale: false,
                 });
             }
         }
@@ -222,6 +350,11 @@ impl HybridModel<'_> {
                 let (off, words) = self.slot_words(cache, i);
                 runs.push((&arena.k[i], off, words));
                 runs.push((&arena.v[i], off, words));
+            }
+            // The recurrent states as the device holds them (the host's
+            // copy saved above may be behind; its checkpoints are not).
+            for (_, _, t, at, len) in self.state_runs(cache) {
+                runs.push((t, at, len));
             }
             // Read back together (one submission, not one per tensor).
             for run in g.read_runs(&runs).map_err(gpu_err)? {
@@ -286,8 +419,20 @@ impl HybridModel<'_> {
                     });
                 }
             }
+            let (from, to) = (self.state_runs(src), self.state_runs(dst));
+            for (f, t) in from.iter().zip(&to) {
+                runs.push(WordCopy {
+                    src: f.2,
+                    src_at: f.3,
+                    dst: t.2,
+                    dst_at: t.3,
+                    len: f.4,
+                });
+            }
             g.copy_words(&runs).map_err(gpu_err)?;
         }
+        dst.host_stale = src.host_stale;
+        dst.device_stale = src.device_stale;
         // Positions `len..` of `src` were not copied: cut to `len`, which
         // also checks that the rings still hold the window before it.
         dst.len = src.len;
@@ -348,6 +493,15 @@ impl HybridModel<'_> {
                     g.write_words(t, off, run).map_err(gpu_err)?;
                 }
             }
+            for (_, _, t, at, len) in self.state_runs(cache) {
+                let run = crate::kv::take_run(&mut data).ok_or_else(|| bad("is cut short"))?;
+                if run.len() != len * 4 {
+                    return Err(bad("is mis-sized"));
+                }
+                g.write_words(t, at, run).map_err(gpu_err)?;
+            }
+            cache.host_stale = true;
+            cache.device_stale = false;
         }
         if !data.is_empty() {
             return Err(bad("has bytes past its cache"));

@@ -122,10 +122,14 @@ pub enum Dispatch {
     /// The routed experts (on the device, or on the host between two
     /// submissions); their sum lands in `o`.
     Experts,
-    /// A recurrent block (the stand-in or Gated DeltaNet), which has no
-    /// GPU arm yet.
+    /// The tests' stand-in recurrent block, which has no GPU arm.
     Recurrent,
-    /// Attention's output gate, which has no GPU arm yet.
+    /// A Gated DeltaNet block from the normed input in `h` to its output
+    /// product in `o`: its input products, then per sequence the
+    /// convolution, the delta rule and the gated norm, then `ssm_out`.
+    DeltaNet,
+    /// Attention's output gate: the gate's product from `h`, then
+    /// `sigmoid(gate) · attn`, which the output product reads.
     OutputGate,
 }
 
@@ -157,7 +161,15 @@ pub fn step_class(n: usize) -> usize {
 /// Whether a block folds its norms into its products for an `n`-column
 /// step (see the module's header).
 fn folds(p: &Program, w: &WeightFacts, d: DeviceTraits, n: usize) -> bool {
-    d.fuses(n) && d.norm_prologue && !p.post_norms() && p.moe().is_none() && w.gate_up_glu
+    // A Gated DeltaNet block and an output gate read the normed input
+    // again after their first product: it must be in `h`.
+    let reads_h_again = p.has(|o| matches!(o, Op::DeltaNet | Op::OutputGate));
+    d.fuses(n)
+        && d.norm_prologue
+        && !p.post_norms()
+        && p.moe().is_none()
+        && w.gate_up_glu
+        && !reads_h_again
 }
 
 /// The plan of an `n`-column step over `blocks`; `one_run`: every
@@ -252,7 +264,10 @@ pub fn plan_block(
             // No GPU arm yet: placement keeps recurrent blocks on the CPU
             // (plan.rs), and the upload refuses one; the recorder would
             // fail on this.
-            Op::Recurrent { .. } | Op::DeltaNet => out.push(Recurrent),
+            Op::Recurrent { .. } => out.push(Recurrent),
+            // Its output product lands in `o`; the residual add and the
+            // next norm follow as after attention's Out.
+            Op::DeltaNet => out.extend([DeltaNet, AttnResidual]),
             Op::OutputGate => out.push(OutputGate),
             Op::FfnOut { .. } => {
                 if folded {

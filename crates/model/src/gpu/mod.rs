@@ -171,7 +171,10 @@ impl<'a> HybridModel<'a> {
                 .iter()
                 .zip(&plan.slots[first_gpu..])
             {
-                layers.push(upload_layer(g, l, !slot.is_split(), kv)?);
+                let c = &cpu.config;
+                let delta = c.recurrent.and_then(|r| r.delta);
+                let gate_heads = c.attn_gate.then_some(c.head_dim);
+                layers.push(upload_layer(g, l, !slot.is_split(), kv, gate_heads, delta)?);
                 done += slot.gpu_bytes();
                 progress(done, total);
             }
@@ -260,7 +263,12 @@ impl<'a> HybridModel<'a> {
                 .layer(il, &mut x, n, pos0, &mut cache.cpu, &mut scratch)?;
         }
         let logits = match (self.gpu.as_deref(), &self.head) {
-            (Some(g), Some(head)) => self.gpu_part(g, head, &x, n, pos0, cache, which)?,
+            (Some(g), Some(head)) => {
+                self.states_to_device(cache)?;
+                let logits = self.gpu_part(g, head, &x, n, pos0, cache, which)?;
+                self.states_after_step(cache, n)?;
+                logits
+            }
             _ => self.cpu.head(&x, n, which)?,
         };
         cache.advance(pos0 + n);
@@ -440,6 +448,9 @@ impl<'a> HybridModel<'a> {
         let mut xs = Vec::new();
         let mut firsts = Vec::with_capacity(work.len());
         let mut scratch = crate::cpu::Scratch::default();
+        for (_, cache) in work.iter_mut() {
+            self.states_to_device(cache)?;
+        }
         for (tokens, cache) in work.iter_mut() {
             let (n, pos0) = (tokens.len(), cache.len);
             self.cpu.check_room(n, pos0, cache.capacity())?;
@@ -470,6 +481,7 @@ impl<'a> HybridModel<'a> {
         let out = self.gpu_step(g, head, &xs, &segments, which, read)?;
         let v = self.cpu.config.n_vocab;
         for (t, c) in work.iter_mut() {
+            self.states_after_step(c, t.len())?;
             let len = c.len + t.len();
             c.advance(len);
         }

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use lamina_gpu::{
-    Attention, Batch, Columns, Fuse, Gate, Gpu, NormAfter, QkvLayout, Rope, RopeOut, Tensor,
-    TokenTable,
+    Attention, Batch, Columns, DeltaShape, Fuse, Gate, Gpu, NormAfter, QkvLayout, Rope, RopeOut,
+    Tensor, TokenTable,
 };
 
 use super::fusion::Dispatch;
@@ -102,6 +102,8 @@ impl HybridModel<'_> {
         // between the QKV product and RoPE (biases, head norms), and where
         // the hidden state is after the attention's residual.
         let (mut v_src, mut qk_src, mut sum) = (&s.qkv, &s.qkv, cur);
+        // Where the attention's output is: gated, after an output gate.
+        let mut attn_src = &s.attn;
         for d in plan {
             match *d {
                 Dispatch::Norm => b.rms_norm(cur, &l.attn_norm, &s.h, e, eps),
@@ -189,9 +191,26 @@ impl HybridModel<'_> {
                     } else {
                         add
                     };
-                    b.matmul_fused(&l.wo, &s.attn, cur, cols, fuse)
+                    b.matmul_fused(&l.wo, attn_src, cur, cols, fuse)
                 }
-                Dispatch::Out => b.matmul(&l.wo, &s.attn, &s.o, n),
+                Dispatch::Out => b.matmul(&l.wo, attn_src, &s.o, n),
+                Dispatch::OutputGate => {
+                    let Some(gw) = &l.gate else {
+                        return Err(planned("an output gate's weight"));
+                    };
+                    attn_src = &s.gated;
+                    b.matmul(gw, &s.h, &s.gate, n)
+                        .and_then(|()| b.sigmoid_mul(&s.gate, &s.attn, &s.gated))
+                }
+                Dispatch::DeltaNet => {
+                    let (Some(dw), Some(d)) = (&l.delta, c.recurrent.and_then(|r| r.delta)) else {
+                        return Err(planned("Gated DeltaNet weights"));
+                    };
+                    let kernel = c.recurrent.map_or(0, |r| r.conv_kernel);
+                    let state_len = c.state_len(il);
+                    self.record_delta(b, dw, d, kernel, state_len, i, eps, s, segments)
+                        .and_then(|()| b.matmul(&l.wo, &s.d_out, &s.o, n))
+                }
                 Dispatch::AttnResidual => {
                     sum = spare;
                     let post = l.post_attn_norm.as_ref();
@@ -243,9 +262,6 @@ impl HybridModel<'_> {
                 Dispatch::Recurrent => {
                     return Err(planned("a recurrent block's kernels (it runs on the CPU)"))
                 }
-                Dispatch::OutputGate => {
-                    return Err(planned("an attention output gate (it runs on the CPU)"))
-                }
                 Dispatch::Experts => {
                     match (self.device_experts(g, l, n), l.gpu_experts()) {
                         // Routed on the device: the experts follow in the
@@ -272,6 +288,57 @@ impl HybridModel<'_> {
                 }
             }
             .map_err(gpu_err)?;
+        }
+        Ok(())
+    }
+}
+
+impl HybridModel<'_> {
+    /// A Gated DeltaNet block's input products over the step's tokens,
+    /// then per sequence the convolution, the delta rule over its state
+    /// and the gated norm, into `s.d_out`.
+    #[allow(clippy::too_many_arguments)]
+    fn record_delta(
+        &self,
+        b: &mut Batch<'_>,
+        dw: &super::upload::GpuDelta,
+        d: crate::config::DeltaNet,
+        kernel: usize,
+        state_len: usize,
+        i: usize,
+        eps: f32,
+        s: &Scratch,
+        segments: &[Segment<'_>],
+    ) -> Result<(), lamina_gpu::GpuError> {
+        let n = s.n;
+        b.matmul(&dw.qkv, &s.h, &s.d_in, n)?;
+        b.matmul(&dw.z, &s.h, &s.d_z, n)?;
+        b.matmul(&dw.beta, &s.h, &s.d_beta, n)?;
+        b.matmul(&dw.alpha, &s.h, &s.d_alpha, n)?;
+        for seg in segments {
+            let Some(Some(state)) = seg.cache.arena.states.get(i) else {
+                return Err(lamina_gpu::GpuError::Shape {
+                    op: "delta",
+                    message: "a recurrent layer's cache has no state".into(),
+                });
+            };
+            let shape = DeltaShape {
+                kernel,
+                head_k: d.head_k,
+                head_v: d.head_v,
+                n_k: d.n_k,
+                n_v: d.n_v,
+                grouped: d.grouped,
+                eps,
+                first: seg.first,
+                n: seg.n,
+                state_at: seg.cache.slot * state_len,
+            };
+            b.delta_conv(&s.d_in, &dw.conv, state, &s.d_y, &shape)?;
+            b.delta_scan(
+                &s.d_y, &s.d_beta, &s.d_alpha, &dw.dt, &dw.a, state, &s.d_out, &shape,
+            )?;
+            b.delta_gate(&s.d_out, &s.d_z, &dw.norm, &shape)?;
         }
         Ok(())
     }

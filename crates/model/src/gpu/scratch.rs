@@ -111,6 +111,18 @@ buffers! {
     moe_args,
     /// The attention chunks' partials.
     scores,
+    /// Attention's output gate (qwen35), and the gated output.
+    gate,
+    gated,
+    /// Gated DeltaNet: the q, k, v products and their convolved copy, the
+    /// gate z, beta's and alpha's logits, the heads' outputs (one value
+    /// each without such blocks).
+    d_in,
+    d_y,
+    d_z,
+    d_beta,
+    d_alpha,
+    d_out,
     /// The norm epilogues' workgroup counter (lamina_gpu::NormAfter). A new
     /// buffer starts zeroed, which is what the counter needs; the kernel
     /// leaves it at zero again.
@@ -138,6 +150,8 @@ impl Shape {
             Some(m) if gpu_experts => (n * m.n_used, m.n_ff_exp),
             _ => (0, 0),
         };
+        let delta = c.recurrent.and_then(|r| r.delta);
+        let (dch, dvd, dnv) = delta.map_or((0, 0, 0), |d| (d.conv_dim(), d.value_dim(), d.n_v));
         Buffers {
             // One row per sequence: the usual ask (a step's last logits).
             // A step that wants more rows gets a tensor of its own, so a
@@ -168,6 +182,14 @@ impl Shape {
             route: (slots * 11).max(1),
             moe_args: 6,
             scores: lamina_gpu::attention_scratch_len(n, c.n_head, c.head_dim, kv_room),
+            gate: if c.attn_gate { n * qd } else { 1 },
+            gated: if c.attn_gate { n * qd } else { 1 },
+            d_in: (n * dch).max(1),
+            d_y: (n * dch).max(1),
+            d_z: (n * dvd).max(1),
+            d_beta: (n * dnv).max(1),
+            d_alpha: (n * dnv).max(1),
+            d_out: (n * dvd).max(1),
             norm_count: 1,
         }
     }

@@ -17,6 +17,14 @@ pub(super) struct Stacked {
 }
 
 impl Stacked {
+    /// No weights (a block without attention).
+    pub(super) fn empty() -> Self {
+        Stacked {
+            parts: Vec::new(),
+            rows: 0,
+        }
+    }
+
     pub(super) fn upload(gpu: &Gpu, ms: &[&Matrix<'_>]) -> Result<Self, ModelError> {
         let rows = ms.iter().map(|m| m.rows).sum();
         let (ty, cols) = (ms[0].ty, ms[0].cols);
@@ -84,13 +92,20 @@ pub(super) struct GpuLayer {
     pub(super) facts: WeightFacts,
     pub(super) attn_norm: Tensor,
     /// Q, K and V stacked: each token's product row is
-    /// `[q (q_dim), k (kv_dim), v (kv_dim)]`.
+    /// `[q (q_dim), k (kv_dim), v (kv_dim)]` (for a Gated DeltaNet block,
+    /// which has none, an empty stack).
     pub(super) qkv: Stacked,
     /// The Q, K and V biases (qwen2), concatenated in the same order.
     pub(super) bqkv: Option<Tensor>,
+    /// The attention's output product (a Gated DeltaNet block's: `ssm_out`).
     pub(super) wo: Weight,
     pub(super) q_norm: Option<Tensor>,
     pub(super) k_norm: Option<Tensor>,
+    /// The output gate's product (qwen35): each head's gate rows of
+    /// `attn_q`, gathered apart from its query rows.
+    pub(super) gate: Option<Weight>,
+    /// A Gated DeltaNet block's other weights.
+    pub(super) delta: Option<Box<GpuDelta>>,
     pub(super) post_attn_norm: Option<Tensor>,
     pub(super) ffn_norm: Tensor,
     pub(super) ffn: GpuFfn,
@@ -126,6 +141,21 @@ pub(super) enum GpuFfn {
 pub(super) struct GpuExperts {
     pub(super) gate_up: Weight,
     pub(super) down: Weight,
+}
+
+/// A Gated DeltaNet block's weights on the GPU, in the layout the CPU
+/// computes in (`delta.rs`): q, k, v in one product (`ch` rows), the gate
+/// z, beta and alpha each in their own, a fused file's rows gathered
+/// apart by key head at upload.
+pub(super) struct GpuDelta {
+    pub(super) qkv: Weight,
+    pub(super) z: Weight,
+    pub(super) beta: Weight,
+    pub(super) alpha: Weight,
+    pub(super) conv: Tensor,
+    pub(super) dt: Tensor,
+    pub(super) a: Tensor,
+    pub(super) norm: Tensor,
 }
 
 impl GpuLayer {
@@ -217,6 +247,8 @@ pub(super) fn upload_layer(
     l: &Layer<'_>,
     experts: bool,
     kv: KvElem,
+    head_dim: Option<usize>,
+    delta: Option<crate::config::DeltaNet>,
 ) -> Result<GpuLayer, ModelError> {
     let ffn = match &l.ffn {
         Ffn::Dense { gate, up, down } => GpuFfn::Dense {
@@ -243,27 +275,162 @@ pub(super) fn upload_layer(
             },
         },
     };
-    // Placement keeps recurrent blocks on the CPU (plan.rs): no GPU arm yet.
+    let (attn_norm, post_attn_norm) = (
+        upload_vec(gpu, &l.attn_norm)?,
+        upload_opt(gpu, &l.post_attn_norm)?,
+    );
+    let (ffn_norm, post_ffn_norm) = (
+        upload_vec(gpu, &l.ffn_norm)?,
+        upload_opt(gpu, &l.post_ffn_norm)?,
+    );
+    if let (crate::weights::Mixer::DeltaNet(w), Some(d)) = (&l.mixer, delta) {
+        let (dw, out) = upload_delta(gpu, w, d)?;
+        // Its output product's epilogue does not norm (the plan adds the
+        // residual and the next norm apart, as after attention's Out).
+        let mut facts = facts(gpu, &Stacked::empty(), &out, &ffn, kv);
+        facts.wo_norm_after = false;
+        return Ok(GpuLayer {
+            facts,
+            attn_norm,
+            qkv: Stacked::empty(),
+            bqkv: None,
+            wo: out,
+            q_norm: None,
+            k_norm: None,
+            gate: None,
+            delta: Some(Box::new(dw)),
+            post_attn_norm,
+            ffn_norm,
+            ffn,
+            post_ffn_norm,
+        });
+    }
+    // The stand-in recurrent block has no GPU arm: placement keeps it on
+    // the CPU (plan.rs).
     let a = l.attention()?;
     let bqkv = match (&a.bq, &a.bk, &a.bv) {
         (Some(q), Some(k), Some(v)) => Some(upload_vec(gpu, &[&q[..], k, v].concat())?),
         _ => None,
     };
-    let qkv = Stacked::upload(gpu, &[&a.wq, &a.wk, &a.wv])?;
+    let (qkv, gate) = match head_dim.filter(|_| a.wq.rows == 2 * a.wo.cols) {
+        // Q's product interleaves each head's query and gate: the queries
+        // stack with K and V as an ungated block's Q would, the gates go
+        // to their own weight.
+        Some(hd) => {
+            let heads = a.wq.rows / (2 * hd);
+            let pick = |off: usize| -> Vec<(usize, usize)> {
+                (0..heads).map(|h| (2 * h * hd + off, hd)).collect()
+            };
+            let queries = rows_of(&a.wq, &pick(0));
+            let mut parts: Vec<&Matrix<'_>> = queries.iter().collect();
+            parts.extend([&a.wk, &a.wv]);
+            let gates = rows_of(&a.wq, &pick(hd));
+            (
+                Stacked::upload(gpu, &parts)?,
+                Some(upload_rows(gpu, &gates)?),
+            )
+        }
+        None => (Stacked::upload(gpu, &[&a.wq, &a.wk, &a.wv])?, None),
+    };
     let wo = upload_matrix(gpu, &a.wo)?;
     Ok(GpuLayer {
         facts: facts(gpu, &qkv, &wo, &ffn, kv),
-        attn_norm: upload_vec(gpu, &l.attn_norm)?,
+        attn_norm,
         qkv,
         bqkv,
         wo,
         q_norm: upload_opt(gpu, &a.q_norm)?,
         k_norm: upload_opt(gpu, &a.k_norm)?,
-        post_attn_norm: upload_opt(gpu, &l.post_attn_norm)?,
-        ffn_norm: upload_vec(gpu, &l.ffn_norm)?,
+        gate,
+        delta: None,
+        post_attn_norm,
+        ffn_norm,
         ffn,
-        post_ffn_norm: upload_opt(gpu, &l.post_ffn_norm)?,
+        post_ffn_norm,
     })
+}
+
+/// Views of row ranges `(first, count)` of `m` (rows are whole blocks, so
+/// each is a range of its bytes).
+fn rows_of<'a>(m: &Matrix<'a>, ranges: &[(usize, usize)]) -> Vec<Matrix<'a>> {
+    let rb = m.data.len() / m.rows.max(1);
+    ranges
+        .iter()
+        .map(|&(first, count)| Matrix {
+            name: m.name.clone(),
+            ty: m.ty,
+            rows: count,
+            cols: m.cols,
+            data: &m.data[first * rb..(first + count) * rb],
+        })
+        .collect()
+}
+
+/// One weight of `parts`' rows in order, straight from the map.
+fn upload_rows(gpu: &Gpu, parts: &[Matrix<'_>]) -> Result<Weight, ModelError> {
+    let Some(first) = parts.first() else {
+        return Err(ModelError::Placement("no rows to upload".into()));
+    };
+    let data: Vec<(usize, &[u8])> = parts.iter().map(|m| (m.rows, m.data)).collect();
+    gpu.upload_stacked(first.ty, first.cols, &data)
+        .map_err(|source| ModelError::GpuTensor {
+            name: first.name.clone(),
+            source,
+        })
+}
+
+/// A Gated DeltaNet block's weights, and its output product.
+fn upload_delta(
+    gpu: &Gpu,
+    w: &crate::weights::DeltaNetWeights<'_>,
+    d: crate::config::DeltaNet,
+) -> Result<(GpuDelta, Weight), ModelError> {
+    use crate::weights::{BetaAlpha, DeltaInput};
+    let (hk, hv, nk) = (d.head_k, d.head_v, d.n_k);
+    let r = d.n_v / nk;
+    let (qkv, z) = match &w.input {
+        DeltaInput::Split { qkv, gate } => (upload_matrix(gpu, qkv)?, upload_matrix(gpu, gate)?),
+        DeltaInput::Fused(m) => {
+            // Per key head g: q (hk), k (hk), v (r·hv), z (r·hv).
+            let group = 2 * hk + 2 * r * hv;
+            let at = |off: usize, len: usize| -> Vec<(usize, usize)> {
+                (0..nk).map(|g| (g * group + off, len)).collect()
+            };
+            let mut qkv = at(0, hk);
+            qkv.extend(at(hk, hk));
+            qkv.extend(at(2 * hk, r * hv));
+            (
+                upload_rows(gpu, &rows_of(m, &qkv))?,
+                upload_rows(gpu, &rows_of(m, &at(2 * hk + r * hv, r * hv)))?,
+            )
+        }
+    };
+    let (beta, alpha) = match &w.beta_alpha {
+        BetaAlpha::Split { beta, alpha } => (upload_matrix(gpu, beta)?, upload_matrix(gpu, alpha)?),
+        BetaAlpha::Fused(m) => {
+            // Per key head g: its value heads' betas, then their alphas.
+            let at = |off: usize| -> Vec<(usize, usize)> {
+                (0..nk).map(|g| (g * 2 * r + off, r)).collect()
+            };
+            (
+                upload_rows(gpu, &rows_of(m, &at(0)))?,
+                upload_rows(gpu, &rows_of(m, &at(r)))?,
+            )
+        }
+    };
+    Ok((
+        GpuDelta {
+            qkv,
+            z,
+            beta,
+            alpha,
+            conv: upload_vec(gpu, &w.conv)?,
+            dt: upload_vec(gpu, &w.dt_bias)?,
+            a: upload_vec(gpu, &w.a)?,
+            norm: upload_vec(gpu, &w.norm)?,
+        },
+        upload_matrix(gpu, &w.out)?,
+    ))
 }
 
 /// What a block's uploaded weights allow the fusion plan: the device's own

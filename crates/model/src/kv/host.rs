@@ -67,7 +67,10 @@ impl KvCache {
             rows,
             rings: Rings::new(c, n_ctx),
             len: 0,
-            states: States::zeros(c, n_layers)?,
+            // Every recurrent layer's state, the GPU layers' too: theirs
+            // is the device's copy at checkpoints, saves and restores
+            // (`gpu/arena.rs`).
+            states: States::zeros(c, c.n_layer)?,
             checkpoints: Checkpoints::new(c.kv.checkpoint_bytes),
         })
     }

@@ -48,6 +48,10 @@ impl States {
     }
 
     /// Layer `il`'s state.
+    pub(crate) fn layer(&self, il: usize) -> &[f32] {
+        &self.0[il]
+    }
+
     pub(crate) fn layer_mut(&mut self, il: usize) -> &mut [f32] {
         &mut self.0[il]
     }
