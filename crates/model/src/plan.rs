@@ -273,7 +273,7 @@ pub fn layout(model: &Model, c: &Config) -> Layout {
     // recurrent block) stays on the CPU, and with it every block before it
     // (placement offloads a suffix).
     for il in (0..c.n_layer).filter(|&il| !crate::program::Program::new(c, il).runs_on_gpu()) {
-        let name = format!("blk.{il}.ssm_out.weight");
+        let name = format!("blk.{il}.ssm_in.weight");
         if let Some(t) = model.tensor(&name) {
             l.no_kernel[il].push(Held {
                 tensor: name,

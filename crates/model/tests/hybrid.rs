@@ -309,3 +309,158 @@ fn eight_in_a_step(arch: &str, m: &HybridModel<'_>) {
         }
     }
 }
+
+/// A sequence's recurrent state through a slot's life, on the CPU and with
+/// every block on the GPU (the device's states copied to the host at a
+/// prompt chunk's checkpoint, sent back after a rewind, a restore or a
+/// copy): a prompt gives the bits of its tokens one by one; cutting back
+/// lands on a checkpoint and goes on with the bits of the first time; a
+/// saved and restored slot, and a slot lent another's prefix, go on as
+/// the source; checkpoints stay within their bound.
+mod state {
+    use super::*;
+
+    const TOKENS: [u32; 12] = [3, 1400, 15, 920, 65, 35, 8900, 79, 32, 38, 46, 26];
+    const BUDGET: u64 = 1 << 20;
+
+    fn with_budget(file: &Model, ngl: usize, budget: u64) -> HybridModel<'_> {
+        let mut cpu = CpuModel::load(file).unwrap();
+        cpu.config.kv.checkpoint_bytes = budget;
+        let p = plan::plan(
+            file,
+            &cpu.config,
+            ngl,
+            &PlanParams {
+                n_ctx: N_CTX,
+                ..PlanParams::default()
+            },
+        );
+        HybridModel::new(cpu, p, (ngl > 0).then(gpu)).unwrap()
+    }
+
+    /// Checkpoints at 5 and 9 (two prompt chunks), then decoding to `len`.
+    fn chunks_then_decode(m: &HybridModel<'_>, cache: &mut HybridCache, len: usize) {
+        m.forward(&TOKENS[..5], cache, Logits::Last).unwrap();
+        m.forward(&TOKENS[5..9], cache, Logits::Last).unwrap();
+        for &t in &TOKENS[9..len] {
+            m.forward(&[t], cache, Logits::Last).unwrap();
+        }
+    }
+
+    fn one_by_one(m: &HybridModel<'_>, tokens: &[u32]) -> Vec<Vec<f32>> {
+        let mut cache = m.new_cache(N_CTX).unwrap();
+        tokens
+            .iter()
+            .map(|&t| m.forward(&[t], &mut cache, Logits::Last).unwrap())
+            .collect()
+    }
+
+    fn placements(file: &Model) -> [usize; 2] {
+        [0, CpuModel::load(file).unwrap().config.n_layer + 1]
+    }
+
+    #[test]
+    fn a_prompt_gives_the_bits_of_its_tokens_one_by_one() {
+        let fx = fixture("qwen35", "Q8_0", false);
+        let f = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+        for ngl in placements(&f) {
+            let m = with_budget(&f, ngl, BUDGET);
+            let nv = m.config().n_vocab;
+            let each = one_by_one(&m, &TOKENS);
+            let mut cache = m.new_cache(N_CTX).unwrap();
+            let mut split = m
+                .forward(&TOKENS[..5], &mut cache, Logits::From(0))
+                .unwrap();
+            split.extend(
+                m.forward(&TOKENS[5..], &mut cache, Logits::From(0))
+                    .unwrap(),
+            );
+            for (i, l) in each.iter().enumerate() {
+                assert_eq!(&split[i * nv..(i + 1) * nv], &l[..], "-ngl {ngl} token {i}");
+            }
+            assert_ne!(each[1], one_by_one(&m, &TOKENS[1..2])[0], "-ngl {ngl}");
+        }
+    }
+
+    #[test]
+    fn truncation_goes_back_to_a_checkpoint_and_continues_with_the_same_bits() {
+        let fx = fixture("qwen35", "Q8_0", false);
+        let f = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+        for ngl in placements(&f) {
+            let m = with_budget(&f, ngl, BUDGET);
+            let each = one_by_one(&m, &TOKENS);
+            for (want, kept) in [(11, 9), (9, 9), (8, 5), (4, 0)] {
+                let mut c = m.new_cache(N_CTX).unwrap();
+                chunks_then_decode(&m, &mut c, 12);
+                c.truncate(want);
+                assert_eq!(c.len(), kept, "-ngl {ngl} truncate({want})");
+                for (i, &t) in TOKENS.iter().enumerate().skip(kept) {
+                    let got = m.forward(&[t], &mut c, Logits::Last).unwrap();
+                    assert_eq!(got, each[i], "-ngl {ngl} truncate({want}) token {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn save_restore_and_copy_keep_state_and_checkpoints() {
+        let fx = fixture("qwen35", "Q8_0", false);
+        let f = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+        for ngl in placements(&f) {
+            let m = with_budget(&f, ngl, BUDGET);
+            let each = one_by_one(&m, &TOKENS);
+            let mut caches = m.new_caches(3, N_CTX).unwrap();
+            let (src, rest) = caches.split_at_mut(1);
+            let src = &mut src[0];
+            chunks_then_decode(&m, src, 10);
+            let bytes = m.save_cache(src).unwrap();
+            let (a, b) = rest.split_at_mut(1);
+            let restored = &mut a[0];
+            assert_eq!(m.restore_cache(restored, &bytes).unwrap(), 10);
+            let got = m.forward(&TOKENS[10..11], restored, Logits::Last).unwrap();
+            assert_eq!(got, each[10], "-ngl {ngl} restored");
+            restored.truncate(7);
+            assert_eq!(restored.len(), 5, "-ngl {ngl}");
+            let got = m.forward(&TOKENS[5..6], restored, Logits::Last).unwrap();
+            assert_eq!(got, each[5], "-ngl {ngl} restored, cut back");
+            assert!(m
+                .restore_cache(restored, &bytes[..bytes.len() - 5])
+                .is_err());
+            assert_eq!(restored.len(), 0);
+            let dst = &mut b[0];
+            m.copy_cache(src, dst, 10).unwrap();
+            assert_eq!(dst.len(), 10, "-ngl {ngl}");
+            let got = m.forward(&TOKENS[10..11], dst, Logits::Last).unwrap();
+            assert_eq!(got, each[10], "-ngl {ngl} copied whole");
+            m.copy_cache(src, dst, 8).unwrap();
+            assert_eq!(dst.len(), 5, "-ngl {ngl}");
+            for (i, &t) in TOKENS.iter().enumerate().skip(5) {
+                let got = m.forward(&[t], dst, Logits::Last).unwrap();
+                assert_eq!(got, each[i], "-ngl {ngl} copied, token {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn checkpoints_stay_within_their_budget() {
+        let fx = fixture("qwen35", "Q8_0", false);
+        let f = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+        let c = CpuModel::load(&f).unwrap().config;
+        // One checkpoint: every recurrent layer's state.
+        let state: u64 = (0..c.n_layer).map(|il| c.state_len(il) as u64 * 4).sum();
+        for ngl in placements(&f) {
+            let m = with_budget(&f, ngl, 2 * state);
+            let mut cache = m.new_cache(N_CTX).unwrap();
+            for chunk in TOKENS.chunks(3) {
+                m.forward(chunk, &mut cache, Logits::Last).unwrap();
+                assert!(cache.checkpoint_bytes() <= 2 * state, "-ngl {ngl}");
+            }
+            assert_eq!(cache.checkpoint_bytes(), 2 * state, "-ngl {ngl}");
+            // Back to the newest checkpoint (9 of 12), then on.
+            cache.truncate(11);
+            assert_eq!(cache.len(), 9, "-ngl {ngl}");
+            cache.truncate(5);
+            assert_eq!(cache.len(), 0, "-ngl {ngl}: 3 and 6 were evicted");
+        }
+    }
+}

@@ -545,6 +545,10 @@ impl HybridModel<'_> {
         i: usize,
         arena: &KvArena,
     ) -> (usize, usize) {
+        // A recurrent layer keeps no rows (its state moves apart).
+        if arena.states.get(i).is_some_and(Option::is_some) {
+            return (0, 0);
+        }
         let kvd = self.cpu.config.kv_dim();
         let ring = arena.ring_of(i);
         let (per_slot, rows) = if ring > 0 {

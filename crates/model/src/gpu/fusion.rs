@@ -324,8 +324,13 @@ mod tests {
     };
 
     fn plan(arch: &str, w: WeightFacts, d: DeviceTraits, n: usize) -> Vec<Dispatch> {
+        plan_of(arch, 0, w, d, n)
+    }
+
+    /// Block `il`'s plan (a hybrid's blocks differ).
+    fn plan_of(arch: &str, il: usize, w: WeightFacts, d: DeviceTraits, n: usize) -> Vec<Dispatch> {
         let row = crate::arch::find(arch).expect("a row");
-        let p = Program::new(&test_config(row.arch), 0);
+        let p = Program::new(&test_config(row.arch), il);
         plan_block(&p, &w, d, n, true, false).dispatches
     }
 
@@ -369,7 +374,9 @@ mod tests {
             Down,
             FfnResidual,
         ];
-        for row in ARCHS.iter().filter(|r| r.recurrent.is_none()) {
+        // Every architecture but the tests' stand-in recurrent block, which
+        // has no GPU arm.
+        for row in ARCHS.iter().filter(|r| !r.test_only) {
             let a = row.name;
             let decode_gpu = plan(a, UNIFORM, DISCRETE, 1);
             let prompt_gpu = plan(a, UNIFORM, DISCRETE, 64);
@@ -435,6 +442,38 @@ mod tests {
                     want.extend([Out, AttnResidual, Router, Experts, FfnResidual]);
                     assert_eq!(decode_gpu, want, "{a}");
                     assert_eq!(decode_cpu, want, "{a}");
+                }
+                // Block 0 is a Gated DeltaNet block: its output product
+                // in `o`, then the residual and the feed-forward's norm
+                // as after attention's Out. Block 3 attends, its output
+                // gated before the output product.
+                "qwen35" | "qwen35moe" | "qwen3next" => {
+                    let (ffn, attn_out): (&[Dispatch], Dispatch) = if row.moe.is_some() {
+                        (&[Router, Experts, FfnResidual], Out)
+                    } else {
+                        (
+                            &[GateUpAct { norm: false }, DownAdd { norm_after: true }],
+                            OutAdd { norm_after: true },
+                        )
+                    };
+                    let mut want = vec![Norm, DeltaNet, AttnResidual];
+                    want.extend_from_slice(ffn);
+                    assert_eq!(decode_gpu, want, "{a}");
+                    assert_eq!(decode_cpu, want, "{a}");
+                    let mut want = vec![
+                        Norm,
+                        Qkv { norm: false },
+                        HeadNorms,
+                        RopeStore,
+                        Attend,
+                        OutputGate,
+                        attn_out,
+                    ];
+                    if row.moe.is_some() {
+                        want.push(AttnResidual);
+                    }
+                    want.extend_from_slice(ffn);
+                    assert_eq!(plan_of(a, 3, UNIFORM, DISCRETE, 1), want, "{a}");
                 }
                 other => panic!("no expected plan for {other}"),
             }
