@@ -128,11 +128,13 @@ enum Command {
         measure: bool,
     },
     /// Write a GGUF with random quantized weights in a real model's shape
-    /// (SmolLM2's, Llama 3.2 1B's or 3.1 8B's, a small phi3, or a qwen3moe
-    /// / qwen2moe mixture of experts) for tests and benchmarks at scale.
+    /// (SmolLM2's, Llama 3.2 1B's or 3.1 8B's, a small phi3, a qwen3moe /
+    /// qwen2moe mixture of experts, or a Qwen3.5/3.6 hybrid) for tests and
+    /// benchmarks at scale.
     Synth {
         /// smollm2, 1b, 8b, phi3-tiny, qwen3moe-tiny, qwen2moe-tiny,
-        /// qwen3moe-small or 30b-a3b.
+        /// qwen3moe-small, 30b-a3b, qwen35-tiny, qwen35-0.8b, qwen36-27b or
+        /// qwen36-35b-a3b.
         #[arg(long, default_value = "1b")]
         shape: String,
         /// Weight type of every matrix (norms are F32): F16, Q4_0, Q4_1,
