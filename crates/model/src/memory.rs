@@ -53,8 +53,9 @@ pub fn kv_host_bytes(
         .checked_mul(4)
         .map(|_| c.kv.k.bytes(values) + c.kv.v.bytes(values))
         .ok_or_else(overflow)?;
-    // Each sequence's recurrent states and the budget of their checkpoints.
-    let state = state_bytes(c, n_layers);
+    // Each sequence's recurrent states and the budget of their checkpoints:
+    // every recurrent layer's, the GPU layers' as the host's copy of them.
+    let state = state_bytes(c, c.n_layer);
     (count as u64)
         .checked_mul(state)
         .and_then(|s| s.checked_add(kv))

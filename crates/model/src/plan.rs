@@ -397,12 +397,14 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
     // A recurrent layer's state per sequence instead of rows; the first
     // one also carries the sequences' checkpoint budget (`kv/state.rs`).
     let first_recurrent = (0..n_layer).find(|&il| c.is_recurrent(il));
-    let state = |il: usize| -> u64 {
-        let mut b = c.state_len(il) as u64 * 4;
+    let state = |il: usize| -> u64 { (c.state_len(il) as u64 * 4).saturating_mul(n_par as u64) };
+    // The checkpoints are host memory, wherever their layers run.
+    let budget = |il: usize| -> u64 {
         if Some(il) == first_recurrent {
-            b = b.saturating_add(c.kv.checkpoint_bytes);
+            c.kv.checkpoint_bytes.saturating_mul(n_par as u64)
+        } else {
+            0
         }
-        b.saturating_mul(n_par as u64)
     };
     let embd_bytes = l.embd;
     let mut plan = Plan {
@@ -430,10 +432,16 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
         } else {
             w
         };
-        let kv = if i < n_layer {
-            kv_layer(i, device).saturating_add(state(i))
+        let (kv, host_state) = if i < n_layer {
+            let own = kv_layer(i, device).saturating_add(state(i));
+            match device {
+                Device::Cpu => (own.saturating_add(budget(i)), 0),
+                // The host keeps a copy of a GPU layer's state for the
+                // checkpoints (`gpu/arena.rs`), and the checkpoints.
+                Device::Gpu => (own, state(i).saturating_add(budget(i))),
+            }
         } else {
-            0
+            (0, 0)
         };
         // Routed experts in host memory: all of a CPU slot's, and an
         // offloaded block's unless `cpu_moe` lets them go with it.
@@ -450,6 +458,7 @@ fn plan_from_layout(l: &Layout, c: &Config, ngl: usize, p: &PlanParams) -> Plan 
                 plan.gpu_weights += w - experts;
                 plan.cpu_weights += experts;
                 plan.gpu_kv = plan.gpu_kv.saturating_add(kv);
+                plan.cpu_kv = plan.cpu_kv.saturating_add(host_state);
             }
             Device::Cpu => {
                 plan.cpu_weights += w;

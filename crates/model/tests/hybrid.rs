@@ -464,3 +464,30 @@ mod state {
         }
     }
 }
+
+/// Placement counts a recurrent block's state on its device, and on the
+/// host its copy and the checkpoints' budget (`gpu/arena.rs`).
+#[test]
+fn placement_counts_each_state_where_it_lives() {
+    let fx = fixture("qwen35", "Q8_0", false);
+    let f = Model::open(&fx.path, LoadMode::Mmap).unwrap();
+    let c = CpuModel::load(&f).unwrap().config;
+    let budget = c.kv.checkpoint_bytes;
+    let states: u64 = (0..c.n_layer).map(|il| c.state_len(il) as u64 * 4).sum();
+    let params = PlanParams {
+        n_ctx: N_CTX,
+        ..PlanParams::default()
+    };
+    let all = plan::plan(&f, &c, c.n_layer + 1, &params);
+    for (il, slot) in all.slots.iter().take(c.n_layer).enumerate() {
+        if c.is_recurrent(il) {
+            assert_eq!(slot.kv_bytes, c.state_len(il) as u64 * 4, "blk.{il}");
+        }
+    }
+    assert_eq!(all.cpu_kv, states + budget);
+    let none = plan::plan(&f, &c, 0, &params);
+    assert_eq!(none.gpu_kv, 0);
+    let rows: u64 = none.slots.iter().map(|s| s.kv_bytes).sum();
+    assert_eq!(none.cpu_kv, rows);
+    assert!(rows >= states + budget);
+}
