@@ -52,8 +52,6 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--context-shift", "a sequence ends when its slot is full"),
     ("--grp-attn-n", "self-extend is not implemented"),
     ("--grp-attn-w", "self-extend is not implemented"),
-    ("--hf-repo", "Lamina serves a local file: pass it with -m"),
-    ("--hf-file", "Lamina serves a local file: pass it with -m"),
     ("--model-url", "Lamina serves a local file: pass it with -m"),
     (
         "--models-dir",
