@@ -85,9 +85,11 @@ enum Command {
         #[command(flatten)]
         placement: Placement,
     },
-    /// Download a model from the Hugging Face hub into its cache
-    /// (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub, shared with
-    /// huggingface_hub) and print the local path, for -m.
+    /// Download a model from the Hugging Face hub into its cache and print its local path, for -m.
+    ///
+    /// The cache is huggingface_hub's (HF_HUB_CACHE, else HF_HOME/hub, else
+    /// ~/.cache/huggingface/hub): a file either downloaded is found by the
+    /// other. HF_TOKEN authenticates, HF_ENDPOINT names a mirror.
     Pull {
         /// ORG/REPO[:QUANT]: the .gguf whose name holds QUANT (any case;
         /// Q4_K_M, else the first .gguf, when none is named), every shard of

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -198,6 +198,8 @@ fn lamina(hub: &Hub, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Outpu
         .env("HF_ENDPOINT", &hub.url)
         .env("HF_HUB_CACHE", cache)
         .env_remove("HF_TOKEN")
+        // Not a token a developer saved with `hf auth login`.
+        .env("HF_TOKEN_PATH", cache.join("no-token"))
         .env_remove("HF_HUB_OFFLINE");
     for (k, v) in env {
         c.env(k, v);
@@ -252,6 +254,9 @@ fn pull_lays_out_the_cache_then_reuses_it_and_run_loads_it() {
         pointer.to_str().unwrap()
     );
     assert_eq!(hub.blob_gets(), 1);
+    // Plain progress lines off a terminal: bytes, rate, time left.
+    let err = stderr(&o);
+    assert!(err.contains("downloading") && err.contains("/s"), "{err}");
 
     // Again, and through -hf with no tag (the only quant): no download.
     let o = lamina(&hub, &cache, &["pull", "org/smol"], &[]);
@@ -328,6 +333,16 @@ fn a_gated_repo_wants_the_token() {
     let o = lamina(&hub, &cache, &["pull", "org/smol"], &[("HF_TOKEN", TOKEN)]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_layout(&cache);
+    // The token `hf auth login` saves serves as well.
+    let saved = cache.join("token");
+    std::fs::write(&saved, format!("{TOKEN}\n")).unwrap();
+    let o = lamina(
+        &hub,
+        &cache,
+        &["pull", "org/smol"],
+        &[("HF_TOKEN_PATH", saved.to_str().unwrap())],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     std::fs::remove_dir_all(&cache).unwrap();
 }
 

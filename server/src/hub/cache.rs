@@ -33,9 +33,9 @@ pub fn root(var: impl Fn(&str) -> Option<String>) -> PathBuf {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
-    move |source| HubError::Io {
+    move |error| HubError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

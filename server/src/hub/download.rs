@@ -126,13 +126,13 @@ pub fn fetch_blob(hub: &Hub, cache: &RepoCache, meta: &Meta, name: &str) -> Resu
     let blob = cache.blob(&meta.etag);
     let part = cache.incomplete(&meta.etag);
     let blobs = cache.dir().join("blobs");
-    std::fs::create_dir_all(&blobs).map_err(|source| HubError::Io {
+    std::fs::create_dir_all(&blobs).map_err(|error| HubError::Io {
         path: blobs.clone(),
-        source,
+        error,
     })?;
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| HubError::Io { path, source }
+        move |error| HubError::Io { path, error }
     };
     let mut have = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
     if meta.size.is_some_and(|size| have > size) {
@@ -161,9 +161,9 @@ pub fn fetch_blob(hub: &Hub, cache: &RepoCache, meta: &Meta, name: &str) -> Resu
         let mut body = r.into_body().into_reader();
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = body.read(&mut buf).map_err(|e| HubError::Transfer {
+            let n = body.read(&mut buf).map_err(|error| HubError::Transfer {
                 url: meta.location.clone(),
-                source: e,
+                error,
             })?;
             if n == 0 {
                 break;

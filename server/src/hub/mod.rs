@@ -41,7 +41,7 @@ pub enum HubError {
         file: String,
         available: String,
     },
-    #[error("{url}: HTTP {status}: the repo is gated or private; set HF_TOKEN to a token that may read it")]
+    #[error("{url}: HTTP {status}: the repo is gated, private or missing; set HF_TOKEN to a token that may read it")]
     Unauthorized { url: String, status: u16 },
     #[error("{url}: HTTP {status}: the token in HF_TOKEN may not read this repo (gated: accept its terms on the hub)")]
     Forbidden { url: String, status: u16 },
@@ -49,18 +49,12 @@ pub enum HubError {
     NotFound { url: String },
     #[error("{url}: HTTP {status}")]
     Status { url: String, status: u16 },
-    #[error("{url}: {source}")]
-    Http {
-        url: String,
-        #[source]
-        source: ureq::Error,
-    },
-    #[error("{url}: the download broke off ({source}); pull again to resume it")]
-    Transfer {
-        url: String,
-        #[source]
-        source: std::io::Error,
-    },
+    // The cause is in the message, not a `#[source]`: the binary prints an
+    // error's chain, and ureq's text already holds the io error's.
+    #[error("{url}: {error}")]
+    Http { url: String, error: ureq::Error },
+    #[error("{url}: the download broke off ({error}); pull again to resume it")]
+    Transfer { url: String, error: std::io::Error },
     #[error("{url}: the answer has no {header} header")]
     MissingHeader { url: String, header: &'static str },
     #[error("{url}: {reason}")]
@@ -79,11 +73,10 @@ pub enum HubError {
     },
     #[error("offline: {what} is not in the cache at {}", cache.display())]
     NotCached { what: String, cache: PathBuf },
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -97,8 +90,9 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// The settings `huggingface_hub` reads: `HF_ENDPOINT`, `HF_TOKEN`,
-    /// `HF_HUB_OFFLINE`, and the cache variables ([`cache::root`]).
+    /// The settings `huggingface_hub` reads: `HF_ENDPOINT`, `HF_TOKEN` (else
+    /// the token `hf auth login` saved), `HF_HUB_OFFLINE`, and the cache
+    /// variables ([`cache::root`]).
     pub fn from_env(offline: bool, var: impl Fn(&str) -> Option<String>) -> Self {
         let truthy = |v: Option<String>| {
             v.is_some_and(|v| {
@@ -110,7 +104,9 @@ impl Hub {
             .unwrap_or_else(|| "https://huggingface.co".to_string());
         Self {
             endpoint: endpoint.trim_end_matches('/').to_string(),
-            token: var("HF_TOKEN").filter(|t| !t.is_empty()),
+            token: var("HF_TOKEN")
+                .filter(|t| !t.is_empty())
+                .or_else(|| saved_token(&var)),
             offline: offline || truthy(var("HF_HUB_OFFLINE")),
             cache: cache::root(&var),
             agent: ureq::Agent::config_builder()
@@ -139,9 +135,9 @@ impl Hub {
             }
             _ => req,
         };
-        let r = req.call().map_err(|source| HubError::Http {
+        let r = req.call().map_err(|error| HubError::Http {
             url: url.to_string(),
-            source,
+            error,
         })?;
         let status = r.status().as_u16();
         let url = url.to_string();
@@ -153,6 +149,23 @@ impl Hub {
             _ => Err(HubError::Status { url, status }),
         }
     }
+}
+
+/// The token `hf auth login` saved: `$HF_TOKEN_PATH`, else `token` in
+/// `$HF_HOME` (default `~/.cache/huggingface`).
+fn saved_token(var: &impl Fn(&str) -> Option<String>) -> Option<String> {
+    let set = |k: &str| var(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let path = set("HF_TOKEN_PATH").or_else(|| {
+        let home = set("HF_HOME").or_else(|| {
+            set("XDG_CACHE_HOME")
+                .or_else(|| set("HOME").map(|h| h.join(".cache")))
+                .map(|c| c.join("huggingface"))
+        })?;
+        Some(home.join("token"))
+    })?;
+    let token = std::fs::read_to_string(path).ok()?;
+    let token = token.trim();
+    (!token.is_empty()).then(|| token.to_string())
 }
 
 /// What a pull produced.
@@ -207,9 +220,9 @@ pub fn pull(hub: &Hub, name: &str, hf_file: Option<&str>) -> Result<Pulled, HubE
         .send(hub.agent.get(&url), &url)?
         .into_body()
         .read_to_string()
-        .map_err(|source| HubError::Http {
+        .map_err(|error| HubError::Http {
             url: url.clone(),
-            source,
+            error,
         })?;
     let info: RepoInfo = serde_json::from_str(&body).map_err(|e| HubError::BadResponse {
         url: url.clone(),
