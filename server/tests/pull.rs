@@ -28,6 +28,37 @@ fn model() -> &'static (Vec<u8>, String) {
     })
 }
 
+/// The shards of the split repo `org/split`, in a folder as some repos
+/// keep them: small stand-ins, since only their bytes travel.
+const SHARDS: [(&str, &[u8]); 2] = [
+    ("Q8_0/s-Q8_0-00001-of-00002.gguf", b"first shard"),
+    ("Q8_0/s-Q8_0-00002-of-00002.gguf", b"second shard"),
+];
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// A file the server holds, by repo and name: its bytes and digest.
+fn file(repo: &str, name: &str) -> Option<(&'static [u8], String)> {
+    if repo == "org/smol" && name == MODEL {
+        let (bytes, sha) = model();
+        return Some((bytes, sha.clone()));
+    }
+    SHARDS
+        .iter()
+        .find(|(n, _)| repo == "org/split" && *n == name)
+        .map(|(_, b)| (*b, sha256(b)))
+}
+
+/// A blob by its digest.
+fn blob(sha: &str) -> Option<&'static [u8]> {
+    if model().1 == sha {
+        return Some(&model().0);
+    }
+    SHARDS.iter().map(|(_, b)| *b).find(|b| sha256(b) == sha)
+}
+
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
 struct Seen {
@@ -108,9 +139,7 @@ fn serve(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, b: &Mutex<Behaviour>, bas
             path: path.clone(),
             range: range.clone(),
         });
-        let (bytes, sha) = model();
         let mut b = b.lock().unwrap();
-        let etag = b.wrong_etag.clone().unwrap_or_else(|| sha.clone());
         let authorized = !b.gated || auth.as_deref() == Some(&format!("Bearer {TOKEN}"));
         let head = method == "HEAD";
         let reply =
@@ -132,7 +161,18 @@ fn serve(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, b: &Mutex<Behaviour>, bas
                 r#"{{"id":"org/smol","sha":"{COMMIT}","siblings":[{{"rfilename":".gitattributes"}},{{"rfilename":"{MODEL}"}},{{"rfilename":"mmproj-Q4_1.gguf"}}]}}"#
             );
             reply(&mut conn, "200 OK", &[], json.as_bytes());
-        } else if path.starts_with("/org/smol/resolve/") && path.ends_with(MODEL) {
+        } else if path.starts_with("/api/models/org/split/revision/") {
+            let names: Vec<String> = SHARDS
+                .iter()
+                .map(|(n, _)| format!(r#"{{"rfilename":"{n}"}}"#))
+                .collect();
+            let json = format!(
+                r#"{{"id":"org/split","sha":"{COMMIT}","siblings":[{{"rfilename":"s-Q4_0.gguf"}},{}]}}"#,
+                names.join(",")
+            );
+            reply(&mut conn, "200 OK", &[], json.as_bytes());
+        } else if let Some((bytes, sha)) = resolve_target(&path) {
+            let etag = b.wrong_etag.clone().unwrap_or_else(|| sha.clone());
             let headers = [
                 // Another host, as the hub's CDN is: the metadata is read
                 // from this answer, not followed.
@@ -146,7 +186,8 @@ fn serve(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, b: &Mutex<Behaviour>, bas
                 ("ETag", "\"not-the-file\"".to_string()),
             ];
             reply(&mut conn, "302 Found", &headers, b"");
-        } else if path.starts_with("/blob/") {
+        } else if let Some(bytes) = path.strip_prefix("/blob/").and_then(blob) {
+            let sha = sha256(bytes);
             let start = range
                 .as_deref()
                 .and_then(|r| r.strip_prefix("bytes="))
@@ -183,6 +224,21 @@ fn serve(mut conn: TcpStream, seen: &Mutex<Vec<Seen>>, b: &Mutex<Behaviour>, bas
             reply(&mut conn, "404 Not Found", &[], b"");
         }
     }
+}
+
+/// The file a `/{org}/{repo}/resolve/{revision}/{name}` path names.
+fn resolve_target(path: &str) -> Option<(&'static [u8], String)> {
+    let mut parts = path.trim_start_matches('/').splitn(5, '/');
+    let (org, repo, verb, _rev, name) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    (verb == "resolve")
+        .then(|| file(&format!("{org}/{repo}"), name))
+        .flatten()
 }
 
 fn temp_cache(name: &str) -> PathBuf {
@@ -365,6 +421,30 @@ fn offline_reads_the_cache_only() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(hub.seen().len(), before);
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
+#[test]
+fn a_split_model_comes_as_its_whole_set() {
+    let hub = Hub::start(Behaviour::default());
+    let cache = temp_cache("split");
+    let o = lamina(&hub, &cache, &["pull", "org/split:q8_0"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let snapshot = cache.join("models--org--split/snapshots").join(COMMIT);
+    let printed: Vec<PathBuf> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect();
+    let expected: Vec<PathBuf> = SHARDS.iter().map(|(n, _)| snapshot.join(n)).collect();
+    assert_eq!(printed, expected);
+    for ((_, bytes), path) in SHARDS.iter().zip(&expected) {
+        assert_eq!(std::fs::read(path).unwrap(), *bytes);
+        // One folder deeper, one more `..`.
+        assert_eq!(
+            std::fs::read_link(path).unwrap(),
+            PathBuf::from(format!("../../../blobs/{}", sha256(bytes)))
+        );
+    }
     std::fs::remove_dir_all(&cache).unwrap();
 }
 
