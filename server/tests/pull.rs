@@ -424,6 +424,36 @@ fn offline_reads_the_cache_only() {
     std::fs::remove_dir_all(&cache).unwrap();
 }
 
+/// Two pulls at once take turns on the blob's lock: one download, both
+/// succeed.
+#[test]
+fn concurrent_pulls_download_once() {
+    let hub = Hub::start(Behaviour::default());
+    let cache = temp_cache("concurrent");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_lamina"))
+            .args(["pull", "org/smol"])
+            .env("HF_ENDPOINT", &hub.url)
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_TOKEN_PATH", cache.join("no-token"))
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_OFFLINE")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    for child in [a, b] {
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert_eq!(hub.blob_gets(), 1, "{:?}", hub.seen());
+    assert_layout(&cache);
+    assert!(cache.join(".locks/models--org--smol").is_dir());
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
 #[test]
 fn a_split_model_comes_as_its_whole_set() {
     let hub = Hub::start(Behaviour::default());

@@ -138,6 +138,52 @@ impl RepoCache {
     }
 }
 
+/// `.locks/models--{org}--{repo}/{etag}.lock` held for as long as this
+/// lives: the lock `huggingface_hub` takes on the same file while it writes
+/// that blob, so two downloads of one file (from either) take turns.
+pub struct BlobLock {
+    _file: std::fs::File,
+}
+
+impl RepoCache {
+    pub fn lock(&self, etag: &str) -> Result<BlobLock, HubError> {
+        let root = self.dir.parent().unwrap_or(Path::new("."));
+        let name = self.dir.file_name().unwrap_or_default();
+        let dir = root.join(".locks").join(name);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let path = dir.join(format!("{etag}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        flock(&file).map_err(io(&path))?;
+        Ok(BlobLock { _file: file })
+    }
+}
+
+/// Waits for the exclusive lock; closing the file releases it.
+#[cfg(unix)]
+fn flock(file: &std::fs::File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    loop {
+        // SAFETY: the descriptor is open for as long as `file` is borrowed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn flock(_file: &std::fs::File) -> std::io::Result<()> {
+    Ok(())
+}
+
 /// A name usable as one path segment (a commit, an etag).
 pub fn safe_segment(s: &str) -> bool {
     !s.is_empty()

@@ -248,8 +248,12 @@ pub fn pull(hub: &Hub, name: &str, hf_file: Option<&str>) -> Result<Pulled, HubE
         let url = format!("{}/{}/resolve/{}/{}", hub.endpoint, r.repo, info.sha, file);
         let meta = download::metadata(hub, &url)?;
         if !cache.blob(&meta.etag).exists() {
-            download::fetch_blob(hub, &cache, &meta, file)?;
-            downloaded += 1;
+            let _lock = cache.lock(&meta.etag)?;
+            // Another pull may have finished it while this one waited.
+            if !cache.blob(&meta.etag).exists() {
+                download::fetch_blob(hub, &cache, &meta, file)?;
+                downloaded += 1;
+            }
         }
         paths.push(cache.link(&info.sha, file, &meta.etag)?);
     }
