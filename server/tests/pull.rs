@@ -333,6 +333,39 @@ fn pull_lays_out_the_cache_then_reuses_it_and_run_loads_it() {
     std::fs::remove_dir_all(&cache).unwrap();
 }
 
+/// `serve -hf` offline from the cache a pull filled: it reaches the point
+/// of listening, so the name resolved to a file the server loaded.
+#[test]
+fn serve_takes_hf_from_the_cache() {
+    let hub = Hub::start(Behaviour::default());
+    let cache = temp_cache("serve");
+    assert!(lamina(&hub, &cache, &["pull", "org/smol"], &[])
+        .status
+        .success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(["serve", "-hf", "org/smol:Q4_1", "--offline", "--port", "0"])
+        .env("HF_HUB_CACHE", &cache)
+        .env("HF_ENDPOINT", "http://127.0.0.1:1")
+        .env_remove("LAMINA_MODEL")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    for line in err.lines() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("listening on http://") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.contains("listening on http://"), "{log}");
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
 #[test]
 fn a_cut_download_resumes_with_a_range_request() {
     let hub = Hub::start(Behaviour {
