@@ -231,11 +231,55 @@ impl SamplingArgs {
     }
 }
 
+/// A model by name on the Hugging Face hub, as llama.cpp's -hf takes it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct HfArgs {
+    /// A model on the Hugging Face hub, ORG/REPO[:QUANT] (Q4_K_M when no
+    /// quant is named): downloaded into the hub cache, or taken from it.
+    /// Also -hf.
+    #[arg(
+        long = "hf-repo",
+        value_name = "ORG/REPO[:QUANT]",
+        conflicts_with = "file"
+    )]
+    pub hf_repo: Option<String>,
+    /// The file of --hf-repo to take instead of the quant's. Also -hff.
+    #[arg(long = "hf-file", value_name = "FILE", requires = "hf_repo")]
+    pub hf_file: Option<String>,
+}
+
+impl HfArgs {
+    /// The local model file: `file` itself, or the one --hf-repo resolves
+    /// to (downloaded first if the cache lacks it).
+    pub fn model(&self, file: Option<PathBuf>, offline: bool) -> anyhow::Result<PathBuf> {
+        if let Some(file) = file {
+            return Ok(file);
+        }
+        let Some(name) = &self.hf_repo else {
+            anyhow::bail!("no model: pass -m FILE or -hf ORG/REPO[:QUANT]");
+        };
+        let hub = crate::hub::Hub::from_env(offline, |k| std::env::var(k).ok());
+        let pulled = crate::hub::pull(&hub, name, self.hf_file.as_deref())?;
+        pulled
+            .paths
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{name}: no file resolved"))
+    }
+}
+
 /// `lamina serve`'s flags: Lamina's own, then the groups.
 #[derive(clap::Args, Debug)]
 pub struct ServeCli {
-    #[arg(short = 'm', long = "model", env = "LAMINA_MODEL")]
-    pub file: PathBuf,
+    #[arg(
+        short = 'm',
+        long = "model",
+        env = "LAMINA_MODEL",
+        required_unless_present = "hf_repo"
+    )]
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub hf: HfArgs,
     /// Address to bind; the default keeps the server on this machine.
     #[arg(long, env = "LAMINA_HOST", default_value = "127.0.0.1")]
     pub host: String,
@@ -466,7 +510,8 @@ pub struct LlamaServerArgs {
     /// Accepted, changes nothing: requests are always decoded together.
     #[arg(long = "cont-batching")]
     pub cont_batching: bool,
-    /// Accepted, changes nothing: Lamina never downloads a model.
+    /// With -hf: the hub cache only, never the network (also
+    /// HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
     /// Built-in tools for agents, served at GET/POST /tools: a comma list of

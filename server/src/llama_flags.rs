@@ -52,9 +52,10 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("--context-shift", "a sequence ends when its slot is full"),
     ("--grp-attn-n", "self-extend is not implemented"),
     ("--grp-attn-w", "self-extend is not implemented"),
-    ("--hf-repo", "Lamina serves a local file: pass it with -m"),
-    ("--hf-file", "Lamina serves a local file: pass it with -m"),
-    ("--model-url", "Lamina serves a local file: pass it with -m"),
+    (
+        "--model-url",
+        "fetch from the Hugging Face hub with -hf ORG/REPO[:QUANT], or pass a local file with -m",
+    ),
     (
         "--models-dir",
         "Lamina serves one model (-m); router mode is not implemented",

@@ -16,6 +16,7 @@ mod cli_doc;
 mod devices;
 mod fit;
 mod http;
+mod hub;
 mod inspect;
 mod llama_flags;
 mod progress;
@@ -53,8 +54,14 @@ enum Command {
     },
     /// Generate a continuation of one prompt, streamed to stdout, then the timings.
     Run {
-        #[arg(short = 'm', long = "model")]
-        file: PathBuf,
+        #[arg(short = 'm', long = "model", required_unless_present = "hf_repo")]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        hf: cli::HfArgs,
+        /// With -hf: the hub cache only, never the network (also
+        /// HF_HUB_OFFLINE=1).
+        #[arg(long)]
+        offline: bool,
         #[arg(short = 'p', long)]
         prompt: String,
         /// Positions of the KV cache: 4096 when not given (or the training
@@ -77,6 +84,24 @@ enum Command {
         no_mmap: bool,
         #[command(flatten)]
         placement: Placement,
+    },
+    /// Download a model from the Hugging Face hub into its cache and print its local path, for -m.
+    ///
+    /// The cache is huggingface_hub's (HF_HUB_CACHE, else HF_HOME/hub, else
+    /// ~/.cache/huggingface/hub): a file either downloaded is found by the
+    /// other. HF_TOKEN authenticates, HF_ENDPOINT names a mirror.
+    Pull {
+        /// ORG/REPO[:QUANT]: the .gguf whose name holds QUANT (any case;
+        /// Q4_K_M, else the first .gguf, when none is named), every shard of
+        /// a split model.
+        name: String,
+        /// The file of the repo to take instead of the quant's.
+        #[arg(long = "hf-file", value_name = "FILE")]
+        hf_file: Option<String>,
+        /// The cache only, never the network (also HF_HUB_OFFLINE=1): an
+        /// error if the model is not there.
+        #[arg(long)]
+        offline: bool,
     },
     /// Serve the model over an OpenAI-compatible HTTP API (also llama-server's native one).
     Serve(Box<ServeCli>),
@@ -376,8 +401,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", inspect::to_text(&model, full));
             }
         }
+        Command::Pull {
+            name,
+            hf_file,
+            offline,
+        } => {
+            let hub = hub::Hub::from_env(offline, |k| std::env::var(k).ok());
+            let pulled = hub::pull(&hub, &name, hf_file.as_deref())?;
+            if pulled.downloaded == 0 {
+                eprintln!("{name}: in the cache already");
+            }
+            for p in &pulled.paths {
+                println!("{}", p.display());
+            }
+        }
         Command::Run {
             file,
+            hf,
+            offline,
             prompt,
             ctx,
             sampling,
@@ -388,6 +429,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             placement,
         } => {
             thread_pool(threads)?;
+            let file = hf.model(file, offline)?;
             let sampler = sampling.sampler_with(&lamina_model::FileSampling::open(&file))?;
             run::run(run::RunArgs {
                 file,
@@ -624,9 +666,10 @@ fn chat_template_named(t: &str) -> anyhow::Result<String> {
 
 /// `lamina serve`'s flags as the server takes them.
 fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
+    let file = a.hf.model(a.file.clone(), a.llama.offline)?;
     let sampler = a
         .sampling
-        .sampler_with(&lamina_model::FileSampling::open(&a.file))?;
+        .sampler_with(&lamina_model::FileSampling::open(&file))?;
     let (reasoning, reasoning_format) = a.llama.reasoning()?;
     let gcp = http::Gcp::from_env(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
     // Vertex AI names the port in AIP_HTTP_PORT (8080 unless set), over
@@ -684,7 +727,7 @@ fn serve_args(a: ServeCli) -> anyhow::Result<serve::ServeArgs> {
         },
         tools: http::list(a.llama.tools.as_deref()),
         tools_runtime: a.llama.tools_runtime.clone().filter(|r| !r.is_empty()),
-        file: a.file,
+        file,
         host: a.host,
         port,
         n_ctx: a.ctx,
