@@ -102,6 +102,11 @@ install_python() {
   if ! python3 -c 'import ollama' 2>/dev/null; then
     python3 -m pip install -q ollama
   fi
+  # huggingface_hub: its cache is the one `lamina pull` shares; the tests
+  # check that a file it downloaded is found without a download.
+  if ! python3 -c 'import huggingface_hub' 2>/dev/null; then
+    python3 -m pip install -q huggingface_hub
+  fi
   # selenium drives Chromium for the chat page test; kubernetes-validate and
   # checkov check the manifests and the Dockerfile under deploy/.
   if ! python3 -c 'import selenium' 2>/dev/null; then
