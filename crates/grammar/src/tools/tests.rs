@@ -212,7 +212,13 @@ fn unwritable_names_are_refused() {
             json!({"type": "object", "properties": {"e": {"enum": []}}}),
         ),
     ] {
-        let e = call_grammar(ToolFormat::QwenXml, &[t.clone()], false, None, |_| None);
+        let e = call_grammar(
+            ToolFormat::QwenXml,
+            std::slice::from_ref(&t),
+            false,
+            None,
+            |_| None,
+        );
         assert!(matches!(e, Err(GrammarError::Tools(_))), "{t:?}: {e:?}");
     }
 }
