@@ -43,4 +43,7 @@ pub use reasoning::{
     split as split_reasoning, Part, ReasoningFormat, ReasoningSplitter, ThinkTags, COMMAND_R, THINK,
 };
 pub use template::{ChatTemplate, Limits, Prompt, RenderOptions, TemplateConfig};
-pub use tool_calls::{parse as parse_tool_calls, Piece, ToolCall, ToolCallParser, ToolFormat};
+pub use tool_calls::{
+    parse as parse_tool_calls, xml_key_reads_back, xml_name_reads_back, xml_value_is_text, Piece,
+    ToolCall, ToolCallParser, ToolFormat,
+};

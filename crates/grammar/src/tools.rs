@@ -8,18 +8,26 @@
 //! The layouts follow llama.cpp's tool-call grammars for the same formats:
 //! Hermes `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
 //! Llama 3.x `{"name": ..., "parameters": {...}}`, Mistral
-//! `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`, and llama.cpp's
-//! generic `{"tool_call": {"name": ..., "arguments": {...}}}` for any other
-//! template. A marker the vocabulary holds as a control token is written
-//! as that token (`<[id]>`), since its text would never decode from text.
-//! The XML format of Qwen3-Coder and Qwen3.5 is not forced yet: asking is
-//! an error, not a call in a format its parser would not read back.
+//! `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`, llama.cpp's generic
+//! `{"tool_call": {"name": ..., "arguments": {...}}}` for any other
+//! template, and the XML of Qwen3-Coder and Qwen3.5 (`xml.rs`). A marker
+//! the vocabulary holds as a control token is written as that token
+//! (`<[id]>`), since its text would never decode from text.
+//!
+//! When the prompt leaves a think block open (Qwen3.5's and DeepSeek-R1's
+//! templates end it with `<think>\n`), the answer closes the block first,
+//! as llama.cpp's grammars for such templates do: what follows an open
+//! block is reasoning, and a call written there would never be read as one.
 
 use lamina_chat::ToolFormat;
 use serde_json::{json, Value};
 
 use crate::constraint::with_ws_cap;
 use crate::error::GrammarError;
+
+#[cfg(test)]
+mod tests;
+mod xml;
 
 /// One tool the call may name.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,12 +39,15 @@ pub struct ToolSpec {
 }
 
 /// The Lark grammar of a call (or, with `parallel`, one or more calls) to
-/// one of `tools` in `format`. `control_token(text)` gives the id of a
-/// marker the vocabulary holds as a control token.
+/// one of `tools` in `format`. `close_think` is the tag that closes a
+/// think block the prompt left open (`</think>`), which the answer then
+/// writes first. `control_token(text)` gives the id of a marker the
+/// vocabulary holds as a control token.
 pub fn call_grammar(
     format: ToolFormat,
     tools: &[ToolSpec],
     parallel: bool,
+    close_think: Option<&str>,
     control_token: impl Fn(&str) -> Option<u32>,
 ) -> Result<String, GrammarError> {
     if tools.is_empty() {
@@ -44,16 +55,6 @@ pub fn call_grammar(
             "a tool call is required, but there is no tool to call".into(),
         ));
     }
-    if format == ToolFormat::QwenXml {
-        return Err(GrammarError::Tools(
-            "a tool call cannot be forced yet in this model's XML tool-call format (Qwen3-Coder, Qwen3.5); use tool_choice \"auto\"".into(),
-        ));
-    }
-    let args_key = match format {
-        ToolFormat::Llama3 => "parameters",
-        _ => "arguments",
-    };
-    let mut calls = Vec::with_capacity(tools.len());
     for t in tools {
         if !(t.parameters.is_object() || t.parameters.is_boolean()) {
             return Err(GrammarError::Tools(format!(
@@ -61,52 +62,48 @@ pub fn call_grammar(
                 t.name
             )));
         }
-        calls.push(json!({
-            "type": "object",
-            "properties": {
-                "name": {"const": t.name},
-                args_key: t.parameters,
-            },
-            "required": ["name", args_key],
-            "additionalProperties": false,
-        }));
     }
-    let call = if calls.len() == 1 {
-        calls.pop().unwrap_or_default()
-    } else {
-        json!({"anyOf": calls})
-    };
     let marker = |m: &str| match control_token(m) {
         Some(id) => format!("<[{id}]>"),
         None => lark_string(m),
     };
-    let schema = |s: Value| with_ws_cap(s).to_string();
-    Ok(match format {
-        ToolFormat::Hermes => {
-            let one = format!(
-                "call: {} \"\\n\" %json {} \"\\n\" {}\n",
-                marker("<tool_call>"),
-                schema(call),
-                marker("</tool_call>")
-            );
-            let start = if parallel {
-                "start: call (\"\\n\" call)*\n"
-            } else {
-                "start: call\n"
-            };
-            format!("{start}{one}")
-        }
-        ToolFormat::Llama3 => format!("start: %json {}\n", schema(call)),
-        // Refused above.
-        ToolFormat::QwenXml => String::new(),
+    let start = match close_think {
+        Some(close) => format!("start: \"\\n\"? {} \"\\n\\n\" calls\n", marker(close)),
+        None => "start: calls\n".to_owned(),
+    };
+    // One or more calls, one a line, for the formats that write a call
+    // per marker.
+    let calls = if parallel {
+        "calls: call (\"\\n\" call)*\n"
+    } else {
+        "calls: call\n"
+    };
+    let rules = match format {
+        ToolFormat::QwenXml => format!("{calls}{}", xml::call_rules(tools, marker)?),
+        ToolFormat::Hermes => format!(
+            "{calls}call: {} \"\\n\" %json {} \"\\n\" {}\n",
+            marker("<tool_call>"),
+            schema_text(json_call(tools, "arguments")),
+            marker("</tool_call>")
+        ),
+        ToolFormat::Llama3 => format!(
+            "calls: %json {}\n",
+            schema_text(json_call(tools, "parameters"))
+        ),
         ToolFormat::Mistral => {
-            let mut list = json!({"type": "array", "items": call, "minItems": 1});
+            let mut list =
+                json!({"type": "array", "items": json_call(tools, "arguments"), "minItems": 1});
             if !parallel {
                 list["maxItems"] = json!(1);
             }
-            format!("start: {} %json {}\n", marker("[TOOL_CALLS]"), schema(list))
+            format!(
+                "calls: {} %json {}\n",
+                marker("[TOOL_CALLS]"),
+                schema_text(list)
+            )
         }
         ToolFormat::Generic => {
+            let call = json_call(tools, "arguments");
             let wrapped = if parallel {
                 json!({
                     "type": "object",
@@ -122,9 +119,39 @@ pub fn call_grammar(
                     "additionalProperties": false,
                 })
             };
-            format!("start: %json {}\n", schema(wrapped))
+            format!("calls: %json {}\n", schema_text(wrapped))
         }
-    })
+    };
+    Ok(format!("{start}{rules}"))
+}
+
+/// The schema of one JSON call object to one of `tools`, its arguments
+/// under `args_key`.
+fn json_call(tools: &[ToolSpec], args_key: &str) -> Value {
+    let mut calls: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"const": t.name},
+                    args_key: t.parameters,
+                },
+                "required": ["name", args_key],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    if calls.len() == 1 {
+        calls.pop().unwrap_or_default()
+    } else {
+        json!({"anyOf": calls})
+    }
+}
+
+/// A schema as `%json` takes it, JSON whitespace capped.
+fn schema_text(schema: Value) -> String {
+    with_ws_cap(schema).to_string()
 }
 
 fn lark_string(s: &str) -> String {

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use lamina_chat::{parse_tool_calls as parse, Piece, ToolFormat};
+use lamina_chat::{parse_tool_calls as parse, Piece, ToolCallParser, ToolFormat};
 use lamina_gguf::{LoadMode, Model};
 use lamina_grammar::{call_grammar, Ahead, Constraint, GrammarError, Spec, ToolSpec, Vocab};
 use lamina_tokenizer::Tokenizer;
@@ -272,7 +272,7 @@ fn a_forced_tool_call_parses_back_as_that_call() {
         ToolFormat::Llama3,
         ToolFormat::Mistral,
     ] {
-        let lark = call_grammar(format, &tools, false, |m| vocab.special_token(m)).unwrap();
+        let lark = call_grammar(format, &tools, false, None, |m| vocab.special_token(m)).unwrap();
         for seed in 1..=3 {
             let c = Constraint::compile(vocab, &Spec::Lark(lark.clone())).unwrap();
             let text = walk(tok, vocab, c, seed, 400);
@@ -297,14 +297,17 @@ fn a_forced_tool_call_parses_back_as_that_call() {
     }
     // A named function: only that one.
     let only = &tools[1..];
-    let lark = call_grammar(ToolFormat::Generic, only, false, |m| vocab.special_token(m)).unwrap();
+    let lark = call_grammar(ToolFormat::Generic, only, false, None, |m| {
+        vocab.special_token(m)
+    })
+    .unwrap();
     for seed in 1..=3 {
         let c = Constraint::compile(vocab, &Spec::Lark(lark.clone())).unwrap();
         let text = walk(tok, vocab, c, seed, 400);
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["tool_call"]["name"], "get_time", "{text}");
     }
-    assert!(call_grammar(ToolFormat::Generic, &[], false, |_| None).is_err());
+    assert!(call_grammar(ToolFormat::Generic, &[], false, None, |_| None).is_err());
 }
 
 #[test]
@@ -319,4 +322,65 @@ fn gemma_vocabulary_special_tokens_and_a_schema() {
         v["n"].as_i64().is_some_and(|n| (1..=9).contains(&n)),
         "{text}"
     );
+}
+
+#[test]
+fn a_forced_xml_call_parses_back_typed_by_its_schema() {
+    let (tok, vocab) = smol();
+    let params = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 6},
+        "days": {"type": "integer", "minimum": 0, "maximum": 99},
+        "metric": {"type": "boolean"},
+        "unit": {"enum": ["c", "f"]},
+    }, "required": ["city", "days"]});
+    let tools = vec![ToolSpec {
+        name: "get_weather".into(),
+        parameters: params.clone(),
+    }];
+    let openai =
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": params}}]);
+    for parallel in [false, true] {
+        let lark = call_grammar(ToolFormat::QwenXml, &tools, parallel, None, |m| {
+            vocab.special_token(m)
+        })
+        .unwrap();
+        for seed in 1..=4 {
+            let c = Constraint::compile(vocab, &Spec::Lark(lark.clone())).unwrap();
+            let text = walk(tok, vocab, c, seed, 400);
+            let mut parser = ToolCallParser::new(ToolFormat::QwenXml).with_tools(&openai);
+            let mut pieces = parser.push(&text);
+            pieces.extend(parser.finish());
+            let calls: Vec<_> = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Call(c) => Some(c),
+                    Piece::Text(_) | Piece::Reasoning(_) => None,
+                })
+                .collect();
+            assert!(
+                !calls.is_empty() && calls.len() == pieces.len(),
+                "{text:?} gave {pieces:?}"
+            );
+            if !parallel {
+                assert_eq!(calls.len(), 1, "{text:?}");
+            }
+            for call in calls {
+                let a = &call.arguments;
+                assert_eq!(call.name, "get_weather");
+                assert!(
+                    a["city"].as_str().is_some_and(|c| c.chars().count() <= 6),
+                    "{text:?}"
+                );
+                assert!(
+                    a["days"].as_i64().is_some_and(|d| (0..=99).contains(&d)),
+                    "{text:?}"
+                );
+                assert!(a.get("metric").is_none_or(Value::is_boolean), "{text:?}");
+                assert!(
+                    a.get("unit").is_none_or(|u| u == "c" || u == "f"),
+                    "{text:?}"
+                );
+            }
+        }
+    }
 }

@@ -408,12 +408,13 @@ pub async fn messages_route(
     let mut s = sampling(&st, &info, &b)?;
     let (choice, parallel) = tool_choice(&b)?;
     let tools = tools(&b)?.filter(|_| choice.offers_tools());
-    if let Some(w) = forced(&info, tools.as_ref(), &choice, parallel)? {
+    let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
+    let (thinking, tokens, text) = prompt(&st, &info, &b, tools.clone()).await?;
+    let open = thinking.left_open(&text);
+    if let Some(w) = forced(&info, tools.as_ref(), &choice, parallel, open)? {
         structured::add(&mut s, w)?;
     }
     structured::compile(&st, &info, &mut s).await?;
-    let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
-    let (thinking, tokens, text) = prompt(&st, &info, &b, tools).await?;
     let calls = Reader::new(&info, &thinking, &text, calls);
     let n_prompt = tokens.len();
     let rx = st

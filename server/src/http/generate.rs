@@ -69,7 +69,8 @@ pub async fn chat(
     )?;
     let c = chat_prompt(&st, &info, &b).await?;
     let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
-    if let Some(w) = tools::forced(&info, c.tools.as_ref(), &c.choice, parallel)? {
+    let open = c.thinking.left_open(&c.text);
+    if let Some(w) = tools::forced(&info, c.tools.as_ref(), &c.choice, parallel, open)? {
         structured::add(&mut s, w)?;
     }
     // Each choice reads its own answer.

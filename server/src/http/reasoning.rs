@@ -108,6 +108,12 @@ impl Thinking {
         })
     }
 
+    /// The tags of the think block the rendered `prompt` leaves open, if
+    /// it does: the answer starts inside it.
+    pub fn left_open(&self, prompt: &str) -> Option<ThinkTags> {
+        self.tags.filter(|t| t.opens_in(prompt))
+    }
+
     /// The template's keyword arguments: the request's, with
     /// `enable_thinking` set unless it set it.
     pub fn kwargs(&self, kwargs: Option<Map<String, Value>>) -> Map<String, Value> {

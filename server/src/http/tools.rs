@@ -14,7 +14,7 @@
 //! always one the parser reads back. "none" offers no tools at all: they
 //! are left out of the prompt and the answer is not read for calls.
 
-use lamina_chat::{Piece, ToolCall, ToolCallParser, ToolFormat};
+use lamina_chat::{Piece, ThinkTags, ToolCall, ToolCallParser, ToolFormat};
 use lamina_engine::{FinishReason, ModelInfo};
 use lamina_grammar::{call_grammar, Spec, ToolSpec};
 use lamina_tokenizer::Tokenizer;
@@ -133,11 +133,15 @@ pub fn openai_choice(v: Option<&Value>) -> Result<Choice, ApiError> {
 /// The constraint that forces a call when `choice` requires one: the
 /// grammar of a call (or, with `parallel`, of one or more) to the allowed
 /// tools in the format the template tells, written as `Calls` reads it.
+/// `open_think`: the prompt left this think block open, so the answer
+/// closes it before the call (else the reasoning reader would take the
+/// call for reasoning).
 pub fn forced(
     info: &ModelInfo,
     tools: Option<&Value>,
     choice: &Choice,
     parallel: bool,
+    open_think: Option<ThinkTags>,
 ) -> Result<Option<Wanted>, ApiError> {
     const P: &str = "tool_choice";
     let only = match choice {
@@ -184,9 +188,11 @@ pub fn forced(
         ));
     }
     let format = ToolFormat::detect(info.template.source());
-    let markers = hidden_markers(&info.tokenizer, format.markers());
+    let close = open_think.map(|t| t.close);
+    let mut markers = hidden_markers(&info.tokenizer, format.markers());
+    markers.extend(hidden_markers(&info.tokenizer, close.as_slice()));
     let control = |m: &str| markers.iter().find(|(_, t)| *t == m).map(|(id, _)| *id);
-    let lark = call_grammar(format, &specs, parallel, control)
+    let lark = call_grammar(format, &specs, parallel, close, control)
         .map_err(|e| ApiError::invalid(P, e.to_string()))?;
     Ok(Some(Wanted {
         spec: Spec::Lark(lark),

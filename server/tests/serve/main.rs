@@ -10,6 +10,7 @@ mod client;
 #[path = "../common/mod.rs"]
 mod common;
 mod embeddings;
+mod forced_xml;
 mod gcp;
 mod hardening;
 mod mcp;

@@ -31,6 +31,10 @@ use serde_json::{Map, Value};
 use formats::{HeadScan, Opener, Outcome};
 use json::{Extent, Scan};
 use xml::Schemas;
+pub use xml::{
+    key_reads_back as xml_key_reads_back, name_reads_back as xml_name_reads_back,
+    value_is_text as xml_value_is_text,
+};
 
 /// How a model writes a tool call, by the chat template it was trained
 /// with. These are llama.cpp's classic handlers (`common/chat.cpp` before

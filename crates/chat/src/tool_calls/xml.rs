@@ -252,6 +252,24 @@ fn strip_layout(raw: &str) -> &str {
     v.strip_suffix('\n').unwrap_or(v)
 }
 
+/// Whether a call to function `name` written in this format reads back
+/// under that name (for whoever writes calls: the grammar that forces one).
+pub fn name_reads_back(name: &str) -> bool {
+    is_name(name)
+}
+
+/// Whether a parameter named `key` written in this format reads back under
+/// that key: one the scan accepts, with no space around it to trim.
+pub fn key_reads_back(key: &str) -> bool {
+    is_key(key) && key.trim() == key
+}
+
+/// Whether a value of a parameter with this schema is read as raw text
+/// (else as JSON), as [`Schemas::value`] reads it.
+pub fn value_is_text(schema: &Value) -> bool {
+    is_string(schema)
+}
+
 /// A parameter's name: a JSON object key, on one line, with no tag in it.
 fn is_key(s: &str) -> bool {
     !s.is_empty() && is_key_prefix(s)

@@ -81,16 +81,17 @@ pub async fn create(
     // "required" and a named function force a call.
     let tools = tools(&b)?.filter(|_| choice.offers_tools());
     let parallel = b.bool("parallel_tool_calls")?.unwrap_or(false);
-    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel)? {
-        super::structured::add(&mut s, w)?;
-    }
-    super::structured::compile(&st, &info, &mut s).await?;
     let effort = b.get("reasoning").and_then(|r| r.get("effort"));
     let asked = reasoning::effort_switch(effort)?;
     let thinking = Thinking::decide(&st, &info, None, asked, b.get("reasoning_format"))?;
     let kwargs = thinking.kwargs(None);
     let (prompt, text) =
         render_chat_text(&st, &info, messages, tools.clone(), Some(kwargs)).await?;
+    let open = thinking.left_open(&text);
+    if let Some(w) = tools::forced(&info, tools.as_ref(), &choice, parallel, open)? {
+        super::structured::add(&mut s, w)?;
+    }
+    super::structured::compile(&st, &info, &mut s).await?;
     let calls = Calls::new(&info, tools.as_ref(), choice.offers_tools());
     let reader = Reader::new(&info, &thinking, &text, calls);
     let rx = st.engine.submit(job(&st, &info, prompt, &s, "input")?)?;
