@@ -234,7 +234,7 @@ impl SamplingArgs {
 /// A model by name on the Hugging Face hub, as llama.cpp's -hf takes it.
 #[derive(clap::Args, Debug, Clone)]
 pub struct HfArgs {
-    /// A model on the Hugging Face hub, ORG/REPO[:QUANT] (Q4_K_M when no
+    /// A model on the Hugging Face hub, ORG/REPO or ORG/REPO:QUANT (Q4_K_M when no
     /// quant is named): downloaded into the hub cache, or taken from it.
     /// Also -hf.
     #[arg(

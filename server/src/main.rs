@@ -91,7 +91,7 @@ enum Command {
     /// ~/.cache/huggingface/hub): a file either downloaded is found by the
     /// other. HF_TOKEN authenticates, HF_ENDPOINT names a mirror.
     Pull {
-        /// ORG/REPO[:QUANT]: the .gguf whose name holds QUANT (any case;
+        /// ORG/REPO or ORG/REPO:QUANT: the .gguf whose name holds QUANT (any case;
         /// Q4_K_M, else the first .gguf, when none is named), every shard of
         /// a split model.
         name: String,

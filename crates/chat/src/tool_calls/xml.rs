@@ -265,7 +265,7 @@ pub fn key_reads_back(key: &str) -> bool {
 }
 
 /// Whether a value of a parameter with this schema is read as raw text
-/// (else as JSON), as [`Schemas::value`] reads it.
+/// (else as JSON), as `Schemas::value` reads it.
 pub fn value_is_text(schema: &Value) -> bool {
     is_string(schema)
 }
