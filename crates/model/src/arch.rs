@@ -112,6 +112,22 @@ const LLAMA: ArchRow = ArchRow {
     test_only: false,
 };
 
+// Qwen3.5 / 3.6 / 3.8 dense: three Gated DeltaNet blocks to each
+// gated full-attention block (Q/K norms, partial NeoX RoPE by
+// sections, the output times sigmoid of a gate projected with Q);
+// the feed-forward's norm is named `post_attention_norm`.
+const QWEN35: ArchRow = ArchRow {
+    arch: Arch::Qwen35,
+    name: "qwen35",
+    qk_norm: true,
+    rope_neox: true,
+    recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: false }),
+    attn_gate: true,
+    rope_sections: true,
+    ffn_norm: "post_attention_norm",
+    ..LLAMA
+};
+
 /// Every architecture Lamina runs.
 pub const ARCHS: &[ArchRow] = &[
     // Llama 2/3, Mistral-7B-style files, SmolLM.
@@ -196,34 +212,14 @@ pub const ARCHS: &[ArchRow] = &[
         test_only: true,
         ..LLAMA
     },
-    // Qwen3.5 / 3.6 / 3.8 dense: three Gated DeltaNet blocks to each
-    // gated full-attention block (Q/K norms, partial NeoX RoPE by
-    // sections, the output times sigmoid of a gate projected with Q);
-    // the feed-forward's norm is named `post_attention_norm`.
-    ArchRow {
-        arch: Arch::Qwen35,
-        name: "qwen35",
-        qk_norm: true,
-        rope_neox: true,
-        recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: false }),
-        attn_gate: true,
-        rope_sections: true,
-        ffn_norm: "post_attention_norm",
-        ..LLAMA
-    },
+    QWEN35,
     // Qwen3.5 / 3.6 MoE (Qwen3.6-35B-A3B): qwen35's blocks, experts with
     // renormalised weights and a gated shared expert.
     ArchRow {
         arch: Arch::Qwen35Moe,
         name: "qwen35moe",
-        qk_norm: true,
-        rope_neox: true,
-        recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: false }),
-        attn_gate: true,
-        rope_sections: true,
-        ffn_norm: "post_attention_norm",
         moe: Some(MoeKind::RenormalisedShared),
-        ..LLAMA
+        ..QWEN35
     },
     // Qwen3-Next (80B-A3B): qwen35moe's blocks with plain NeoX RoPE, each
     // key head's value heads kept together, beta and alpha in one
@@ -232,13 +228,10 @@ pub const ARCHS: &[ArchRow] = &[
     ArchRow {
         arch: Arch::Qwen3Next,
         name: "qwen3next",
-        qk_norm: true,
-        rope_neox: true,
         recurrent: Some(RecurrentKind::GatedDeltaNet { grouped: true }),
-        attn_gate: true,
-        ffn_norm: "post_attention_norm",
+        rope_sections: false,
         moe: Some(MoeKind::RenormalisedShared),
-        ..LLAMA
+        ..QWEN35
     },
 ];
 
